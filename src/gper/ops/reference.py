@@ -1,0 +1,290 @@
+"""Vectorized PyTorch implementation of every replay kernel: the reference and the CPU back end.
+
+Each function here has a Triton twin in :mod:`gper.ops.triton_ops` with the same signature and
+the same semantics; tests check one against the other, and this one against a plain-Python
+oracle. Nothing here reads a device value on the host, so on CUDA these functions never
+synchronise either.
+
+Conventions shared by both back ends (see :mod:`gper.ops.state` for the tensors):
+
+* ``tree``/``mintree``: flat float32 K-ary trees (:class:`~gper.ops.layout.TreeLayout`) plus
+  one trash cell at the end, where writes that must not land anywhere go.
+* ``counters``: int64 device scalars (RNG offset, cursor, size, event counts).
+* The descent draws a fresh 32-bit uniform per level from Philox and picks child ``j`` with
+  probability ``v_j / sum(v)`` of the children *as loaded*, comparing in float64: a child can
+  only be picked if its value is positive, and a child 10^6 times smaller than its siblings
+  keeps its probability to about 2^-32 of the parent's mass (the float32 threshold of the
+  original design cannot address more than 2^24 leaves; DESIGN.md section 1).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gper.ops import philox
+from gper.ops.layout import TreeLayout
+from gper.ops.state import (
+    C_CURSOR,
+    C_INVALID,
+    C_NONFINITE,
+    C_RNG,
+    C_SIZE,
+    C_STALE,
+    MODE_STRATIFIED,
+    MODE_UNIFORM,
+    S_MAXP,
+    rng_blocks,
+)
+
+_TWO_M32 = 2.0**-32
+_TWO_M53 = 2.0**-53
+
+
+def _arange(n: int, like: torch.Tensor) -> torch.Tensor:
+    return torch.arange(n, device=like.device, dtype=torch.int64)
+
+
+def recompute(tree: torch.Tensor, mintree: torch.Tensor, layout: TreeLayout, leaves: torch.Tensor) -> None:
+    """Recompute every ancestor of ``leaves`` from its children, level by level, bottom up.
+
+    Args:
+        tree: [numel + 1] float32 sum tree.
+        mintree: [numel + 1] float32 min tree.
+        layout: the trees' layout.
+        leaves: [n] int64 leaf indices in [0, capacity); duplicates are fine (each writer
+            computes the same value from the same final children).
+    """
+    k = layout.arity
+    kk = _arange(k, leaves)
+    for level in range(layout.depth - 2, -1, -1):
+        parent = leaves >> layout.shift(level)
+        child = layout.offsets[level + 1] + parent[:, None] * k + kk
+        tree[layout.offsets[level] + parent] = tree[child].sum(1)
+        mintree[layout.offsets[level] + parent] = mintree[child].amin(1)
+
+
+def rebuild(tree: torch.Tensor, mintree: torch.Tensor, layout: TreeLayout) -> None:
+    """Recompute every inner node of both trees from the leaves (O(capacity); not on a hot path)."""
+    k = layout.arity
+    for level in range(layout.depth - 2, -1, -1):
+        n, lo = layout.sizes[level], layout.offsets[level + 1]
+        tree[layout.offsets[level] : layout.offsets[level] + n] = tree[lo : lo + n * k].view(n, k).sum(1)
+        mintree[layout.offsets[level] : layout.offsets[level] + n] = mintree[lo : lo + n * k].view(n, k).amin(1)
+
+
+def priority_from_td(
+    td: torch.Tensor, maxp: torch.Tensor, alpha: float, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(|td| + eps) ** alpha`` in float32; NaN and ±Inf map to ``maxp``.
+
+    Returns:
+        (priorities [B] float32, nonfinite mask [B] bool)
+    """
+    td = td.float()
+    finite = torch.isfinite(td)
+    p = (td.abs() + eps).pow(alpha)
+    return torch.where(finite, p, maxp), ~finite
+
+
+def update(
+    tree: torch.Tensor,
+    mintree: torch.Tensor,
+    layout: TreeLayout,
+    owner: torch.Tensor,
+    gen: torch.Tensor,
+    counters: torch.Tensor,
+    scalars: torch.Tensor,
+    idx: torch.Tensor,
+    td: torch.Tensor,
+    expected_gen: torch.Tensor | None,
+    alpha: float,
+    eps: float,
+    leaf_only: bool = False,
+) -> None:
+    """Set the priorities of slots ``idx`` from TD errors and repair the trees.
+
+    Entries whose index is outside ``[0, size)`` are dropped and counted; entries whose slot was
+    overwritten since it was sampled (``expected_gen`` differs from ``gen``) are ignored and
+    counted; for duplicates the last valid occurrence wins. The running max priority grows to
+    cover the new values.
+
+    Args:
+        tree, mintree: the trees (``leaf_only``: ``tree`` is a flat [capacity + 1] key array).
+        layout: the trees' layout.
+        owner: [capacity + 1] int32 scratch, all -1 between calls.
+        gen: [capacity] int32 generation of each slot.
+        counters: int64 device counters; scalars: float32 device scalars.
+        idx: [B] int64 slot indices.
+        td: [B] floating TD errors.
+        expected_gen: [B] int32 generations seen at sampling, or None (no stale check).
+        alpha, eps: priority exponent and offset.
+        leaf_only: write leaves of a flat key array only (rank mode), no tree repair.
+    """
+    cap = layout.capacity
+    b = idx.numel()
+    size = counters[C_SIZE]
+    valid_range = (idx >= 0) & (idx < size)
+    safe = torch.where(valid_range, idx, 0)
+    valid = valid_range
+    if expected_gen is not None:
+        valid = valid & (gen[safe] == expected_gen)
+    p, nonfinite = priority_from_td(td, scalars[S_MAXP], alpha, eps)
+    pos = _arange(b, idx).int()
+    claim = torch.where(valid, idx, cap)
+    owner.scatter_reduce_(0, claim, pos, reduce="amax")
+    winner_p = p[owner[claim].clamp_min(0).long()]
+    base = 0 if leaf_only else layout.leaf_offset
+    trash = tree.numel() - 1
+    target = torch.where(valid, base + idx, trash)
+    tree[target] = winner_p
+    if not leaf_only:
+        mintree[target] = winner_p
+    owner[claim] = -1
+    scalars[S_MAXP : S_MAXP + 1] = torch.maximum(scalars[S_MAXP], torch.where(valid, p, 0.0).amax()).reshape(1)
+    counters[C_INVALID] += (~valid_range).sum()
+    counters[C_STALE] += (valid_range & ~valid).sum()
+    counters[C_NONFINITE] += (nonfinite & valid).sum()
+    if not leaf_only:
+        recompute(tree, mintree, layout, torch.where(valid, idx, 0))
+
+
+def add_positions(counters: torch.Tensor, capacity: int, n: int, skip: int) -> torch.Tensor:
+    """Slots for ``n`` new items after skipping ``skip`` (items that a too-large batch overwrites).
+
+    Returns:
+        [n] int64 slot indices ``(cursor + skip + arange(n)) % capacity``.
+    """
+    return (counters[C_CURSOR] + skip + _arange(n, counters)) % capacity
+
+
+def add_commit(
+    tree: torch.Tensor,
+    mintree: torch.Tensor,
+    layout: TreeLayout,
+    gen: torch.Tensor,
+    counters: torch.Tensor,
+    scalars: torch.Tensor,
+    pos: torch.Tensor,
+    total: int,
+    leaf_value: float | None,
+) -> None:
+    """Give the new slots ``pos`` their priority, bump their generations, advance cursor and size.
+
+    Args:
+        pos: [n] int64 distinct slots just written.
+        total: items the caller added (``n`` plus those it skipped).
+        leaf_value: priority of the new items, or None for the running max priority.
+    """
+    value = scalars[S_MAXP] if leaf_value is None else torch.tensor(leaf_value, device=tree.device)
+    tree[layout.leaf_offset + pos] = value
+    mintree[layout.leaf_offset + pos] = value
+    gen[pos] += 1
+    recompute(tree, mintree, layout, pos)
+    counters[C_CURSOR] = (counters[C_CURSOR] + total) % layout.capacity
+    counters[C_SIZE] = torch.clamp(counters[C_SIZE] + total, max=layout.capacity)
+
+
+def random_words(seed: int, counters: torch.Tensor, b: int, n_blocks: int) -> list[torch.Tensor]:
+    """The Philox words of a batch: word ``w`` of sample ``s`` is the same in both back ends."""
+    offs = counters[C_RNG] + _arange(b, counters) * n_blocks
+    words = []
+    for c in range(n_blocks):
+        words.extend(philox.randint4x(seed, offs + c))
+    return words
+
+
+def descend(tree: torch.Tensor, layout: TreeLayout, words: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Independent proportional draws: one fresh uniform per level.
+
+    Returns:
+        (slots [B] int64, leaf values [B] float32)
+    """
+    k = layout.arity
+    kk = _arange(k, words[0])
+    node = torch.zeros_like(words[0])
+    for level in range(layout.depth):
+        v = tree[layout.offsets[level] + node[:, None] * k + kk]
+        cs = v.double().cumsum(1)
+        t = words[level].double() * _TWO_M32 * cs[:, -1]
+        j = (cs <= t[:, None]).sum(1).clamp_max(k - 1)
+        node = node * k + j
+        leaf = v.gather(1, j[:, None])[:, 0]
+    return node, leaf
+
+
+def descend_stratified(
+    tree: torch.Tensor, layout: TreeLayout, words: list[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One draw per equal-mass stratum: sample ``s`` lies in ``[s/B, (s+1)/B)`` of the total mass.
+
+    A float64 threshold is carried down the tree; at each level it is rescaled by
+    ``sum(children) / parent`` so that the stored sums need not agree to the last bit.
+    """
+    k = layout.arity
+    b = words[0].numel()
+    kk = _arange(k, words[0])
+    node = torch.zeros_like(words[0])
+    s = _arange(b, words[0]).double()
+    t = None
+    parent = None
+    for level in range(layout.depth):
+        v = tree[layout.offsets[level] + node[:, None] * k + kk]
+        cs = v.double().cumsum(1)
+        tot = cs[:, -1]
+        if t is None:
+            t = (s + words[layout.depth].double() * _TWO_M32) / b * tot
+        else:
+            t = t * (tot / parent)
+        t = torch.minimum(t, tot * (1.0 - 2.0**-52))
+        j = (cs <= t[:, None]).sum(1).clamp_max(k - 1)
+        below = torch.where(j > 0, cs.gather(1, (j - 1).clamp_min(0)[:, None])[:, 0], 0.0)
+        t = (t - below).clamp_min(0.0)
+        leaf = v.gather(1, j[:, None])[:, 0]
+        parent = leaf.double()
+        node = node * k + j
+    return node, leaf
+
+
+def sample(
+    tree: torch.Tensor,
+    mintree: torch.Tensor,
+    layout: TreeLayout,
+    rows: torch.Tensor,
+    gen: torch.Tensor,
+    counters: torch.Tensor,
+    seed: int,
+    b: int,
+    mode: int,
+    beta: torch.Tensor,
+    out_rows: torch.Tensor,
+    out_idx: torch.Tensor,
+    out_gen: torch.Tensor,
+    out_w: torch.Tensor,
+) -> None:
+    """Draw ``b`` slots, gather their rows, compute IS weights, advance the RNG counter.
+
+    Args:
+        rows: [capacity, W] int32 storage (every field of a slot packed in one row).
+        gen: [capacity] int32 slot generations.
+        seed: Philox key.
+        b: batch size.
+        mode: MODE_PROPORTIONAL, MODE_STRATIFIED or MODE_UNIFORM.
+        beta: 0-d float32 tensor, the IS exponent.
+        out_rows: [b, W] int32; out_idx: [b] int64; out_gen: [b] int32; out_w: [b] float32.
+    """
+    n_blocks = rng_blocks(layout.depth)
+    words = random_words(seed, counters, b, n_blocks)
+    if mode == MODE_UNIFORM:
+        u = ((words[0] >> 5) * 2.0**26 + (words[1] >> 6)) * _TWO_M53
+        node = (u * counters[C_SIZE].double()).long()
+        w = torch.ones(b, device=rows.device)
+    else:
+        descent = descend_stratified if mode == MODE_STRATIFIED else descend
+        node, leaf = descent(tree, layout, words)
+        pmin = mintree[layout.offsets[0] : layout.offsets[0] + layout.arity].amin()
+        w = (leaf / pmin).pow(-beta)
+    out_idx.copy_(node)
+    out_w.copy_(w)
+    out_rows.copy_(rows[node])
+    out_gen.copy_(gen[node])
+    counters[C_RNG] += b * n_blocks

@@ -1,0 +1,34 @@
+"""The device tensors that define a replay buffer, and the names of their slots.
+
+Everything that changes from one step to the next lives here, on the device, so that a step
+can be captured in a CUDA graph and replayed: the Philox counter, the write cursor, the number
+of filled slots, the running max priority, the IS exponent, and counts of dropped input.
+The host never reads these on a hot path.
+"""
+
+from __future__ import annotations
+
+# int64 ``counters``
+C_RNG = 0  #: Philox counter: next unused block of random words
+C_CURSOR = 1  #: next slot to write
+C_SIZE = 2  #: filled slots
+C_INVALID = 3  #: update entries dropped for an index outside [0, size)
+C_NONFINITE = 4  #: NaN/Inf TD errors mapped to the max priority
+C_STALE = 5  #: update entries ignored because their slot was overwritten since sampling
+C_TICKET = 6  #: scratch for the sampling kernel's last-program election (0 between calls)
+N_COUNTERS = 8
+
+# float32 ``scalars``
+S_MAXP = 0  #: running max priority (new items enter at this value)
+S_BETA = 1  #: IS exponent used when the caller passes a float
+N_SCALARS = 2
+
+# sampling modes understood by the kernels
+MODE_PROPORTIONAL = 0
+MODE_STRATIFIED = 1
+MODE_UNIFORM = 2
+
+
+def rng_blocks(depth: int) -> int:
+    """Philox calls (4 words each) per sample: one word per level plus one for the stratum jitter."""
+    return (depth + 1 + 3) // 4

@@ -1,0 +1,364 @@
+"""Triton kernels for the replay buffer, with launchers of the same signatures as
+:mod:`gper.ops.reference` (the semantics are documented there).
+
+Kernels:
+
+* ``_sample_kernel``: the whole of ``sample`` in one launch: per-level Philox descent (or
+  stratified / uniform draws), gather of every field (one packed row per slot), generations,
+  IS weights, and the RNG counter advance (the last program to finish bumps it, elected by an
+  atomic ticket, so the kernel can be replayed in a CUDA graph).
+* ``_update_prepare`` + ``_update_write`` + one ``_recompute_level`` per level: priority
+  update. Last occurrence wins among duplicates (an atomic max of batch positions claims each
+  slot, then only the claimant writes); parents are recomputed from their children one level
+  per launch, so no walk-up races and no delta drift (DESIGN.md section 1).
+* ``_add_positions`` + ``_add_commit`` + ``_recompute_level``: new items at max priority.
+
+Triton 3.6 (GPU image) and 3.9 (CI) both compile these: ``tl.load``/``tl.store`` arguments after
+the mask are passed by keyword, and nothing uses block pointers.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gper._triton import tl, triton
+from gper.ops.layout import TreeLayout
+from gper.ops.state import rng_blocks
+
+# kernels address the device counters by literal index: C_RNG=0, C_CURSOR=1, C_SIZE=2,
+# C_INVALID=3, C_NONFINITE=4, C_STALE=5, C_TICKET=6; scalars: S_MAXP=0 (gper.ops.state)
+
+_SAMPLE_BLOCK = 32
+_UPDATE_BLOCK = 256
+_LEVEL_BLOCK = 32
+
+
+@triton.jit
+def _pick(r0, r1, r2, r3, lane: tl.constexpr):
+    if lane == 0:
+        r = r0
+    elif lane == 1:
+        r = r1
+    elif lane == 2:
+        r = r2
+    else:
+        r = r3
+    return r
+
+
+@triton.jit
+def _sample_kernel(
+    tree,  # [numel + 1] float32 sum tree
+    mintree,  # [numel + 1] float32 min tree
+    level_off,  # [DEPTH] int64 start of each level
+    rows,  # [capacity, W] int32 packed storage
+    gen,  # [capacity] int32
+    counters,  # int64 device counters
+    beta_ptr,  # 0-d float32
+    out_rows,  # [B, W] int32
+    out_idx,  # [B] int64
+    out_gen,  # [B] int32
+    out_w,  # [B] float32
+    seed,
+    B,
+    DEPTH: tl.constexpr,
+    K: tl.constexpr,
+    NB: tl.constexpr,
+    MODE: tl.constexpr,
+    W: tl.constexpr,
+    WP: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = s < B
+    kk = tl.arange(0, K)
+    base = tl.load(counters + 0)  # C_RNG
+    ctr = base + s * NB
+    if MODE == 2:  # MODE_UNIFORM: 53 random bits scaled by the filled size
+        a, b, _, _ = tl.randint4x(seed, ctr)
+        u = (a >> 5).to(tl.float64) * 67108864.0 + (b >> 6).to(tl.float64)
+        size = tl.load(counters + 2).to(tl.float64)  # C_SIZE
+        node = (u * 1.1102230246251565e-16 * size).to(tl.int64)
+        w = tl.full([BLOCK], 1.0, tl.float32)
+    else:
+        node = tl.zeros([BLOCK], dtype=tl.int64)
+        if MODE == 1:  # MODE_STRATIFIED: a float64 threshold in stratum s, rescaled level by level
+            q0, q1, q2, q3 = tl.randint4x(seed, ctr + DEPTH // 4)
+            jitter = _pick(q0, q1, q2, q3, DEPTH % 4).to(tl.float64) * 2.3283064365386963e-10
+            t = (s.to(tl.float64) + jitter) / B
+            parent = tl.full([BLOCK], 1.0, tl.float64)
+        r0 = tl.zeros([BLOCK], dtype=tl.uint32)
+        r1 = r0
+        r2 = r0
+        r3 = r0
+        j = tl.zeros([BLOCK], dtype=tl.int32)
+        v = tl.zeros([BLOCK, K], dtype=tl.float32)
+        for level in tl.static_range(DEPTH):
+            if level % 4 == 0:
+                r0, r1, r2, r3 = tl.randint4x(seed, ctr + level // 4)
+            off = tl.multiple_of(tl.load(level_off + level), 32)
+            # levels are zero-padded past their end: a row-only mask keeps 16-byte vector loads
+            v = tl.load(tree + off + node[:, None] * K + kk[None, :], mask=m[:, None], other=0.0)
+            cs = tl.cumsum(v.to(tl.float64), axis=1)
+            tot = tl.max(cs, axis=1)
+            if MODE == 1:
+                if level == 0:
+                    t = t * tot
+                else:
+                    t = t * (tot / parent)
+                t = tl.minimum(t, tot * 0.9999999999999998)
+            else:
+                r = _pick(r0, r1, r2, r3, level % 4)
+                t = r.to(tl.float64) * 2.3283064365386963e-10 * tot
+            # t < tot, so the count is < K and the chosen child has positive mass
+            j = tl.minimum(tl.sum((cs <= t[:, None]).to(tl.int32), axis=1), K - 1)
+            if MODE == 1:
+                below = tl.sum(tl.where(kk[None, :] == j[:, None] - 1, cs, 0.0), axis=1)
+                t = tl.maximum(t - below, 0.0)
+                parent = tl.sum(tl.where(kk[None, :] == j[:, None], v, 0.0), axis=1).to(tl.float64)
+            node = node * K + j
+        leaf = tl.sum(tl.where(kk[None, :] == j[:, None], v, 0.0), axis=1)
+        off0 = tl.load(level_off)
+        pmin = tl.min(tl.load(mintree + off0 + kk), axis=0)
+        beta = tl.load(beta_ptr)
+        # w_i = (N P(i))^-beta / max_j (N P(j))^-beta = (p_i / p_min)^-beta
+        w = tl.exp2(-beta * tl.log2(tl.where(m, leaf, pmin) / pmin))
+    tl.store(out_idx + s, node, mask=m)
+    tl.store(out_w + s, w, mask=m)
+    tl.store(out_gen + s, tl.load(gen + node, mask=m, other=0), mask=m)
+    cols = tl.arange(0, WP)
+    cm = m[:, None] & (cols[None, :] < W)
+    vals = tl.load(rows + node[:, None] * W + cols[None, :], mask=cm, other=0)
+    tl.store(out_rows + s[:, None] * W + cols[None, :], vals, mask=cm)
+    # the last program to get here advances the RNG counter: all programs have read it by now
+    ticket = tl.atomic_add(counters + 6, 1)  # C_TICKET
+    last = ticket == tl.num_programs(0) - 1
+    tl.store(counters + 0, base + B * NB, mask=last)
+    tl.store(counters + 6, ticket * 0, mask=last)
+
+
+@triton.jit
+def _update_prepare(
+    idx,  # [B] int64
+    td,  # [B] float
+    expected_gen,  # [B] int32 (read only if HAS_GEN)
+    gen,  # [capacity] int32
+    owner,  # [capacity + 1] int32, -1 between calls
+    counters,
+    scalars,
+    clean,  # [B] int64 out: idx, or -1 where dropped
+    prio,  # [B] float32 out
+    alpha,
+    eps,
+    B,
+    HAS_GEN: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = s < B
+    i = tl.load(idx + s, mask=m, other=0)
+    size = tl.load(counters + 2)  # C_SIZE
+    in_range = m & (i >= 0) & (i < size)
+    valid = in_range
+    if HAS_GEN:
+        g = tl.load(gen + i, mask=in_range, other=0)
+        valid = valid & (g == tl.load(expected_gen + s, mask=m, other=0))
+    d = tl.load(td + s, mask=m, other=0.0).to(tl.float32)
+    finite = (d == d) & (tl.abs(d) < float("inf"))
+    p = tl.exp2(alpha * tl.log2(tl.abs(d) + eps))
+    # the max is read before any write of this update: nonfinite values map to the old max
+    p = tl.where(finite, p, tl.load(scalars + 0))  # S_MAXP
+    tl.store(prio + s, p, mask=m)
+    tl.store(clean + s, tl.where(valid, i, -1), mask=m)
+    tl.atomic_max(owner + i, s.to(tl.int32), mask=valid)
+    n_invalid = tl.sum((m & ~in_range).to(tl.int64), axis=0)
+    n_stale = tl.sum((in_range & ~valid).to(tl.int64), axis=0)
+    n_nonfinite = tl.sum((valid & ~finite).to(tl.int64), axis=0)
+    tl.atomic_add(counters + 3, n_invalid, mask=n_invalid > 0)  # C_INVALID
+    tl.atomic_add(counters + 5, n_stale, mask=n_stale > 0)  # C_STALE
+    tl.atomic_add(counters + 4, n_nonfinite, mask=n_nonfinite > 0)  # C_NONFINITE
+
+
+@triton.jit
+def _update_write(tree, mintree, owner, scalars, clean, prio, leaf_off, B, WITH_MIN: tl.constexpr, BLOCK: tl.constexpr):
+    s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = s < B
+    i = tl.load(clean + s, mask=m, other=-1)
+    valid = i >= 0
+    p = tl.load(prio + s, mask=m, other=0.0)
+    win = valid & (tl.load(owner + i, mask=valid, other=-1) == s.to(tl.int32))
+    tl.store(tree + leaf_off + i, p, mask=win)
+    if WITH_MIN:
+        tl.store(mintree + leaf_off + i, p, mask=win)
+    tl.store(owner + i, tl.full([BLOCK], -1, tl.int32), mask=win)
+    pmax = tl.max(tl.where(valid, p, 0.0), axis=0)
+    tl.atomic_max(scalars + 0, pmax, mask=pmax > 0)  # S_MAXP
+
+
+@triton.jit
+def _recompute_level(tree, mintree, leaves, par_off, ch_off, shift, n, K: tl.constexpr, BLOCK: tl.constexpr):
+    s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = s < n
+    kk = tl.arange(0, K)
+    leaf = tl.maximum(tl.load(leaves + s, mask=m, other=0), 0)
+    par = leaf >> shift
+    c = ch_off + par[:, None] * K + kk[None, :]
+    v = tl.load(tree + c, mask=m[:, None], other=0.0)
+    tl.store(tree + par_off + par, tl.sum(v, axis=1), mask=m)
+    mv = tl.load(mintree + c, mask=m[:, None], other=float("inf"))
+    tl.store(mintree + par_off + par, tl.min(mv, axis=1), mask=m)
+
+
+@triton.jit
+def _add_positions(counters, pos, n, skip, cap, BLOCK: tl.constexpr):
+    s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = s < n
+    cursor = tl.load(counters + 1)  # C_CURSOR
+    tl.store(pos + s, (cursor + skip + s) % cap, mask=m)
+
+
+@triton.jit
+def _add_commit(
+    tree,
+    mintree,
+    gen,
+    counters,
+    scalars,
+    pos,
+    leaf_off,
+    n,
+    total,
+    cap,
+    value,
+    USE_MAX: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    s = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = s < n
+    i = tl.load(pos + s, mask=m, other=0)
+    if USE_MAX:
+        p = tl.load(scalars + 0) + tl.zeros([BLOCK], tl.float32)  # S_MAXP
+    else:
+        p = value + tl.zeros([BLOCK], tl.float32)
+    tl.store(tree + leaf_off + i, p, mask=m)
+    tl.store(mintree + leaf_off + i, p, mask=m)
+    tl.store(gen + i, tl.load(gen + i, mask=m, other=0) + 1, mask=m)
+    # only this kernel writes cursor and size, and _add_positions read them before it
+    first = pid == 0
+    cursor = tl.load(counters + 1)
+    size = tl.load(counters + 2)
+    tl.store(counters + 1, (cursor + total) % cap, mask=first)
+    tl.store(counters + 2, tl.minimum(size + total, cap), mask=first)
+
+
+def _grid(n: int, block: int) -> tuple[int]:
+    return (triton.cdiv(n, block),)
+
+
+def recompute(tree: torch.Tensor, mintree: torch.Tensor, layout: TreeLayout, leaves: torch.Tensor) -> None:
+    n = leaves.numel()
+    for level in range(layout.depth - 2, -1, -1):
+        _recompute_level[_grid(n, _LEVEL_BLOCK)](
+            tree,
+            mintree,
+            leaves,
+            layout.offsets[level],
+            layout.offsets[level + 1],
+            layout.shift(level),
+            n,
+            K=layout.arity,
+            BLOCK=_LEVEL_BLOCK,
+        )
+
+
+def update(tree, mintree, layout, owner, gen, counters, scalars, idx, td, expected_gen, alpha, eps, leaf_only=False):
+    b = idx.numel()
+    clean = torch.empty(b, dtype=torch.int64, device=idx.device)
+    prio = torch.empty(b, dtype=torch.float32, device=idx.device)
+    grid = _grid(b, _UPDATE_BLOCK)
+    has_gen = expected_gen is not None
+    _update_prepare[grid](
+        idx,
+        td,
+        expected_gen if has_gen else gen,
+        gen,
+        owner,
+        counters,
+        scalars,
+        clean,
+        prio,
+        float(alpha),
+        float(eps),
+        b,
+        HAS_GEN=has_gen,
+        BLOCK=_UPDATE_BLOCK,
+    )
+    leaf_off = 0 if leaf_only else layout.leaf_offset
+    _update_write[grid](
+        tree, mintree, owner, scalars, clean, prio, leaf_off, b, WITH_MIN=not leaf_only, BLOCK=_UPDATE_BLOCK
+    )
+    if not leaf_only:
+        recompute(tree, mintree, layout, clean)
+
+
+def add_positions(counters: torch.Tensor, capacity: int, n: int, skip: int) -> torch.Tensor:
+    pos = torch.empty(n, dtype=torch.int64, device=counters.device)
+    _add_positions[_grid(n, _UPDATE_BLOCK)](counters, pos, n, skip, capacity, BLOCK=_UPDATE_BLOCK)
+    return pos
+
+
+def add_commit(tree, mintree, layout, gen, counters, scalars, pos, total, leaf_value):
+    n = pos.numel()
+    _add_commit[_grid(n, _UPDATE_BLOCK)](
+        tree,
+        mintree,
+        gen,
+        counters,
+        scalars,
+        pos,
+        layout.leaf_offset,
+        n,
+        total,
+        layout.capacity,
+        0.0 if leaf_value is None else float(leaf_value),
+        USE_MAX=leaf_value is None,
+        BLOCK=_UPDATE_BLOCK,
+    )
+    recompute(tree, mintree, layout, pos)
+
+
+_LEVEL_OFFSETS: dict[tuple[TreeLayout, torch.device], torch.Tensor] = {}
+
+
+def _level_offsets(layout: TreeLayout, device: torch.device) -> torch.Tensor:
+    key = (layout, device)
+    if key not in _LEVEL_OFFSETS:
+        _LEVEL_OFFSETS[key] = torch.tensor(layout.offsets, dtype=torch.int64, device=device)
+    return _LEVEL_OFFSETS[key]
+
+
+def sample(tree, mintree, layout, rows, gen, counters, seed, b, mode, beta, out_rows, out_idx, out_gen, out_w):
+    w = rows.shape[1]
+    _sample_kernel[_grid(b, _SAMPLE_BLOCK)](
+        tree,
+        mintree,
+        _level_offsets(layout, tree.device),
+        rows,
+        gen,
+        counters,
+        beta,
+        out_rows,
+        out_idx,
+        out_gen,
+        out_w,
+        seed,
+        b,
+        DEPTH=layout.depth,
+        K=layout.arity,
+        NB=rng_blocks(layout.depth),
+        MODE=mode,
+        W=w,
+        WP=triton.next_power_of_2(w),
+        BLOCK=_SAMPLE_BLOCK,
+    )
