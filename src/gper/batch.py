@@ -6,45 +6,56 @@ from collections.abc import Iterator, Mapping
 
 import torch
 
+from gper.spec import RowLayout
+
 
 class SampledBatch(Mapping[str, torch.Tensor]):
     """A sampled batch. Index it by field name (``batch["obs"]``); all tensors are on the buffer's device.
+
+    Field tensors are views into ``rows`` (one packed row per draw), made on first access.
 
     Attributes:
         indices: [B] int64 slots drawn.
         weights: [B] float32 importance-sampling weights (1 in uniform mode).
         generations: [B] int32 generation of each slot when drawn; ``update_priorities(batch, ...)``
             ignores entries whose slot has been overwritten since.
-        rows: [B, row_bytes // 4] int32 packed rows that the field tensors view.
+        rows: [B, row_bytes // 4] int32 packed rows.
     """
 
     def __init__(
         self,
-        fields: dict[str, torch.Tensor],
+        layout: RowLayout,
+        rows: torch.Tensor,
         indices: torch.Tensor,
         weights: torch.Tensor,
         generations: torch.Tensor,
-        rows: torch.Tensor,
     ) -> None:
-        self._fields = fields
+        self._layout = layout
+        self._names = tuple(f.name for f in layout.fields)
+        self._fields: dict[str, torch.Tensor] = {}
+        self.rows = rows
         self.indices = indices
         self.weights = weights
         self.generations = generations
-        self.rows = rows
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        return self._fields[name]
+        view = self._fields.get(name)
+        if view is None:
+            if name not in self._names:
+                raise KeyError(f"no field {name!r}; the batch has {list(self._names)}")
+            view = self._fields[name] = self._layout.view(self.rows, name)
+        return view
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._fields)
+        return iter(self._names)
 
     def __len__(self) -> int:
-        return len(self._fields)
+        return len(self._names)
 
     @property
     def batch_size(self) -> int:
         return self.indices.shape[0]
 
     def __repr__(self) -> str:
-        shapes = ", ".join(f"{k}: {tuple(v.shape)} {v.dtype}" for k, v in self._fields.items())
-        return f"SampledBatch(batch_size={self.batch_size}, {shapes})"
+        fields = ", ".join(f"{f.name}: {f.shape} {f.dtype}" for f in self._layout.fields)
+        return f"SampledBatch(batch_size={self.batch_size}, {fields})"

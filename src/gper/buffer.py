@@ -18,6 +18,7 @@ import torch
 
 from gper._triton import HAS_TRITON
 from gper.batch import SampledBatch
+from gper.graphs import GraphCache, capturing
 from gper.ops import BACKENDS, backend_module, reference
 from gper.ops.layout import DEFAULT_ARITY, TreeLayout
 from gper.ops.state import (
@@ -87,6 +88,10 @@ class PrioritizedReplayBuffer:
         rank_refresh_interval: "rank" mode re-sorts the priorities every this many
             ``update_priorities`` calls (an O(N log N) sort; see :meth:`refresh_ranks`).
         arity: children per tree node (a power of two); 32 reads all children in one 128-byte load.
+        cuda_graphs: on CUDA, capture each call shape (``add`` of n items, ``sample`` of B,
+            ``update_priorities`` of B) once and replay it on later calls, which cuts the host
+            time of an eager call several-fold. Calls made while the caller is capturing its own
+            graph launch their kernels directly either way.
     """
 
     def __init__(
@@ -105,6 +110,7 @@ class PrioritizedReplayBuffer:
         cpu_fallback: bool = True,
         rank_refresh_interval: int = 100,
         arity: int = DEFAULT_ARITY,
+        cuda_graphs: bool = True,
     ) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int):
             raise TypeError(f"capacity must be an int, got {type(capacity).__name__}")
@@ -130,6 +136,7 @@ class PrioritizedReplayBuffer:
         self.seed = seed
         self.strict = bool(strict)
         self.rank_refresh_interval = rank_refresh_interval
+        self._backend_request = backend
         self._rows_layout = RowLayout.build(spec)
         self._tree_layout = TreeLayout.build(capacity, arity)
         device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -156,6 +163,7 @@ class PrioritizedReplayBuffer:
         self._beta_written: float | None = None
         self._updates_since_refresh = 0
         self._reported = {"invalid_indices": 0}
+        self._graphs = GraphCache() if cuda_graphs and self.device.type == "cuda" else None
 
     # ------------------------------------------------------------------ construction
 
@@ -172,13 +180,14 @@ class PrioritizedReplayBuffer:
         self._tree = torch.zeros(lay.numel + 1, dtype=torch.float32, device=device)
         self._mintree = torch.full((lay.numel + 1,), float("inf"), dtype=torch.float32, device=device)
         self._gen = torch.zeros(cap, dtype=torch.int32, device=device)
-        self._owner = torch.full((cap + 1,), -1, dtype=torch.int32, device=device)
+        self._owner = backend_module(self._resolve_backend(self._backend_request, device)).make_scratch(lay, device)
         self._counters = torch.zeros(N_COUNTERS, dtype=torch.int64, device=device)
         self._scalars = torch.zeros(N_SCALARS, dtype=torch.float32, device=device)
         self._scalars[S_MAXP] = 1.0  # new items enter at the max priority seen, 1 until then
         self._key = torch.zeros(cap + 1, dtype=torch.float32, device=device) if self.sampling == "rank" else None
         self._words = self._rows.view(torch.int32)
         self._field_views = self._rows_layout.views(self._rows)
+        self._beta = self._scalars[S_BETA]
 
     @staticmethod
     def _resolve_backend(backend: str, device: torch.device) -> str:
@@ -233,10 +242,21 @@ class PrioritizedReplayBuffer:
         n = self._rows_layout.check_batch(data, self.device)
         kept = min(n, self.capacity)
         skip = n - kept
+        names = [f.name for f in self._rows_layout.fields]
+        args = tuple(data[name][skip:] if skip else data[name] for name in names)
+        if self._use_graphs():
+            key = ("add", n) + tuple((a.dtype, a.device.type) for a in args)
+            pos, replayed = self._graphs.run(key, args, lambda *xs: self._add(xs, n, skip))
+            pos = pos.clone() if replayed else pos
+        else:
+            pos = self._add(args, n, skip)
+        self._size = min(self._size + n, self.capacity)
+        return pos
+
+    def _add(self, fields: tuple[torch.Tensor, ...], n: int, skip: int) -> torch.Tensor:
         ops = self._ops
-        pos = ops.add_positions(self._counters, self.capacity, kept, skip)
-        for name, view in self._field_views.items():
-            x = data[name][skip:] if skip else data[name]
+        pos = ops.add_positions(self._counters, self.capacity, n - skip, skip)
+        for view, x in zip(self._field_views.values(), fields, strict=True):
             view.index_copy_(0, pos, x.to(self.device, non_blocking=True))
         rank = self.sampling == "rank"
         if rank:
@@ -253,31 +273,35 @@ class PrioritizedReplayBuffer:
             n,
             1.0 if rank else None,
         )
-        self._size = min(self._size + n, self.capacity)
         return pos
+
+    def _use_graphs(self) -> bool:
+        return self._graphs is not None and not capturing()
 
     # ------------------------------------------------------------------ sample
 
-    def _beta_tensor(self, beta: float | torch.Tensor | None) -> torch.Tensor:
+    def _set_beta(self, beta: float | torch.Tensor | None) -> None:
+        """Put this call's beta in the device scalar the sampling kernel reads."""
         if isinstance(beta, torch.Tensor):
-            if beta.dim() != 0 or beta.dtype != torch.float32 or beta.device != self.device:
+            if beta.dim() != 0 or not beta.dtype.is_floating_point or beta.device != self.device:
                 raise ValueError(
-                    f"beta tensor must be 0-d float32 on {self.device}, got shape {tuple(beta.shape)} "
+                    f"beta tensor must be a 0-d float tensor on {self.device}, got shape {tuple(beta.shape)} "
                     f"{beta.dtype} on {beta.device}"
                 )
-            return beta
+            self._beta.copy_(beta)
+            self._beta_written = None
+            return
         value = self.beta if beta is None else _check_unit("beta", beta)
         if value != self._beta_written:
-            self._scalars[S_BETA : S_BETA + 1].fill_(value)
+            self._beta.fill_(value)
             self._beta_written = value
-        return self._scalars[S_BETA]
 
     def sample(self, batch_size: int, beta: float | torch.Tensor | None = None) -> SampledBatch:
         """Draw ``batch_size`` transitions with replacement, with their IS weights.
 
         Args:
             batch_size: B >= 1.
-            beta: IS exponent for this call: a float in [0, 1], or a 0-d float32 device tensor
+            beta: IS exponent for this call: a float in [0, 1], or a 0-d float device tensor
                 (read on the device, so an annealed beta can change between CUDA-graph replays);
                 default the buffer's ``beta``.
 
@@ -290,14 +314,26 @@ class PrioritizedReplayBuffer:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if self._size == 0:
             raise RuntimeError("sample(): the buffer is empty; add() transitions first")
-        beta_t = self._beta_tensor(beta)
-        if self.sampling == "rank" and self._updates_since_refresh < 0:
-            self.refresh_ranks()
-        dev = self.device
-        out_rows = torch.empty(batch_size, self._rows_layout.words, dtype=torch.int32, device=dev)
-        out_idx = torch.empty(batch_size, dtype=torch.int64, device=dev)
-        out_gen = torch.empty(batch_size, dtype=torch.int32, device=dev)
-        out_w = torch.empty(batch_size, dtype=torch.float32, device=dev)
+        self._set_beta(beta)
+        if self._use_graphs():
+            flat, replayed = self._graphs.run(("sample", batch_size), (), lambda: self._sample(batch_size))
+            flat = flat.clone() if replayed else flat
+        else:
+            flat = self._sample(batch_size)
+        b, w = batch_size, self._rows_layout.words
+        return SampledBatch(
+            self._rows_layout,
+            flat[: b * w].view(b, w),
+            flat[b * w : b * w + 2 * b].view(torch.int64),
+            flat[b * w + 3 * b :].view(torch.float32),
+            flat[b * w + 2 * b : b * w + 3 * b],
+        )
+
+    def _sample(self, b: int) -> torch.Tensor:
+        """Sample into one flat int32 tensor: rows [B*W], indices [2B as int64], generations [B], weights [B]."""
+        w = self._rows_layout.words
+        flat = torch.empty(b * (w + 4), dtype=torch.int32, device=self.device)
+        out_w = flat[b * w + 3 * b :].view(torch.float32)
         self._ops.sample(
             self._tree,
             self._mintree,
@@ -306,18 +342,18 @@ class PrioritizedReplayBuffer:
             self._gen,
             self._counters,
             self.seed,
-            batch_size,
+            b,
             _MODES[self.sampling],
-            beta_t,
-            out_rows,
-            out_idx,
-            out_gen,
+            self._beta,
+            flat[: b * w].view(b, w),
+            flat[b * w : b * w + 2 * b].view(torch.int64),
+            flat[b * w + 2 * b : b * w + 3 * b],
             out_w,
         )
         if self.weight_norm == "batch" and self.sampling != "uniform":
             # w_i / max_j w_j = (p_i / min_j p_j) ** -beta over the batch
-            out_w = out_w / out_w.amax()
-        return SampledBatch(self._rows_layout.views(out_rows), out_idx, out_w, out_gen, out_rows)
+            out_w.div_(out_w.amax())
+        return flat
 
     # ------------------------------------------------------------------ priorities
 
@@ -366,7 +402,18 @@ class PrioritizedReplayBuffer:
             raise ValueError(f"update_priorities(): td_errors are on {td_errors.device}, expected {self.device}")
         if expected is not None and (expected.shape != indices.shape or expected.device != self.device):
             raise ValueError("update_priorities(): the batch's generations do not match its indices")
-        td = td_errors.detach()
+        td = td_errors.detach().float()
+        args = (indices, td) if expected is None else (indices, td, expected)
+        if self._use_graphs():
+            self._graphs.run(("update", indices.numel(), expected is not None), args, self._update)
+        else:
+            self._update(*args)
+        if self.sampling == "rank":
+            self._updates_since_refresh += 1
+            if self._updates_since_refresh >= self.rank_refresh_interval:
+                self.refresh_ranks()
+
+    def _update(self, indices: torch.Tensor, td: torch.Tensor, expected: torch.Tensor | None = None) -> None:
         rank = self.sampling == "rank"
         self._ops.update(
             self._key if rank else self._tree,
@@ -379,14 +426,10 @@ class PrioritizedReplayBuffer:
             indices.contiguous(),
             td.contiguous(),
             expected,
-            self.alpha if not rank else 1.0,
+            1.0 if rank else self.alpha,
             self.eps,
             leaf_only=rank,
         )
-        if rank:
-            self._updates_since_refresh += 1
-            if self._updates_since_refresh >= self.rank_refresh_interval:
-                self.refresh_ranks()
 
     def priorities(self, indices: torch.Tensor) -> torch.Tensor:
         """Stored sampling priorities of ``indices`` ([B] float32, after alpha).
@@ -516,6 +559,8 @@ class PrioritizedReplayBuffer:
         for name in names:
             getattr(self, f"_{name}").copy_(state[name])
         self.seed = int(state["seed"])
+        if self._graphs is not None:
+            self._graphs.clear()  # graphs froze the old seed
         self._size = int(state["host"]["size"])
         self._updates_since_refresh = int(state["host"]["updates_since_refresh"])
         self._beta_written = None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -84,14 +85,23 @@ class RowLayout:
         """int32 words per row."""
         return self.row_bytes // 4
 
-    def views(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Per-field views ``[n, *shape]`` of packed rows (``[n, row_bytes]`` uint8 or ``[n, words]`` int32)."""
-        raw = rows.view(torch.uint8) if rows.dtype != torch.uint8 else rows
-        out = {}
-        for f in self.fields:
+    def view(self, rows: torch.Tensor, name: str) -> torch.Tensor:
+        """View ``[n, *shape]`` of field ``name`` in packed rows (``[n, row_bytes]`` uint8 or ``[n, words]`` int32)."""
+        f = self._by_name[name]
+        raw = rows.view(f.dtype) if rows.dtype.itemsize == 4 and f.dtype.itemsize == 4 else rows.view(torch.uint8)
+        if raw.dtype == f.dtype:
+            col = raw[:, f.offset // 4 : f.offset // 4 + f.numel]
+        else:
             col = raw[:, f.offset : f.offset + f.nbytes].view(f.dtype)
-            out[f.name] = col.unflatten(1, f.shape) if f.shape else col[:, 0]
-        return out
+        return col.unflatten(1, f.shape) if f.shape else col[:, 0]
+
+    def views(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Every field's view of packed rows."""
+        return {f.name: self.view(rows, f.name) for f in self.fields}
+
+    @cached_property
+    def _by_name(self) -> dict[str, Field]:
+        return {f.name: f for f in self.fields}
 
     def spec(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         return {f.name: (f.shape, f.dtype) for f in self.fields}

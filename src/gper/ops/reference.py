@@ -44,7 +44,14 @@ def _arange(n: int, like: torch.Tensor) -> torch.Tensor:
     return torch.arange(n, device=like.device, dtype=torch.int64)
 
 
-def recompute(tree: torch.Tensor, mintree: torch.Tensor, layout: TreeLayout, leaves: torch.Tensor) -> None:
+def make_scratch(layout: TreeLayout, device: torch.device) -> torch.Tensor:
+    """Claims of an update in progress: [capacity + 1] int32 batch positions, -1 between calls."""
+    return torch.full((layout.capacity + 1,), -1, dtype=torch.int32, device=device)
+
+
+def recompute(
+    tree: torch.Tensor, mintree: torch.Tensor, layout: TreeLayout, leaves: torch.Tensor, counters: torch.Tensor
+) -> None:
     """Recompute every ancestor of ``leaves`` from its children, level by level, bottom up.
 
     Args:
@@ -53,6 +60,7 @@ def recompute(tree: torch.Tensor, mintree: torch.Tensor, layout: TreeLayout, lea
         layout: the trees' layout.
         leaves: [n] int64 leaf indices in [0, capacity); duplicates are fine (each writer
             computes the same value from the same final children).
+        counters: the device counters (the Triton twin uses a ticket there).
     """
     k = layout.arity
     kk = _arange(k, leaves)
@@ -106,12 +114,12 @@ def update(
     Entries whose index is outside ``[0, size)`` are dropped and counted; entries whose slot was
     overwritten since it was sampled (``expected_gen`` differs from ``gen``) are ignored and
     counted; for duplicates the last valid occurrence wins. The running max priority grows to
-    cover the new values.
+    cover the values stored.
 
     Args:
         tree, mintree: the trees (``leaf_only``: ``tree`` is a flat [capacity + 1] key array).
         layout: the trees' layout.
-        owner: [capacity + 1] int32 scratch, all -1 between calls.
+        owner: scratch from :func:`make_scratch`, all -1 between calls.
         gen: [capacity] int32 generation of each slot.
         counters: int64 device counters; scalars: float32 device scalars.
         idx: [B] int64 slot indices.
@@ -132,20 +140,23 @@ def update(
     pos = _arange(b, idx).int()
     claim = torch.where(valid, idx, cap)
     owner.scatter_reduce_(0, claim, pos, reduce="amax")
-    winner_p = p[owner[claim].clamp_min(0).long()]
+    winner = owner[claim]
+    won = valid & (winner == pos)
+    winner_p = p[winner.clamp_min(0).long()]
     base = 0 if leaf_only else layout.leaf_offset
     trash = tree.numel() - 1
     target = torch.where(valid, base + idx, trash)
     tree[target] = winner_p
     if not leaf_only:
         mintree[target] = winner_p
-    owner[claim] = -1
-    scalars[S_MAXP : S_MAXP + 1] = torch.maximum(scalars[S_MAXP], torch.where(valid, p, 0.0).amax()).reshape(1)
+    owner.index_fill_(0, claim, -1)
+    # the max covers the priorities actually stored: those of the winning duplicates
+    scalars[S_MAXP : S_MAXP + 1] = torch.maximum(scalars[S_MAXP], torch.where(won, p, 0.0).amax()).reshape(1)
     counters[C_INVALID] += (~valid_range).sum()
     counters[C_STALE] += (valid_range & ~valid).sum()
     counters[C_NONFINITE] += (nonfinite & valid).sum()
     if not leaf_only:
-        recompute(tree, mintree, layout, torch.where(valid, idx, 0))
+        recompute(tree, mintree, layout, torch.where(valid, idx, 0), counters)
 
 
 def add_positions(counters: torch.Tensor, capacity: int, n: int, skip: int) -> torch.Tensor:
@@ -175,11 +186,14 @@ def add_commit(
         total: items the caller added (``n`` plus those it skipped).
         leaf_value: priority of the new items, or None for the running max priority.
     """
-    value = scalars[S_MAXP] if leaf_value is None else torch.tensor(leaf_value, device=tree.device)
-    tree[layout.leaf_offset + pos] = value
-    mintree[layout.leaf_offset + pos] = value
+    if leaf_value is None:
+        tree[layout.leaf_offset + pos] = scalars[S_MAXP]
+        mintree[layout.leaf_offset + pos] = scalars[S_MAXP]
+    else:
+        tree.index_fill_(0, layout.leaf_offset + pos, leaf_value)
+        mintree.index_fill_(0, layout.leaf_offset + pos, leaf_value)
     gen[pos] += 1
-    recompute(tree, mintree, layout, pos)
+    recompute(tree, mintree, layout, pos, counters)
     counters[C_CURSOR] = (counters[C_CURSOR] + total) % layout.capacity
     counters[C_SIZE] = torch.clamp(counters[C_SIZE] + total, max=layout.capacity)
 

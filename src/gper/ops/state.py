@@ -16,6 +16,7 @@ C_INVALID = 3  #: update entries dropped for an index outside [0, size)
 C_NONFINITE = 4  #: NaN/Inf TD errors mapped to the max priority
 C_STALE = 5  #: update entries ignored because their slot was overwritten since sampling
 C_TICKET = 6  #: scratch for the sampling kernel's last-program election (0 between calls)
+C_TICKET_TOP = 7  #: scratch for the tree repair's last-program election (0 between calls)
 N_COUNTERS = 8
 
 # float32 ``scalars``

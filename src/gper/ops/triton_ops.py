@@ -7,10 +7,13 @@ Kernels:
   stratified / uniform draws), gather of every field (one packed row per slot), generations,
   IS weights, and the RNG counter advance (the last program to finish bumps it, elected by an
   atomic ticket, so the kernel can be replayed in a CUDA graph).
-* ``_update_prepare`` + ``_update_write`` + one ``_recompute_level`` per level: priority
-  update. Last occurrence wins among duplicates (an atomic max of batch positions claims each
-  slot, then only the claimant writes); parents are recomputed from their children one level
-  per launch, so no walk-up races and no delta drift (DESIGN.md section 1).
+* ``_update_claim`` + ``_update_leaves`` + one ``_recompute_level`` per remaining level:
+  priority update. Last occurrence wins among duplicates (an atomic max of
+  ``batch position << 32 | priority bits`` claims each slot); parents are recomputed from their
+  children one level per launch, so no walk-up races and no delta drift (DESIGN.md section 1).
+  The leaf write shares a launch with the first parent level (children being written in that
+  launch are read from the claims), and the top level shares level 1's launch (its last
+  program recomputes it): 4 launches at 2^25 with K = 32.
 * ``_add_positions`` + ``_add_commit`` + ``_recompute_level``: new items at max priority.
 
 Triton 3.6 (GPU image) and 3.9 (CI) both compile these: ``tl.load``/``tl.store`` arguments after
@@ -28,9 +31,12 @@ from gper.ops.state import rng_blocks
 # kernels address the device counters by literal index: C_RNG=0, C_CURSOR=1, C_SIZE=2,
 # C_INVALID=3, C_NONFINITE=4, C_STALE=5, C_TICKET=6; scalars: S_MAXP=0 (gper.ops.state)
 
+# launch shapes, measured on the H200 (benchmarks/results/kernel-sweep-*.md)
 _SAMPLE_BLOCK = 32
+_SAMPLE_WARPS = 4
 _UPDATE_BLOCK = 256
 _LEVEL_BLOCK = 32
+_LEVEL_WARPS = 4
 
 
 @triton.jit
@@ -138,16 +144,15 @@ def _sample_kernel(
 
 
 @triton.jit
-def _update_prepare(
+def _update_claim(
     idx,  # [B] int64
     td,  # [B] float
     expected_gen,  # [B] int32 (read only if HAS_GEN)
     gen,  # [capacity] int32
-    owner,  # [capacity + 1] int32, -1 between calls
+    pending,  # [capacity + K] int64, -1 between calls
     counters,
     scalars,
     clean,  # [B] int64 out: idx, or -1 where dropped
-    prio,  # [B] float32 out
     alpha,
     eps,
     B,
@@ -166,11 +171,12 @@ def _update_prepare(
     d = tl.load(td + s, mask=m, other=0.0).to(tl.float32)
     finite = (d == d) & (tl.abs(d) < float("inf"))
     p = tl.exp2(alpha * tl.log2(tl.abs(d) + eps))
-    # the max is read before any write of this update: nonfinite values map to the old max
+    # nothing writes the max before _update_leaves: nonfinite values all map to the old max
     p = tl.where(finite, p, tl.load(scalars + 0))  # S_MAXP
-    tl.store(prio + s, p, mask=m)
+    # claim the slot with (batch position, priority bits): the atomic max keeps the last occurrence
+    packed = (s << 32) | p.to(tl.int32, bitcast=True).to(tl.int64)
+    tl.atomic_max(pending + i, packed, mask=valid)
     tl.store(clean + s, tl.where(valid, i, -1), mask=m)
-    tl.atomic_max(owner + i, s.to(tl.int32), mask=valid)
     n_invalid = tl.sum((m & ~in_range).to(tl.int64), axis=0)
     n_stale = tl.sum((in_range & ~valid).to(tl.int64), axis=0)
     n_nonfinite = tl.sum((valid & ~finite).to(tl.int64), axis=0)
@@ -180,33 +186,106 @@ def _update_prepare(
 
 
 @triton.jit
-def _update_write(tree, mintree, owner, scalars, clean, prio, leaf_off, B, WITH_MIN: tl.constexpr, BLOCK: tl.constexpr):
+def _unpack_priority(packed):
+    return (packed & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _update_leaves(
+    tree,
+    mintree,
+    pending,
+    scalars,
+    clean,
+    leaf_off,
+    par_off,
+    B,
+    K: tl.constexpr,
+    LOG2K: tl.constexpr,
+    PARENT: tl.constexpr,
+    WITH_MIN: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Write the claimed leaves and, if PARENT, their parents: children still being written in
+    this launch are read from ``pending``, which holds the same values, so there is no race."""
     s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = s < B
     i = tl.load(clean + s, mask=m, other=-1)
     valid = i >= 0
-    p = tl.load(prio + s, mask=m, other=0.0)
-    win = valid & (tl.load(owner + i, mask=valid, other=-1) == s.to(tl.int32))
+    i = tl.maximum(i, 0)
+    packed = tl.load(pending + i, mask=valid, other=-1)
+    win = valid & ((packed >> 32) == s)
+    p = _unpack_priority(packed)
     tl.store(tree + leaf_off + i, p, mask=win)
     if WITH_MIN:
         tl.store(mintree + leaf_off + i, p, mask=win)
-    tl.store(owner + i, tl.full([BLOCK], -1, tl.int32), mask=win)
-    pmax = tl.max(tl.where(valid, p, 0.0), axis=0)
+    pmax = tl.max(tl.where(win, p, 0.0), axis=0)
     tl.atomic_max(scalars + 0, pmax, mask=pmax > 0)  # S_MAXP
+    if PARENT:
+        kk = tl.arange(0, K)
+        par = i >> LOG2K
+        c = par[:, None] * K + kk[None, :]
+        claimed = tl.load(pending + c, mask=valid[:, None], other=-1)
+        new = _unpack_priority(claimed)
+        v = tl.load(tree + leaf_off + c, mask=valid[:, None], other=0.0)
+        tl.store(tree + par_off + par, tl.sum(tl.where(claimed >= 0, new, v), axis=1), mask=valid)
+        mv = tl.load(mintree + leaf_off + c, mask=valid[:, None], other=float("inf"))
+        tl.store(mintree + par_off + par, tl.min(tl.where(claimed >= 0, new, mv), axis=1), mask=valid)
 
 
 @triton.jit
-def _recompute_level(tree, mintree, leaves, par_off, ch_off, shift, n, K: tl.constexpr, BLOCK: tl.constexpr):
+def _reset_pending(pending, clean, B, BLOCK: tl.constexpr):
     s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = s < n
+    m = s < B
+    i = tl.load(clean + s, mask=m, other=-1)
+    tl.store(pending + i, tl.full([BLOCK], -1, tl.int64), mask=i >= 0)
+
+
+@triton.jit
+def _recompute_level(
+    tree,
+    mintree,
+    leaves,  # [n] int64 leaf indices; entries < 0 are skipped
+    pending,  # reset to -1 at ``leaves`` if RESET
+    counters,  # ticket for the TOP election
+    par_off,
+    ch_off,
+    shift,
+    n,
+    top_off,
+    top_n,
+    K: tl.constexpr,
+    BLOCK: tl.constexpr,
+    RESET: tl.constexpr,
+    TOP: tl.constexpr,
+):
+    """Recompute the parents of ``leaves`` at one level from their children; with TOP (this is
+    level 1), the last program to finish also recomputes all of level 0 (at most K nodes)."""
+    s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     kk = tl.arange(0, K)
-    leaf = tl.maximum(tl.load(leaves + s, mask=m, other=0), 0)
-    par = leaf >> shift
+    raw = tl.load(leaves + s, mask=s < n, other=-1)
+    m = raw >= 0
+    par = tl.maximum(raw, 0) >> shift
     c = ch_off + par[:, None] * K + kk[None, :]
     v = tl.load(tree + c, mask=m[:, None], other=0.0)
     tl.store(tree + par_off + par, tl.sum(v, axis=1), mask=m)
     mv = tl.load(mintree + c, mask=m[:, None], other=float("inf"))
     tl.store(mintree + par_off + par, tl.min(mv, axis=1), mask=m)
+    if RESET:
+        tl.store(pending + raw, tl.full([BLOCK], -1, tl.int64), mask=m)
+    if TOP:
+        # last-program election: every program's level-1 stores are released by its ticket,
+        # and the winner reads them back past L1 (.cg)
+        ticket = tl.atomic_add(counters + 7, 1)  # C_TICKET_TOP
+        rows = tl.arange(0, K)
+        last = ticket == tl.num_programs(0) - 1
+        rm = (rows < top_n) & ((rows * 0 + ticket) == tl.num_programs(0) - 1)
+        cc = par_off + rows[:, None] * K + kk[None, :]
+        tv = tl.load(tree + cc, mask=rm[:, None], other=0.0, cache_modifier=".cg")
+        tl.store(tree + top_off + rows, tl.sum(tv, axis=1), mask=rm)
+        tm = tl.load(mintree + cc, mask=rm[:, None], other=float("inf"), cache_modifier=".cg")
+        tl.store(mintree + top_off + rows, tl.min(tm, axis=1), mask=rm)
+        tl.store(counters + 7, ticket * 0, mask=last)
 
 
 @triton.jit
@@ -256,50 +335,87 @@ def _grid(n: int, block: int) -> tuple[int]:
     return (triton.cdiv(n, block),)
 
 
-def recompute(tree: torch.Tensor, mintree: torch.Tensor, layout: TreeLayout, leaves: torch.Tensor) -> None:
+def make_scratch(layout: TreeLayout, device: torch.device) -> torch.Tensor:
+    """Claims of an update in progress: [capacity + K] int64, -1 between calls."""
+    return torch.full((layout.capacity + layout.arity,), -1, dtype=torch.int64, device=device)
+
+
+def _levels(tree, mintree, layout: TreeLayout, leaves: torch.Tensor, top: int, pending=None, counters=None) -> None:
+    """Recompute levels ``top`` .. 0 above ``leaves``; level 0 rides on level 1's launch."""
     n = leaves.numel()
-    for level in range(layout.depth - 2, -1, -1):
+    levels = list(range(top, -1, -1))
+    fold_top = len(levels) >= 2
+    if fold_top:
+        levels.pop()
+    for j, level in enumerate(levels):
+        is_top = fold_top and level == 1
         _recompute_level[_grid(n, _LEVEL_BLOCK)](
             tree,
             mintree,
             leaves,
+            pending if pending is not None else leaves,
+            counters if is_top else leaves,
             layout.offsets[level],
             layout.offsets[level + 1],
             layout.shift(level),
             n,
+            layout.offsets[0],
+            layout.sizes[0],
             K=layout.arity,
             BLOCK=_LEVEL_BLOCK,
+            RESET=pending is not None and j == 0,
+            TOP=is_top,
+            num_warps=_LEVEL_WARPS,
         )
+    if pending is not None and not levels:
+        _reset_pending[_grid(n, _UPDATE_BLOCK)](pending, leaves, n, BLOCK=_UPDATE_BLOCK)
 
 
-def update(tree, mintree, layout, owner, gen, counters, scalars, idx, td, expected_gen, alpha, eps, leaf_only=False):
+def recompute(tree, mintree, layout: TreeLayout, leaves: torch.Tensor, counters: torch.Tensor) -> None:
+    _levels(tree, mintree, layout, leaves, layout.depth - 2, counters=counters)
+
+
+def update(tree, mintree, layout, pending, gen, counters, scalars, idx, td, expected_gen, alpha, eps, leaf_only=False):
     b = idx.numel()
     clean = torch.empty(b, dtype=torch.int64, device=idx.device)
-    prio = torch.empty(b, dtype=torch.float32, device=idx.device)
     grid = _grid(b, _UPDATE_BLOCK)
     has_gen = expected_gen is not None
-    _update_prepare[grid](
+    _update_claim[grid](
         idx,
         td,
         expected_gen if has_gen else gen,
         gen,
-        owner,
+        pending,
         counters,
         scalars,
         clean,
-        prio,
         float(alpha),
         float(eps),
         b,
         HAS_GEN=has_gen,
         BLOCK=_UPDATE_BLOCK,
     )
-    leaf_off = 0 if leaf_only else layout.leaf_offset
-    _update_write[grid](
-        tree, mintree, owner, scalars, clean, prio, leaf_off, b, WITH_MIN=not leaf_only, BLOCK=_UPDATE_BLOCK
+    parent = not leaf_only and layout.depth >= 2
+    _update_leaves[_grid(b, _LEVEL_BLOCK)](
+        tree,
+        mintree,
+        pending,
+        scalars,
+        clean,
+        0 if leaf_only else layout.leaf_offset,
+        layout.offsets[layout.depth - 2] if parent else 0,
+        b,
+        K=layout.arity,
+        LOG2K=layout.log2_arity,
+        PARENT=parent,
+        WITH_MIN=not leaf_only,
+        BLOCK=_LEVEL_BLOCK,
+        num_warps=_LEVEL_WARPS,
     )
-    if not leaf_only:
-        recompute(tree, mintree, layout, clean)
+    if parent:
+        _levels(tree, mintree, layout, clean, layout.depth - 3, pending=pending, counters=counters)
+    else:
+        _reset_pending[grid](pending, clean, b, BLOCK=_UPDATE_BLOCK)
 
 
 def add_positions(counters: torch.Tensor, capacity: int, n: int, skip: int) -> torch.Tensor:
@@ -325,7 +441,7 @@ def add_commit(tree, mintree, layout, gen, counters, scalars, pos, total, leaf_v
         USE_MAX=leaf_value is None,
         BLOCK=_UPDATE_BLOCK,
     )
-    recompute(tree, mintree, layout, pos)
+    recompute(tree, mintree, layout, pos, counters)
 
 
 _LEVEL_OFFSETS: dict[tuple[TreeLayout, torch.device], torch.Tensor] = {}

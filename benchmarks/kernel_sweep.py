@@ -1,0 +1,167 @@
+# ruff: noqa: B023, E501  (closures are timed at once; long f-strings are table rows)
+"""Sweep launch shapes of gper's Triton kernels on the GPU and time sample / update / add / step.
+
+Developer tool for tuning ``gper.ops.triton_ops`` (``gper bench`` is the user-facing benchmark).
+Prints one line per variant and writes them to ``$OUT`` or ``benchmarks/results``.
+
+    python benchmarks/kernel_sweep.py --capacity 25 --batch 16384
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+import gper
+from gper.ops import triton_ops
+
+SPEC = {
+    "obs": ((51,), torch.float32),
+    "action": ((), torch.int64),
+    "reward": ((), torch.float32),
+    "next_obs": ((51,), torch.float32),
+    "done": ((), torch.bool),
+}
+
+
+def batch(n):
+    return {
+        "obs": torch.randn(n, 51, device="cuda"),
+        "action": torch.randint(0, 45, (n,), device="cuda"),
+        "reward": torch.randn(n, device="cuda"),
+        "next_obs": torch.randn(n, 51, device="cuda"),
+        "done": torch.rand(n, device="cuda") < 0.1,
+    }
+
+
+def events(fn, iters=200, repeats=5):
+    fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(True), torch.cuda.Event(True)
+        a.record()
+        for _ in range(iters):
+            fn()
+        b.record()
+        torch.cuda.synchronize()
+        out.append(a.elapsed_time(b) / iters * 1e3)
+    return statistics.median(out)
+
+
+def wall(fn, iters=200, repeats=5):
+    fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+        out.append((time.perf_counter() - t) / iters * 1e6)
+    return statistics.median(out)
+
+
+def graph(fn):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--capacity", type=int, default=25, help="log2 capacity")
+    ap.add_argument("--batch", type=int, nargs="+", default=[16384, 256])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--direct", action="store_true", help="no internal CUDA graphs")
+    args = ap.parse_args()
+    cap = 1 << args.capacity
+    rb = gper.PrioritizedReplayBuffer(cap, SPEC, device="cuda", seed=0, cuda_graphs=not args.direct)
+    for start in range(0, cap, 1 << 21):
+        rb.add(batch(min(1 << 21, cap - start)))
+    for _ in range(cap // (1 << 20)):
+        rb.update_priorities(torch.randint(0, cap, (1 << 20,), device="cuda"), torch.randn(1 << 20, device="cuda"))
+    torch.cuda.synchronize()
+    lines = [f"# kernel sweep: {torch.cuda.get_device_name()} torch {torch.__version__} capacity 2^{args.capacity}"]
+
+    def emit(s):
+        print(s, flush=True)
+        lines.append(s)
+
+    # host overhead of the building blocks of an eager call
+    x = torch.zeros(16, device="cuda")
+    emit(
+        f"host: torch.empty {wall(lambda: torch.empty(16384, device='cuda')):.2f} us, "
+        f"x.add_(1) {wall(lambda: x.add_(1)):.2f} us, x.copy_(y) {wall(lambda: x.copy_(x)):.2f} us"
+    )
+    g0 = graph(lambda: x.add_(1))
+    emit(f"host: replay of a 1-kernel graph {wall(g0.replay):.2f} us")
+    from gper.ops.state import rng_blocks  # noqa: F401
+
+    counters = rb._counters
+    emit(f"host: triton add_positions launch {wall(lambda: triton_ops.add_positions(counters, cap, 256, 0)):.2f} us")
+    for cg in (False, True):
+        r2 = gper.PrioritizedReplayBuffer(1 << 16, SPEC, device="cuda", cuda_graphs=cg)
+        r2.add(batch(1 << 16))
+        td2 = torch.randn(256, device="cuda")
+        smp2 = r2.sample(256)
+        emit(
+            f"host: cuda_graphs={cg} sample(256) {wall(lambda: r2.sample(256)):.2f} us, "
+            f"update(256) {wall(lambda: r2.update_priorities(smp2, td2)):.2f} us, "
+            f"add(256) {wall(lambda: r2.add(batch(256))):.2f} us (incl. making the batch)"
+        )
+
+    for b in args.batch:
+        td = torch.randn(b, device="cuda")
+        new = batch(b)
+        sb = [16, 32, 64] if not args.quick else [32]
+        sw = [2, 4, 8] if not args.quick else [4]
+        for blk, nw in itertools.product(sb, sw):
+            triton_ops._SAMPLE_BLOCK, triton_ops._SAMPLE_WARPS = blk, nw
+            g = graph(lambda: rb.sample(b))
+            emit(f"B={b} sample block={blk} warps={nw}: graph {events(g.replay):.2f} us")
+        triton_ops._SAMPLE_BLOCK, triton_ops._SAMPLE_WARPS = 32, 4
+        for blk, nw in itertools.product([16, 32, 64, 128], [2, 4]):
+            triton_ops._LEVEL_BLOCK, triton_ops._LEVEL_WARPS = blk, nw
+            smp = rb.sample(b)
+            g = graph(lambda: rb.update_priorities(smp, td))
+            emit(f"B={b} update level_block={blk} warps={nw}: graph {events(g.replay):.2f} us")
+        triton_ops._LEVEL_BLOCK, triton_ops._LEVEL_WARPS = 32, 4
+
+        def step():
+            s = rb.sample(b)
+            rb.update_priorities(s, td)
+
+        g = graph(step)
+        emit(
+            f"B={b} step: graph {events(g.replay):.2f} us, eager wall {wall(step):.2f} us, "
+            f"eager events {events(step):.2f} us"
+        )
+        emit(f"B={b} sample eager wall {wall(lambda: rb.sample(b)):.2f} us")
+        smp = rb.sample(b)
+        emit(f"B={b} update eager wall {wall(lambda: rb.update_priorities(smp, td)):.2f} us")
+        emit(
+            f"B={b} add eager wall {wall(lambda: rb.add(new)):.2f} us, graph {events(graph(lambda: rb.add(new)).replay):.2f} us"
+        )
+    out = os.environ.get("OUT") or "benchmarks/results"
+    with open(os.path.join(out, f"kernel-sweep-2e{args.capacity}.txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
