@@ -222,3 +222,29 @@ def test_invalid_indices_dropped_on_device_and_reported():
     strict = _filled(1000, strict=True)
     with pytest.raises(IndexError):
         strict.update_priorities(torch.tensor([2000], device="cuda"), torch.ones(1, device="cuda"))
+
+
+def test_held_batches_are_never_overwritten_by_later_samples():
+    """Sample slots are reused only when nothing refers to their outputs any more."""
+    rb = _filled(1 << 16)
+    td = torch.rand(512, device="cuda")
+    kept_batch = rb.sample(512)
+    kept_obs = rb.sample(512)["obs"]
+    kept_view = rb.sample(512)["next_obs"][:, :5]
+    kept_weights = rb.sample(512).weights
+    snapshots = [
+        {k: v.clone() for k, v in kept_batch.items()} | {"indices": kept_batch.indices.clone()},
+        kept_obs.clone(),
+        kept_view.clone(),
+        kept_weights.clone(),
+    ]
+    for _ in range(10):
+        b = rb.sample(512, beta=0.9)
+        rb.update_priorities(b, td)
+    torch.cuda.synchronize()
+    for k, v in snapshots[0].items():
+        now = kept_batch.indices if k == "indices" else kept_batch[k]
+        assert torch.equal(now, v), k
+    assert torch.equal(kept_obs, snapshots[1])
+    assert torch.equal(kept_view, snapshots[2])
+    assert torch.equal(kept_weights, snapshots[3])

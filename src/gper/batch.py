@@ -29,10 +29,11 @@ class SampledBatch(Mapping[str, torch.Tensor]):
         indices: torch.Tensor,
         weights: torch.Tensor,
         generations: torch.Tensor,
+        fields: dict[str, torch.Tensor] | None = None,
     ) -> None:
         self._layout = layout
         self._names = tuple(f.name for f in layout.fields)
-        self._fields: dict[str, torch.Tensor] = {}
+        self._fields: dict[str, torch.Tensor] = fields if fields is not None else {}
         self.rows = rows
         self.indices = indices
         self.weights = weights

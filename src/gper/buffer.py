@@ -18,7 +18,7 @@ import torch
 
 from gper._triton import HAS_TRITON
 from gper.batch import SampledBatch
-from gper.graphs import GraphCache, capturing
+from gper.graphs import GraphCache, SampleSlot, capturing
 from gper.ops import BACKENDS, backend_module, reference
 from gper.ops.layout import DEFAULT_ARITY, TreeLayout
 from gper.ops.state import (
@@ -40,6 +40,7 @@ from gper.spec import RowLayout
 
 SAMPLING = ("proportional", "stratified", "rank", "uniform")
 WEIGHT_NORMS = ("global", "batch")
+_SAMPLE_SLOTS = 3  # captured sample outputs per batch size: a batch may still be alive while the next is drawn
 _MODES = {
     "proportional": MODE_PROPORTIONAL,
     "stratified": MODE_STRATIFIED,
@@ -164,6 +165,7 @@ class PrioritizedReplayBuffer:
         self._updates_since_refresh = 0
         self._reported = {"invalid_indices": 0}
         self._graphs = GraphCache() if cuda_graphs and self.device.type == "cuda" else None
+        self._sample_slots: dict[int, list[SampleSlot]] = {}
 
     # ------------------------------------------------------------------ construction
 
@@ -246,7 +248,9 @@ class PrioritizedReplayBuffer:
         args = tuple(data[name][skip:] if skip else data[name] for name in names)
         if self._use_graphs():
             key = ("add", n) + tuple((a.dtype, a.device.type) for a in args)
-            pos, replayed = self._graphs.run(key, args, lambda *xs: self._add(xs, n, skip))
+            on_device = all(a.device == self.device for a in args)
+            run = self._graphs.run_by_address if on_device else self._graphs.run
+            pos, replayed = run(key, args, lambda *xs: self._add(xs, n, skip))
             pos = pos.clone() if replayed else pos
         else:
             pos = self._add(args, n, skip)
@@ -316,18 +320,42 @@ class PrioritizedReplayBuffer:
             raise RuntimeError("sample(): the buffer is empty; add() transitions first")
         self._set_beta(beta)
         if self._use_graphs():
-            flat, replayed = self._graphs.run(("sample", batch_size), (), lambda: self._sample(batch_size))
-            flat = flat.clone() if replayed else flat
-        else:
-            flat = self._sample(batch_size)
-        b, w = batch_size, self._rows_layout.words
+            return self._sample_graphed(batch_size)
+        return self._batch_of(self._sample(batch_size), batch_size)
+
+    def _split(self, flat: torch.Tensor, b: int) -> dict[str, torch.Tensor]:
+        """The parts of a flat sample output: rows [B*W], indices [2B as int64], generations [B], weights [B]."""
+        w = self._rows_layout.words
+        return {
+            "rows": flat[: b * w].view(b, w),
+            "indices": flat[b * w : b * w + 2 * b].view(torch.int64),
+            "generations": flat[b * w + 2 * b : b * w + 3 * b],
+            "weights": flat[b * w + 3 * b :].view(torch.float32),
+        }
+
+    def _batch_of(self, flat: torch.Tensor, b: int, fields: dict[str, torch.Tensor] | None = None) -> SampledBatch:
+        parts = self._split(flat, b)
         return SampledBatch(
-            self._rows_layout,
-            flat[: b * w].view(b, w),
-            flat[b * w : b * w + 2 * b].view(torch.int64),
-            flat[b * w + 3 * b :].view(torch.float32),
-            flat[b * w + 2 * b : b * w + 3 * b],
+            self._rows_layout, parts["rows"], parts["indices"], parts["weights"], parts["generations"], fields
         )
+
+    def _sample_graphed(self, b: int) -> SampledBatch:
+        slots = self._sample_slots.setdefault(b, [])
+        for slot in slots:
+            if slot.free():
+                slot.graph.replay()
+                t = slot.tensors
+                fields = {name: t[name] for name in self.spec}
+                return SampledBatch(self._rows_layout, t["rows"], t["indices"], t["weights"], t["generations"], fields)
+        flat = self._sample(b)  # this call's result; it also compiles the kernel before capture
+        if len(slots) < _SAMPLE_SLOTS:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                static = self._sample(b)
+            tensors = self._split(static, b)
+            tensors.update(self._rows_layout.views(tensors["rows"]))
+            slots.append(SampleSlot(graph, static, tensors))
+        return self._batch_of(flat, b)
 
     def _sample(self, b: int) -> torch.Tensor:
         """Sample into one flat int32 tensor: rows [B*W], indices [2B as int64], generations [B], weights [B]."""
@@ -405,7 +433,7 @@ class PrioritizedReplayBuffer:
         td = td_errors.detach().float()
         args = (indices, td) if expected is None else (indices, td, expected)
         if self._use_graphs():
-            self._graphs.run(("update", indices.numel(), expected is not None), args, self._update)
+            self._graphs.run_by_address(("update", indices.numel(), expected is not None), args, self._update)
         else:
             self._update(*args)
         if self.sampling == "rank":
@@ -556,11 +584,18 @@ class PrioritizedReplayBuffer:
             src, dst = state.get(name), getattr(self, f"_{name}")
             if not isinstance(src, torch.Tensor) or src.shape != dst.shape or src.dtype != dst.dtype:
                 raise ValueError(f"load_state_dict(): {name!r} missing or of the wrong shape/dtype")
+        host = state.get("host")
+        seed = state.get("seed")
+        if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
+            raise ValueError(f"load_state_dict(): 'seed' missing or invalid: {seed!r}")
+        if not isinstance(host, Mapping) or not {"size", "updates_since_refresh"} <= host.keys():
+            raise ValueError("load_state_dict(): 'host' missing or incomplete")
         for name in names:
             getattr(self, f"_{name}").copy_(state[name])
-        self.seed = int(state["seed"])
+        self.seed = seed
         if self._graphs is not None:
             self._graphs.clear()  # graphs froze the old seed
-        self._size = int(state["host"]["size"])
-        self._updates_since_refresh = int(state["host"]["updates_since_refresh"])
+            self._sample_slots.clear()
+        self._size = int(host["size"])
+        self._updates_since_refresh = int(host["updates_since_refresh"])
         self._beta_written = None

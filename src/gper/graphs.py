@@ -1,16 +1,26 @@
 """CUDA graphs that the buffer captures for itself, so an eager call costs one replay.
 
-Launching the kernels of one update from Python costs far more host time than the GPU spends
-on them (measured on the H200 at 2^25, batch 16384: 187 us per eager update against 20 us
-replayed). A :class:`GraphCache` captures one graph per call shape the first time it is seen,
-with static copies of the inputs, and afterwards copies the caller's inputs in and replays.
+On the H200 machine a Python-launched Triton kernel costs 16-27 us of host time and a torch op
+about 9-12 us, while replaying a captured graph costs about 5 us (``benchmarks/results/
+host-overhead-*.txt``). So the buffer captures each call shape once and replays it:
+
+* :class:`GraphCache` holds captured calls. ``run`` copies the caller's inputs into static
+  tensors and replays; ``replay_in_place`` replays a graph captured directly on the caller's
+  tensors, which is valid exactly when this call's tensors sit at the same addresses (the graph
+  then reads them where they are: no copies). Buffers reach that case in steady training loops,
+  where PyTorch's caching allocator hands out the same blocks step after step.
+* :class:`SampleSlot` is a captured ``sample`` whose outputs (and their field views) are reused
+  only while nothing outside the slot refers to them: a slot whose batch, field tensors or views
+  of them are still alive anywhere (Python references, autograd saved tensors) is busy, and the
+  buffer samples into another slot or launches directly.
 """
 
 from __future__ import annotations
 
+import sys
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -24,19 +34,31 @@ class CapturedCall:
     output: object
 
 
-class GraphCache:
-    """Captured calls keyed by call shape; at most ``size`` of them, least recently used evicted first."""
+def _capture(body: Callable[..., object], args: tuple[torch.Tensor, ...]) -> tuple[torch.cuda.CUDAGraph, object]:
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        output = body(*args)
+    return graph, output
 
-    def __init__(self, size: int = 16) -> None:
+
+class GraphCache:
+    """Captured calls keyed by call shape (or by input addresses); least recently used evicted first."""
+
+    def __init__(self, size: int = 32) -> None:
         self.size = size
         self._entries: OrderedDict[Hashable, CapturedCall] = OrderedDict()
+        self._seen: OrderedDict[Hashable, None] = OrderedDict()
+
+    def _store(self, key: Hashable, entry: CapturedCall) -> None:
+        self._entries[key] = entry
+        if len(self._entries) > self.size:
+            self._entries.popitem(last=False)
 
     def run(self, key: Hashable, args: tuple[torch.Tensor, ...], body: Callable[..., object]) -> tuple[object, bool]:
-        """Run ``body(*args)`` through the graph captured for ``key``.
+        """Run ``body(*args)`` through the graph captured for ``key``, copying ``args`` into its inputs.
 
         On the first call for ``key`` the body runs eagerly on static copies of ``args`` (that run
         is this call's result, and compiles any kernel), then is captured without running again.
-        Later calls copy ``args`` into the static inputs and replay.
 
         Returns:
             (result, replayed): ``replayed`` is True when ``result`` is the graph's static output,
@@ -52,18 +74,73 @@ class GraphCache:
         device = torch.device("cuda", torch.cuda.current_device())
         inputs = tuple(a.to(device, copy=True) for a in args)
         result = body(*inputs)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            output = body(*inputs)
-        self._entries[key] = CapturedCall(graph, inputs, output)
-        if len(self._entries) > self.size:
-            self._entries.popitem(last=False)
+        graph, output = _capture(body, inputs)
+        self._store(key, CapturedCall(graph, inputs, output))
         return result, False
+
+    def run_by_address(
+        self, key: Hashable, args: tuple[torch.Tensor, ...], body: Callable[..., object]
+    ) -> tuple[object, bool]:
+        """Like :meth:`run`, but without copies when ``args`` sit where a captured call's inputs did.
+
+        The graph of an address-keyed entry reads the caller's own memory, so it is replayed only
+        for tensors at those exact addresses, shapes, strides and dtypes. An address set is
+        captured the second time it is seen (so fresh allocations every call cost no captures);
+        until then the call goes through :meth:`run`.
+        """
+        where = (key,) + tuple((a.data_ptr(), a.dtype, a.shape, a.stride()) for a in args)
+        entry = self._entries.get(where)
+        if entry is not None:
+            self._entries.move_to_end(where)
+            entry.graph.replay()
+            return entry.output, True
+        if where in self._seen:
+            del self._seen[where]
+            result = body(*args)
+            graph, output = _capture(body, args)
+            # hold no reference to the caller's tensors: the address match at replay is what makes
+            # the graph valid, and a reference would keep a sample slot's outputs busy forever
+            self._store(where, CapturedCall(graph, (), output))
+            return result, False
+        self._seen[where] = None
+        if len(self._seen) > self.size:
+            self._seen.popitem(last=False)
+        return self.run(key, args, body)
 
     def clear(self) -> None:
         self._entries.clear()
+        self._seen.clear()
+
+
+@dataclass
+class SampleSlot:
+    """A captured ``sample`` of one batch size with its static outputs and their prebuilt views."""
+
+    graph: torch.cuda.CUDAGraph
+    flat: torch.Tensor
+    tensors: dict[str, torch.Tensor]
+    _base_refs: list[int] = field(default_factory=list)
+    _base_use: int = 0
+
+    def __post_init__(self) -> None:
+        self._base_refs = _refcounts(self.tensors)
+        self._base_use = _storage_uses(self.flat)
+
+    def free(self) -> bool:
+        """True when nothing outside this slot refers to its outputs (so a replay may overwrite them)."""
+        return _storage_uses(self.flat) == self._base_use and _refcounts(self.tensors) == self._base_refs
+
+
+def _refcounts(tensors: dict[str, torch.Tensor]) -> list[int]:
+    # one code path for the baseline and the check, so both count the same temporaries
+    return [sys.getrefcount(t) for t in tensors.values()]
+
+
+def _storage_uses(t: torch.Tensor) -> int:
+    # tensors (views included) sharing t's memory; a new view of an output raises this count
+    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
 
 
 def capturing() -> bool:
     """True while the current CUDA stream is being captured (by the caller's own graph)."""
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    return torch.cuda.is_current_stream_capturing()

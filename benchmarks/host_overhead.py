@@ -1,0 +1,87 @@
+"""Host time of the pieces of an eager call (B=256, where the GPU work is small).
+
+Developer tool: ``python benchmarks/host_overhead.py``; prints microseconds per call.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+import gper
+
+SPEC = {
+    "obs": ((51,), torch.float32),
+    "action": ((), torch.int64),
+    "reward": ((), torch.float32),
+    "next_obs": ((51,), torch.float32),
+    "done": ((), torch.bool),
+}
+
+
+def per_call(fn, n=2000):
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    host = (time.perf_counter() - t) / n * 1e6
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - t) / n * 1e6
+    return host, wall
+
+
+def main():
+    b = 256
+    rb = gper.PrioritizedReplayBuffer(1 << 16, SPEC, device="cuda")
+    rb.add(
+        {
+            "obs": torch.randn(1 << 16, 51, device="cuda"),
+            "action": torch.zeros(1 << 16, dtype=torch.int64, device="cuda"),
+            "reward": torch.zeros(1 << 16, device="cuda"),
+            "next_obs": torch.randn(1 << 16, 51, device="cuda"),
+            "done": torch.zeros(1 << 16, dtype=torch.bool, device="cuda"),
+        }
+    )
+    td = torch.randn(b, device="cuda")
+    smp = rb.sample(b)
+    rb.update_priorities(smp, td)
+    smp = None
+    for _ in range(3):  # the update graph keyed by these addresses is captured on the second sight
+        smp = rb.sample(b)
+        rb.update_priorities(smp, td)
+    slot = rb._sample_slots[b][0]
+    flat = slot.flat
+    x64 = torch.zeros(b, dtype=torch.int64, device="cuda")
+    rows = [
+        ("sample graph replay only", slot.graph.replay),
+        ("slot.free()", slot.free),
+        ("flat.clone()", flat.clone),
+        ("copy_ 256 int64 d2d", lambda: x64.copy_(smp.indices)),
+        ("is_current_stream_capturing", torch.cuda.is_current_stream_capturing),
+        ("torch.cuda.is_available", torch.cuda.is_available),
+        ("rb.sample(256)", lambda: rb.sample(b)),
+        ("rb.sample(256) + fields", lambda: [v for v in rb.sample(b).values()]),
+        ("rb.update_priorities(batch)", lambda: rb.update_priorities(smp, td)),
+        ("rb.update_priorities(indices)", lambda: rb.update_priorities(smp.indices, td)),
+        ("step: sample + update", lambda: rb.update_priorities(rb.sample(b), td)),
+    ]
+    lines = [
+        f"# host overhead per call, {torch.cuda.get_device_name()}, torch {torch.__version__}, B={b}",
+        f"{'piece':34s} {'host us':>9s} {'wall us':>9s}",
+    ]
+    for name, fn in rows:
+        h, w = per_call(fn)
+        lines.append(f"{name:34s} {h:9.2f} {w:9.2f}")
+    text = "\n".join(lines)
+    print(text)
+    out = os.environ.get("OUT") or "benchmarks/results"
+    with open(os.path.join(out, "host-overhead.txt"), "w") as f:
+        f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
