@@ -135,12 +135,14 @@ def main():
             g = graph(lambda: rb.sample(b))
             emit(f"B={b} sample block={blk} warps={nw}: graph {events(g.replay):.2f} us")
         triton_ops._SAMPLE_BLOCK, triton_ops._SAMPLE_WARPS = 32, 4
-        for blk, nw in itertools.product([16, 32, 64, 128], [2, 4]):
-            triton_ops._LEVEL_BLOCK, triton_ops._LEVEL_WARPS = blk, nw
+        for ublk, blk, nw in itertools.product([64, 128, 256], [16, 32, 64], [1, 2, 4]):
+            if args.quick and (ublk, nw) != (256, 4):
+                continue
+            triton_ops._UPDATE_BLOCK, triton_ops._LEVEL_BLOCK, triton_ops._LEVEL_WARPS = ublk, blk, nw
             smp = rb.sample(b)
             g = graph(lambda: rb.update_priorities(smp, td))
-            emit(f"B={b} update level_block={blk} warps={nw}: graph {events(g.replay):.2f} us")
-        triton_ops._LEVEL_BLOCK, triton_ops._LEVEL_WARPS = 32, 4
+            emit(f"B={b} update update_block={ublk} level_block={blk} warps={nw}: graph {events(g.replay):.2f} us")
+        triton_ops._UPDATE_BLOCK, triton_ops._LEVEL_BLOCK, triton_ops._LEVEL_WARPS = 256, 32, 4
 
         def step():
             s = rb.sample(b)
