@@ -130,7 +130,11 @@ class PrioritizedReplayBuffer:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
             raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
-        if not isinstance(rank_refresh_interval, int) or rank_refresh_interval < 1:
+        if (
+            isinstance(rank_refresh_interval, bool)
+            or not isinstance(rank_refresh_interval, int)
+            or rank_refresh_interval < 1
+        ):
             raise ValueError(f"rank_refresh_interval must be an int >= 1, got {rank_refresh_interval!r}")
         self.sampling = sampling
         self.weight_norm = weight_norm
@@ -157,9 +161,6 @@ class PrioritizedReplayBuffer:
             )
             device = torch.device("cpu")
             self._allocate(device)
-        self.device = device
-        self.backend = self._resolve_backend(backend, device)
-        self._ops = backend_module(self.backend)
         self._size = 0  # host mirror: the host knows how many items it added
         self._beta_written: float | None = None
         self._updates_since_refresh = 0
@@ -171,18 +172,25 @@ class PrioritizedReplayBuffer:
 
     @property
     def nbytes_estimate(self) -> int:
-        """Bytes of device memory the buffer holds."""
-        cap, tl = self._tree_layout.capacity, self._tree_layout
-        key = 4 * (cap + 1) if self.sampling == "rank" else 0
-        return cap * self._rows_layout.row_bytes + 8 * (tl.numel + 1) + 4 * cap + 4 * (cap + 1) + key
+        """Bytes of memory the buffer holds (an upper bound, before its CUDA graphs' outputs)."""
+        lay = self._tree_layout
+        cap = lay.capacity
+        trees = 2 * 4 * (lay.numel + 1)
+        generations, claims = 4 * cap, 8 * (cap + lay.arity)
+        keys = 4 * (cap + 1) if self.sampling == "rank" else 0
+        return cap * self._rows_layout.row_bytes + trees + generations + claims + keys
 
     def _allocate(self, device: torch.device) -> None:
+        """Choose the back end for ``device`` and allocate every tensor there."""
         cap, lay = self._tree_layout.capacity, self._tree_layout
+        self.device = device
+        self.backend = self._resolve_backend(self._backend_request, device)
+        self._ops = backend_module(self.backend)
         self._rows = torch.zeros(cap, self._rows_layout.row_bytes, dtype=torch.uint8, device=device)
         self._tree = torch.zeros(lay.numel + 1, dtype=torch.float32, device=device)
         self._mintree = torch.full((lay.numel + 1,), float("inf"), dtype=torch.float32, device=device)
         self._gen = torch.zeros(cap, dtype=torch.int32, device=device)
-        self._owner = backend_module(self._resolve_backend(self._backend_request, device)).make_scratch(lay, device)
+        self._owner = self._ops.make_scratch(lay, device)
         self._counters = torch.zeros(N_COUNTERS, dtype=torch.int64, device=device)
         self._scalars = torch.zeros(N_SCALARS, dtype=torch.float32, device=device)
         self._scalars[S_MAXP] = 1.0  # new items enter at the max priority seen, 1 until then

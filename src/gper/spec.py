@@ -88,11 +88,11 @@ class RowLayout:
     def view(self, rows: torch.Tensor, name: str) -> torch.Tensor:
         """View ``[n, *shape]`` of field ``name`` in packed rows (``[n, row_bytes]`` uint8 or ``[n, words]`` int32)."""
         f = self._by_name[name]
-        raw = rows.view(f.dtype) if rows.dtype.itemsize == 4 and f.dtype.itemsize == 4 else rows.view(torch.uint8)
-        if raw.dtype == f.dtype:
-            col = raw[:, f.offset // 4 : f.offset // 4 + f.numel]
+        if rows.dtype.itemsize == 4 and f.dtype.itemsize == 4:
+            # 4-byte fields of int32 rows: one reinterpretation, then columns counted in words
+            col = rows.view(f.dtype)[:, f.offset // 4 : f.offset // 4 + f.numel]
         else:
-            col = raw[:, f.offset : f.offset + f.nbytes].view(f.dtype)
+            col = rows.view(torch.uint8)[:, f.offset : f.offset + f.nbytes].view(f.dtype)
         return col.unflatten(1, f.shape) if f.shape else col[:, 0]
 
     def views(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:

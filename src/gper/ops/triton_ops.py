@@ -111,7 +111,7 @@ def _sample_kernel(
                 if level == 0:
                     t = t * tot
                 else:
-                    t = t * (tot / parent)
+                    t = t * (tot / tl.where(m, parent, 1.0))  # masked lanes: no 0/0
                 t = tl.minimum(t, tot * 0.9999999999999998)
             else:
                 r = _pick(r0, r1, r2, r3, level % 4)
