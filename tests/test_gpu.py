@@ -145,9 +145,10 @@ def test_same_seed_same_samples_and_backends_agree():
     torch.testing.assert_close(aw[a2 == t2], tw[a2 == t2], rtol=1e-5, atol=0)
 
 
-def test_every_leaf_reachable_at_2_25():
+@pytest.mark.parametrize("log2_capacity", [25, 26])
+def test_every_leaf_reachable_at_2_25(log2_capacity):
     """The float32-threshold design leaves odd leaves of the upper half unreachable at 2^25."""
-    n = 1 << 25
+    n = 1 << log2_capacity
     rb = gper.PrioritizedReplayBuffer(n, {"x": ((), torch.uint8)}, device="cuda", seed=1)
     for _ in range(n >> 22):
         rb.add({"x": torch.zeros(1 << 22, dtype=torch.uint8, device="cuda")})

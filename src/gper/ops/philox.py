@@ -16,11 +16,10 @@ _ROUND_A, _ROUND_B = 0xD2511F53, 0xCD9E8D57
 
 
 def _mul_hi_lo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    # a * b needs 64 unsigned bits, more than int64 holds: split b in 16-bit halves
-    b_hi, b_lo = b >> 16, b & 0xFFFF
-    x = a * b_lo
-    y = a * b_hi + (x >> 16)
-    return y >> 16, ((y & 0xFFFF) << 16) | (x & 0xFFFF)
+    # the 64-bit product of two 32-bit words, computed in int64 arithmetic that wraps past 2^63:
+    # its two's-complement bits are the unsigned product's, so masking recovers both halves
+    prod = b * a
+    return (prod >> 32) & _MASK32, prod & _MASK32
 
 
 def randint4x(seed: int, offset: torch.Tensor, n_rounds: int = 10) -> tuple[torch.Tensor, ...]:

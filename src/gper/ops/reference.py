@@ -67,8 +67,8 @@ def recompute(
     for level in range(layout.depth - 2, -1, -1):
         parent = leaves >> layout.shift(level)
         child = layout.offsets[level + 1] + parent[:, None] * k + kk
-        tree[layout.offsets[level] + parent] = tree[child].sum(1)
-        mintree[layout.offsets[level] + parent] = mintree[child].amin(1)
+        tree[layout.offsets[level] + parent] = torch.take(tree, child).sum(1)
+        mintree[layout.offsets[level] + parent] = torch.take(mintree, child).amin(1)
 
 
 def rebuild(tree: torch.Tensor, mintree: torch.Tensor, layout: TreeLayout) -> None:
@@ -200,11 +200,11 @@ def add_commit(
 
 def random_words(seed: int, counters: torch.Tensor, b: int, n_blocks: int) -> list[torch.Tensor]:
     """The Philox words of a batch: word ``w`` of sample ``s`` is the same in both back ends."""
-    offs = counters[C_RNG] + _arange(b, counters) * n_blocks
-    words = []
-    for c in range(n_blocks):
-        words.extend(philox.randint4x(seed, offs + c))
-    return words
+    # all blocks of the batch in one Philox call: [B, n_blocks] counters, block c of sample s at
+    # base + s * n_blocks + c (as the kernel); word 4c + lane of sample s is lane `lane` of block c
+    offs = counters[C_RNG] + _arange(b * n_blocks, counters).view(b, n_blocks)
+    lanes = philox.randint4x(seed, offs)
+    return [lanes[lane][:, c] for c in range(n_blocks) for lane in range(4)]
 
 
 def descend(tree: torch.Tensor, layout: TreeLayout, words: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -217,7 +217,7 @@ def descend(tree: torch.Tensor, layout: TreeLayout, words: list[torch.Tensor]) -
     kk = _arange(k, words[0])
     node = torch.zeros_like(words[0])
     for level in range(layout.depth):
-        v = tree[layout.offsets[level] + node[:, None] * k + kk]
+        v = torch.take(tree, layout.offsets[level] + node[:, None] * k + kk)
         cs = v.double().cumsum(1)
         t = words[level].double() * _TWO_M32 * cs[:, -1]
         j = (cs <= t[:, None]).sum(1).clamp_max(k - 1)
@@ -242,7 +242,7 @@ def descend_stratified(
     t = None
     parent = None
     for level in range(layout.depth):
-        v = tree[layout.offsets[level] + node[:, None] * k + kk]
+        v = torch.take(tree, layout.offsets[level] + node[:, None] * k + kk)
         cs = v.double().cumsum(1)
         tot = cs[:, -1]
         if t is None:
@@ -299,6 +299,6 @@ def sample(
         w = (leaf / pmin).pow(-beta)
     out_idx.copy_(node)
     out_w.copy_(w)
-    out_rows.copy_(rows[node])
-    out_gen.copy_(gen[node])
+    torch.index_select(rows, 0, node, out=out_rows)
+    torch.index_select(gen, 0, node, out=out_gen)
     counters[C_RNG] += b * n_blocks
