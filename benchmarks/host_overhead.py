@@ -11,14 +11,7 @@ import time
 import torch
 
 import gper
-
-SPEC = {
-    "obs": ((51,), torch.float32),
-    "action": ((), torch.int64),
-    "reward": ((), torch.float32),
-    "next_obs": ((51,), torch.float32),
-    "done": ((), torch.bool),
-}
+from gper.bench.workload import SPEC, random_transitions
 
 
 def per_call(fn, n=2000):
@@ -37,15 +30,7 @@ def per_call(fn, n=2000):
 def main():
     b = 256
     rb = gper.PrioritizedReplayBuffer(1 << 16, SPEC, device="cuda")
-    rb.add(
-        {
-            "obs": torch.randn(1 << 16, 51, device="cuda"),
-            "action": torch.zeros(1 << 16, dtype=torch.int64, device="cuda"),
-            "reward": torch.zeros(1 << 16, device="cuda"),
-            "next_obs": torch.randn(1 << 16, 51, device="cuda"),
-            "done": torch.zeros(1 << 16, dtype=torch.bool, device="cuda"),
-        }
-    )
+    rb.add(random_transitions(1 << 16, "cuda"))
     td = torch.randn(b, device="cuda")
     smp = rb.sample(b)
     rb.update_priorities(smp, td)

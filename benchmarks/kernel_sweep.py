@@ -19,43 +19,23 @@ import time
 import torch
 
 import gper
+from gper.bench.timing import capture_graph, time_fn
+from gper.bench.workload import SPEC, random_transitions
 from gper.ops import triton_ops
 
-SPEC = {
-    "obs": ((51,), torch.float32),
-    "action": ((), torch.int64),
-    "reward": ((), torch.float32),
-    "next_obs": ((51,), torch.float32),
-    "done": ((), torch.bool),
-}
+DEV = "cuda"
 
 
 def batch(n):
-    return {
-        "obs": torch.randn(n, 51, device="cuda"),
-        "action": torch.randint(0, 45, (n,), device="cuda"),
-        "reward": torch.randn(n, device="cuda"),
-        "next_obs": torch.randn(n, 51, device="cuda"),
-        "done": torch.rand(n, device="cuda") < 0.1,
-    }
+    return random_transitions(n, DEV)
 
 
 def events(fn, iters=200, repeats=5):
-    fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(True), torch.cuda.Event(True)
-        a.record()
-        for _ in range(iters):
-            fn()
-        b.record()
-        torch.cuda.synchronize()
-        out.append(a.elapsed_time(b) / iters * 1e3)
-    return statistics.median(out)
+    return time_fn(fn, iters=iters, repeats=repeats, device=DEV).median_us
 
 
 def wall(fn, iters=200, repeats=5):
+    """Host wall time per call, the GPU drained at the end of each repeat."""
     fn()
     torch.cuda.synchronize()
     out = []
@@ -68,18 +48,7 @@ def wall(fn, iters=200, repeats=5):
     return statistics.median(out)
 
 
-def graph(fn):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g
+graph = capture_graph
 
 
 def main():
@@ -128,13 +97,13 @@ def main():
     for b in args.batch:
         td = torch.randn(b, device="cuda")
         new = batch(b)
-        sb = [16, 32, 64] if not args.quick else [32]
-        sw = [2, 4, 8] if not args.quick else [4]
+        sb = [4, 8, 16, 32] if not args.quick else [16]
+        sw = [1, 2, 4] if not args.quick else [4]
         for blk, nw in itertools.product(sb, sw):
             triton_ops._SAMPLE_BLOCK, triton_ops._SAMPLE_WARPS = blk, nw
             g = graph(lambda: rb.sample(b))
             emit(f"B={b} sample block={blk} warps={nw}: graph {events(g.replay):.2f} us")
-        triton_ops._SAMPLE_BLOCK, triton_ops._SAMPLE_WARPS = 32, 4
+        triton_ops._SAMPLE_BLOCK, triton_ops._SAMPLE_WARPS = 16, 4
         for ublk, blk, nw in itertools.product([64, 128, 256], [16, 32, 64], [1, 2, 4]):
             if args.quick and (ublk, nw) != (256, 4):
                 continue

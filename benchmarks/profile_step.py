@@ -15,24 +15,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import gper
-
-SPEC = {
-    "obs": ((51,), torch.float32),
-    "action": ((), torch.int64),
-    "reward": ((), torch.float32),
-    "next_obs": ((51,), torch.float32),
-    "done": ((), torch.bool),
-}
-
-
-def batch(n):
-    return {
-        "obs": torch.randn(n, 51, device="cuda"),
-        "action": torch.randint(0, 45, (n,), device="cuda"),
-        "reward": torch.randn(n, device="cuda"),
-        "next_obs": torch.randn(n, 51, device="cuda"),
-        "done": torch.rand(n, device="cuda") < 0.1,
-    }
+from gper.bench.workload import SPEC, random_transitions
 
 
 def main():
@@ -46,7 +29,7 @@ def main():
     for graphs in (False, True):
         rb = gper.PrioritizedReplayBuffer(cap, SPEC, device="cuda", cuda_graphs=graphs)
         for start in range(0, cap, 1 << 21):
-            rb.add(batch(min(1 << 21, cap - start)))
+            rb.add(random_transitions(min(1 << 21, cap - start), "cuda"))
         for b in args.batch:
             td = torch.randn(b, device="cuda")
 

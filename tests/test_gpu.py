@@ -9,27 +9,14 @@ import pytest
 import torch
 
 import gper
+from gper.bench.workload import SPEC, random_transitions
 from gper.ops import reference
 
 pytestmark = pytest.mark.gpu
 
-SPEC = {
-    "obs": ((51,), torch.float32),
-    "action": ((), torch.int64),
-    "reward": ((), torch.float32),
-    "next_obs": ((51,), torch.float32),
-    "done": ((), torch.bool),
-}
 
-
-def _batch(n: int, device: str = "cuda") -> dict[str, torch.Tensor]:
-    return {
-        "obs": torch.randn(n, 51, device=device),
-        "action": torch.randint(0, 45, (n,), device=device),
-        "reward": torch.randn(n, device=device),
-        "next_obs": torch.randn(n, 51, device=device),
-        "done": torch.rand(n, device=device) < 0.1,
-    }
+def _batch(n: int) -> dict[str, torch.Tensor]:
+    return random_transitions(n, "cuda")
 
 
 def _filled(capacity: int, sampling: str = "proportional", **kw) -> gper.PrioritizedReplayBuffer:

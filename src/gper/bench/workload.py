@@ -48,7 +48,9 @@ def ops_of(impl: str) -> tuple[str, ...]:
     return BASELINE_OPS.get(impl, OPS)
 
 
-def random_transitions(n: int, device: torch.device, generator: torch.Generator) -> dict[str, torch.Tensor]:
+def random_transitions(
+    n: int, device: torch.device | str, generator: torch.Generator | None = None
+) -> dict[str, torch.Tensor]:
     """``n`` random transitions of :data:`SPEC` on ``device`` (never zeros: they hide bugs)."""
     kw = {"device": device, "generator": generator}
     return {

@@ -32,7 +32,7 @@ from gper.ops.state import rng_blocks
 # C_INVALID=3, C_NONFINITE=4, C_STALE=5, C_TICKET=6; scalars: S_MAXP=0 (gper.ops.state)
 
 # launch shapes, swept on the H200 (benchmarks/results/kernel-sweep-h200-2e25-*.txt)
-_SAMPLE_BLOCK = 32
+_SAMPLE_BLOCK = 16
 _SAMPLE_WARPS = 4
 _UPDATE_BLOCK = 64
 _LEVEL_BLOCK = 32

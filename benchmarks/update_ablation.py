@@ -1,0 +1,90 @@
+"""Where does the priority update's time go? Times the update with parts of it removed.
+
+Developer tool. Each variant is a copy of ``gper.ops.triton_ops`` with one part cut out of its
+source (the trees it leaves are wrong: these are timings, not implementations), swapped into a
+buffer at 2^25 and timed as one CUDA graph per update.
+
+    python benchmarks/update_ablation.py
+"""
+
+# ruff: noqa: B023
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import tempfile
+
+import torch
+
+import gper
+from gper.bench.timing import time_graph
+from gper.ops import triton_ops
+
+CUTS = {
+    "no event counts in the claim": [
+        ("    tl.atomic_add(counters + 3, n_invalid, mask=n_invalid > 0)  # C_INVALID\n", ""),
+        ("    tl.atomic_add(counters + 5, n_stale, mask=n_stale > 0)  # C_STALE\n", ""),
+        ("    tl.atomic_add(counters + 4, n_nonfinite, mask=n_nonfinite > 0)  # C_NONFINITE\n", ""),
+    ],
+    "no min tree above the leaves": [
+        (
+            '    mv = tl.load(mintree + c, mask=m[:, None], other=float("inf"))\n'
+            "    tl.store(mintree + par_off + par, tl.min(mv, axis=1), mask=m)\n",
+            "",
+        ),
+        (
+            '        mv = tl.load(mintree + leaf_off + c, mask=valid[:, None], other=float("inf"))\n'
+            "        tl.store(mintree + par_off + par, tl.min(tl.where(claimed >= 0, new, mv), axis=1), mask=valid)\n",
+            "",
+        ),
+    ],
+    "top level in its own launch": [("    fold_top = len(levels) >= 2\n", "    fold_top = False\n")],
+}
+
+
+def variant(name, cuts):
+    src = open(triton_ops.__file__).read()
+    for old, new in cuts:
+        assert old in src, (name, old)
+        src = src.replace(old, new)
+    path = os.path.join(tempfile.mkdtemp(), "variant_ops.py")
+    with open(path, "w") as f:
+        f.write(src)
+    spec = importlib.util.spec_from_file_location(f"variant_{len(name)}", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def timed_graph(fn):
+    return time_graph(fn, iters=200, repeats=7).median_us
+
+
+def main():
+    cap, b = 1 << 25, 16384
+    spec = {"obs": ((51,), torch.float32), "next_obs": ((51,), torch.float32)}
+    rb = gper.PrioritizedReplayBuffer(cap, spec, device="cuda", cuda_graphs=False)
+    for _ in range(cap >> 21):
+        rb.add({"obs": torch.randn(1 << 21, 51, device="cuda"), "next_obs": torch.randn(1 << 21, 51, device="cuda")})
+    td = torch.rand(b, device="cuda")
+    batch = rb.sample(b)
+    lines = [f"# update ablation, {torch.cuda.get_device_name()}, capacity 2^25, B={b}, graph replay medians (us)"]
+    variants = {"baseline": triton_ops} | {k: variant(k, v) for k, v in CUTS.items()}
+    variants["all three cut"] = variant("all", [c for cuts in CUTS.values() for c in cuts])
+    for name, mod in variants.items():
+        rb._ops = mod
+        t_batch = timed_graph(lambda: rb.update_priorities(batch, td))
+        t_raw = timed_graph(lambda: rb.update_priorities(batch.indices, td))
+        lines.append(f"{name:32s} with generation check {t_batch:6.2f}   raw indices {t_raw:6.2f}")
+        print(lines[-1], flush=True)
+    rb._ops = triton_ops
+    out = os.environ.get("OUT") or "benchmarks/results"
+    with open(os.path.join(out, "update-ablation-2e25.txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
