@@ -1,10 +1,10 @@
-"""Where does the priority update's time go? Times the update with parts of it removed.
+"""Where does the time of a sample or an update go? Times them with parts of them removed.
 
 Developer tool. Each variant is a copy of ``gper.ops.triton_ops`` with one part cut out of its
 source (the trees it leaves are wrong: these are timings, not implementations), swapped into a
 buffer at 2^25 and timed as one CUDA graph per update.
 
-    python benchmarks/update_ablation.py
+    python benchmarks/ablation.py
 """
 
 # ruff: noqa: B023
@@ -44,6 +44,24 @@ CUTS = {
 }
 
 
+SAMPLE_CUTS = {
+    "float32 scan in the descent": [
+        ("            cs = tl.cumsum(v.to(tl.float64), axis=1)\n", "            cs = tl.cumsum(v, axis=1)\n"),
+        (
+            "                t = r.to(tl.float64) * 2.3283064365386963e-10 * tot\n",
+            "                t = r.to(tl.float32) * 2.3283064e-10 * tot\n",
+        ),
+    ],
+    "no row gather": [
+        (
+            "    vals = tl.load(rows + node[:, None] * W + cols[None, :], mask=cm, other=0)\n"
+            "    tl.store(out_rows + s[:, None] * W + cols[None, :], vals, mask=cm)\n",
+            "",
+        )
+    ],
+}
+
+
 def variant(name, cuts):
     src = open(triton_ops.__file__).read()
     for old, new in cuts:
@@ -52,7 +70,7 @@ def variant(name, cuts):
     path = os.path.join(tempfile.mkdtemp(), "variant_ops.py")
     with open(path, "w") as f:
         f.write(src)
-    spec = importlib.util.spec_from_file_location(f"variant_{len(name)}", path)
+    spec = importlib.util.spec_from_file_location(f"variant_{abs(hash(name))}", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
@@ -71,7 +89,7 @@ def main():
         rb.add({"obs": torch.randn(1 << 21, 51, device="cuda"), "next_obs": torch.randn(1 << 21, 51, device="cuda")})
     td = torch.rand(b, device="cuda")
     batch = rb.sample(b)
-    lines = [f"# update ablation, {torch.cuda.get_device_name()}, capacity 2^25, B={b}, graph replay medians (us)"]
+    lines = [f"# ablation, {torch.cuda.get_device_name()}, capacity 2^25, B={b}, graph replay medians (us)"]
     variants = {"baseline": triton_ops} | {k: variant(k, v) for k, v in CUTS.items()}
     variants["all three cut"] = variant("all", [c for cuts in CUTS.values() for c in cuts])
     for name, mod in variants.items():
@@ -80,9 +98,14 @@ def main():
         t_raw = timed_graph(lambda: rb.update_priorities(batch.indices, td))
         lines.append(f"{name:32s} with generation check {t_batch:6.2f}   raw indices {t_raw:6.2f}")
         print(lines[-1], flush=True)
+    lines.append("# sample ablation (proportional, gather of the 432-byte row, weights)")
+    for name, mod in ({"baseline": triton_ops} | {k: variant(k, v) for k, v in SAMPLE_CUTS.items()}).items():
+        rb._ops = mod
+        lines.append(f"{name:32s} sample {timed_graph(lambda: rb.sample(b)):6.2f}")
+        print(lines[-1], flush=True)
     rb._ops = triton_ops
     out = os.environ.get("OUT") or "benchmarks/results"
-    with open(os.path.join(out, "update-ablation-2e25.txt"), "w") as f:
+    with open(os.path.join(out, "ablation-2e25.txt"), "w") as f:
         f.write("\n".join(lines) + "\n")
 
 
