@@ -329,7 +329,7 @@ class PrioritizedReplayBuffer:
         self._set_beta(beta)
         if self._use_graphs():
             return self._sample_graphed(batch_size)
-        return self._batch_of(self._sample(batch_size), batch_size)
+        return self._batch_of(self._split(self._sample(batch_size), batch_size))
 
     def _split(self, flat: torch.Tensor, b: int) -> dict[str, torch.Tensor]:
         """The parts of a flat sample output: rows [B*W], indices [2B as int64], generations [B], weights [B]."""
@@ -341,8 +341,9 @@ class PrioritizedReplayBuffer:
             "weights": flat[b * w + 3 * b :].view(torch.float32),
         }
 
-    def _batch_of(self, flat: torch.Tensor, b: int, fields: dict[str, torch.Tensor] | None = None) -> SampledBatch:
-        parts = self._split(flat, b)
+    def _batch_of(self, parts: dict[str, torch.Tensor], with_fields: bool = False) -> SampledBatch:
+        """A batch over ``parts``; ``with_fields`` takes the field views from ``parts`` too (sample slots)."""
+        fields = {name: parts[name] for name in self.spec} if with_fields else None
         return SampledBatch(
             self._rows_layout, parts["rows"], parts["indices"], parts["weights"], parts["generations"], fields
         )
@@ -352,9 +353,7 @@ class PrioritizedReplayBuffer:
         for slot in slots:
             if slot.free():
                 slot.graph.replay()
-                t = slot.tensors
-                fields = {name: t[name] for name in self.spec}
-                return SampledBatch(self._rows_layout, t["rows"], t["indices"], t["weights"], t["generations"], fields)
+                return self._batch_of(slot.tensors, with_fields=True)
         flat = self._sample(b)  # this call's result; it also compiles the kernel before capture
         if len(slots) < _SAMPLE_SLOTS:
             graph = torch.cuda.CUDAGraph()
@@ -363,13 +362,12 @@ class PrioritizedReplayBuffer:
             tensors = self._split(static, b)
             tensors.update(self._rows_layout.views(tensors["rows"]))
             slots.append(SampleSlot(graph, static, tensors))
-        return self._batch_of(flat, b)
+        return self._batch_of(self._split(flat, b))
 
     def _sample(self, b: int) -> torch.Tensor:
-        """Sample into one flat int32 tensor: rows [B*W], indices [2B as int64], generations [B], weights [B]."""
-        w = self._rows_layout.words
-        flat = torch.empty(b * (w + 4), dtype=torch.int32, device=self.device)
-        out_w = flat[b * w + 3 * b :].view(torch.float32)
+        """Sample ``b`` draws into one flat int32 tensor (see :meth:`_split` for its parts)."""
+        flat = torch.empty(b * (self._rows_layout.words + 4), dtype=torch.int32, device=self.device)
+        out = self._split(flat, b)
         self._ops.sample(
             self._tree,
             self._mintree,
@@ -381,14 +379,14 @@ class PrioritizedReplayBuffer:
             b,
             _MODES[self.sampling],
             self._beta,
-            flat[: b * w].view(b, w),
-            flat[b * w : b * w + 2 * b].view(torch.int64),
-            flat[b * w + 2 * b : b * w + 3 * b],
-            out_w,
+            out["rows"],
+            out["indices"],
+            out["generations"],
+            out["weights"],
         )
         if self.weight_norm == "batch" and self.sampling != "uniform":
             # w_i / max_j w_j = (p_i / min_j p_j) ** -beta over the batch
-            out_w.div_(out_w.amax())
+            out["weights"].div_(out["weights"].amax())
         return flat
 
     # ------------------------------------------------------------------ priorities
