@@ -9,9 +9,10 @@ dtypes and devices only; checks that need values held on the GPU are done on the
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -47,6 +48,21 @@ _MODES = {
     "rank": MODE_PROPORTIONAL,
     "uniform": MODE_UNIFORM,
 }
+
+
+def _on_own_device(method: Callable) -> Callable:
+    """Run ``method`` with the buffer's GPU current: Triton launches (and graph captures) go to the
+    current device, not to the device of the tensors passed, so a buffer on ``cuda:1`` needs it."""
+
+    @functools.wraps(method)
+    def wrapper(self: PrioritizedReplayBuffer, *args, **kwargs):
+        index = self._cuda_index
+        if index is None or torch.cuda.current_device() == index:
+            return method(self, *args, **kwargs)
+        with torch.cuda.device(index):
+            return method(self, *args, **kwargs)
+
+    return wrapper
 
 
 class GperWarning(UserWarning):
@@ -184,6 +200,7 @@ class PrioritizedReplayBuffer:
         """Choose the back end for ``device`` and allocate every tensor there."""
         cap, lay = self._tree_layout.capacity, self._tree_layout
         self.device = device
+        self._cuda_index = device.index if device.type == "cuda" else None
         self.backend = self._resolve_backend(self._backend_request, device)
         self._ops = backend_module(self.backend)
         self._rows = torch.zeros(cap, self._rows_layout.row_bytes, dtype=torch.uint8, device=device)
@@ -238,6 +255,7 @@ class PrioritizedReplayBuffer:
 
     # ------------------------------------------------------------------ add
 
+    @_on_own_device
     def add(self, data: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """Append a batch of transitions at the current max priority, overwriting the oldest when full.
 
@@ -308,6 +326,7 @@ class PrioritizedReplayBuffer:
             self._beta.fill_(value)
             self._beta_written = value
 
+    @_on_own_device
     def sample(self, batch_size: int, beta: float | torch.Tensor | None = None) -> SampledBatch:
         """Draw ``batch_size`` transitions with replacement, with their IS weights.
 
@@ -409,6 +428,7 @@ class PrioritizedReplayBuffer:
                 raise IndexError(f"{what}: index {bad} out of range [0, {self._size}) (filled slots)")
         return indices.long()
 
+    @_on_own_device
     def update_priorities(self, batch_or_indices: SampledBatch | torch.Tensor, td_errors: torch.Tensor) -> None:
         """Set priorities ``(|td| + eps) ** alpha`` for sampled slots.
 
@@ -476,6 +496,7 @@ class PrioritizedReplayBuffer:
         leaf = self._tree[self._tree_layout.leaf_offset + torch.where(ok, indices, 0)]
         return torch.where(ok, leaf, float("nan"))
 
+    @_on_own_device
     def refresh_ranks(self) -> None:
         """Rank mode: re-sort the stored priorities and give slot of rank r the weight ``r ** -alpha``.
 
