@@ -336,7 +336,12 @@ def _grid(n: int, block: int) -> tuple[int]:
 
 
 def make_scratch(layout: TreeLayout, device: torch.device) -> torch.Tensor:
-    """Claims of an update in progress: [capacity + K] int64, -1 between calls."""
+    """Claims of an update in progress: [capacity + K] int64, -1 between calls.
+
+    Called when a buffer is built; it also makes the level-offset table the sampling kernel
+    reads, so that no host-to-device copy happens later inside a caller's graph capture.
+    """
+    _level_offsets(layout, device)
     return torch.full((layout.capacity + layout.arity,), -1, dtype=torch.int64, device=device)
 
 
