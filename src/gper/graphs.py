@@ -1,8 +1,8 @@
 """CUDA graphs that the buffer captures for itself, so an eager call costs one replay.
 
-On the H200 machine a Python-launched Triton kernel costs 16-27 us of host time and a torch op
-about 9-12 us, while replaying a captured graph costs about 5 us (``benchmarks/results/
-host-overhead-*.txt``). So the buffer captures each call shape once and replays it:
+On the H200 machines a Python-launched Triton kernel cost 16.5-27.3 us of host time, a small
+torch op (a clone, a copy) 6-7 us, and replaying a captured graph 3 us (``benchmarks/results/
+host-overhead-*.txt`` and ``kernel-sweep-*.txt``). So the buffer captures each call shape once and replays it:
 
 * :class:`GraphCache` holds captured calls. ``run`` copies the caller's inputs into static
   tensors and replays; ``replay_in_place`` replays a graph captured directly on the caller's
