@@ -1,7 +1,7 @@
 """CUDA graphs that the buffer captures for itself, so an eager call costs one replay.
 
-On the H200 machines a Python-launched Triton kernel cost 16.5-27.3 us of host time, a small
-torch op (a clone, a copy) 6-7 us, and replaying a captured graph 3 us (``benchmarks/results/
+On the H200 machines a Python-launched Triton kernel cost 16.5-27.8 us of host time, a small
+torch op (a clone, a copy) 6-7 us, and replaying a captured graph 2.7-4.8 us (``benchmarks/results/
 host-overhead-*.txt`` and ``kernel-sweep-*.txt``). So the buffer captures each call shape once and replays it:
 
 * :class:`GraphCache` holds captured calls. ``run`` copies the caller's inputs into static
