@@ -79,7 +79,6 @@ def main():
     )
     g0 = graph(lambda: x.add_(1))
     emit(f"host: replay of a 1-kernel graph {wall(g0.replay):.2f} us")
-    from gper.ops.state import rng_blocks  # noqa: F401
 
     counters = rb._counters
     emit(f"host: triton add_positions launch {wall(lambda: triton_ops.add_positions(counters, cap, 256, 0)):.2f} us")

@@ -180,7 +180,7 @@ class PrioritizedReplayBuffer:
         self._size = 0  # host mirror: the host knows how many items it added
         self._beta_written: float | None = None
         self._updates_since_refresh = 0
-        self._reported = {"invalid_indices": 0}
+        self._invalid_reported = 0  # dropped entries already warned about
         self._graphs = GraphCache() if cuda_graphs and self.device.type == "cuda" else None
         self._sample_slots: dict[int, list[SampleSlot]] = {}
 
@@ -548,7 +548,7 @@ class PrioritizedReplayBuffer:
             "stale_updates": int(c[C_STALE]),
             "nonfinite_td": int(c[C_NONFINITE]),
         }
-        new = out["invalid_indices"] - self._reported["invalid_indices"]
+        new = out["invalid_indices"] - self._invalid_reported
         if new > 0:
             warnings.warn(
                 f"gper: {new} update entries had indices outside [0, size) and were dropped "
@@ -556,7 +556,7 @@ class PrioritizedReplayBuffer:
                 GperWarning,
                 stacklevel=2,
             )
-        self._reported["invalid_indices"] = out["invalid_indices"]
+        self._invalid_reported = out["invalid_indices"]
         return out
 
     # ------------------------------------------------------------------ checkpoint

@@ -278,14 +278,15 @@ def _recompute_level(
         # and the winner reads them back past L1 (.cg)
         ticket = tl.atomic_add(counters + 7, 1)  # C_TICKET_TOP
         rows = tl.arange(0, K)
-        last = ticket == tl.num_programs(0) - 1
-        rm = (rows < top_n) & ((rows * 0 + ticket) == tl.num_programs(0) - 1)
+        # the election's outcome as a [K] mask (the interpreter rejects a scalar bool in a 2-D mask)
+        last = (rows * 0 + ticket) == tl.num_programs(0) - 1
+        rm = (rows < top_n) & last
         cc = par_off + rows[:, None] * K + kk[None, :]
         tv = tl.load(tree + cc, mask=rm[:, None], other=0.0, cache_modifier=".cg")
         tl.store(tree + top_off + rows, tl.sum(tv, axis=1), mask=rm)
         tm = tl.load(mintree + cc, mask=rm[:, None], other=float("inf"), cache_modifier=".cg")
         tl.store(mintree + top_off + rows, tl.min(tm, axis=1), mask=rm)
-        tl.store(counters + 7, ticket * 0, mask=last)
+        tl.store(counters + 7 + rows * 0, rows * 0, mask=last & (rows == 0))
 
 
 @triton.jit
