@@ -1,0 +1,43 @@
+"""Vectorized environments for :mod:`gper.dqn`, made by name with :func:`make_env`.
+
+- ``cartpole``: Gymnasium's ``CartPole-v1`` in PyTorch on the training device (:mod:`gper.envs.cartpole`).
+- ``market``: a futures-style trading task on synthetic or CSV prices (:mod:`gper.envs.market`).
+- ``gym:<ID>``: any Gymnasium environment with a discrete action space, stepped on the CPU through
+  Gymnasium's vector API (:mod:`gper.envs.gym`); needs ``pip install gper[gym]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from gper.envs.base import Step, VecEnv
+
+ENV_NAMES = ("cartpole", "market", "gym:<ID>")
+
+
+def make_env(name: str, num_envs: int, device: torch.device | str, seed: int = 0, **kwargs: Any) -> VecEnv:
+    """Make ``num_envs`` copies of the environment ``name`` (see the module docstring) on ``device``.
+
+    ``kwargs`` go to the environment's constructor (``market``: ``data``, ``split``, ...).
+    """
+    if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
+        raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
+    device = torch.device(device)
+    if name == "cartpole":
+        from gper.envs.cartpole import CartPole
+
+        return CartPole(num_envs, device, seed=seed, **kwargs)
+    if name == "market":
+        from gper.envs.market import MarketEnv
+
+        return MarketEnv.from_source(num_envs, device, seed=seed, **kwargs)
+    if name.startswith("gym:") and len(name) > 4:
+        from gper.envs.gym import GymVecEnv
+
+        return GymVecEnv(name[4:], num_envs, device, seed=seed, **kwargs)
+    raise ValueError(f"unknown environment {name!r}: expected one of {', '.join(ENV_NAMES)}")
+
+
+__all__ = ["ENV_NAMES", "Step", "VecEnv", "make_env"]

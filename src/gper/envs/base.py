@@ -1,0 +1,63 @@
+"""What every environment of :mod:`gper.envs` provides: a batch of ``num_envs`` copies stepped together.
+
+Observations, actions, rewards and flags are tensors on the environment's device. An environment
+whose :attr:`VecEnv.graph_safe` is true does only device work of fixed shapes in :meth:`VecEnv.step`
+(no host synchronisation, no Python branching on tensor values) and updates its state tensors in
+place, so a step can be captured once in a CUDA graph and replayed.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, NamedTuple
+
+import torch
+
+
+class Step(NamedTuple):
+    """The result of :meth:`VecEnv.step`, every tensor ``[num_envs, ...]`` on the env's device."""
+
+    next_obs: torch.Tensor
+    """float32 ``[N, obs_dim]``: the observation the action led to (where an episode ended, its last one)."""
+    reward: torch.Tensor
+    """float32 ``[N]``."""
+    terminated: torch.Tensor
+    """bool ``[N]``: the episode reached a terminal state (no bootstrapping from ``next_obs``)."""
+    truncated: torch.Tensor
+    """bool ``[N]``: the episode was cut by a time limit (``next_obs`` may be bootstrapped from)."""
+    obs: torch.Tensor
+    """float32 ``[N, obs_dim]``: what the agent acts on next. Equal to ``next_obs`` except where an
+    episode ended, where the environment has reset and this is the new episode's first observation."""
+
+
+class VecEnv(ABC):
+    """``num_envs`` environments stepped together, resetting each one automatically when it ends."""
+
+    name: str
+    num_envs: int
+    obs_dim: int
+    n_actions: int
+    device: torch.device
+    graph_safe: bool = False
+    """True when :meth:`step` can be captured in a CUDA graph (see the module docstring)."""
+
+    @abstractmethod
+    def reset(self, seed: int | None = None) -> torch.Tensor:
+        """Start every episode afresh; return the first observations, float32 ``[N, obs_dim]``."""
+
+    @abstractmethod
+    def step(self, actions: torch.Tensor) -> Step:
+        """Apply ``actions`` (int64 ``[N]`` in ``[0, n_actions)``, on the env's device) to every copy."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint needs to continue the episodes in flight (empty: start afresh on resume)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 (optional: nothing to restore)
+        """Restore :meth:`state_dict` in place."""
+
+    def close(self) -> None:  # noqa: B027 (optional: most envs hold nothing)
+        """Release what the environment holds (worker processes, files)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, num_envs={self.num_envs}, device={self.device})"

@@ -1,0 +1,102 @@
+"""Any Gymnasium environment with a discrete action space, as a :class:`~gper.envs.base.VecEnv`.
+
+The copies run on the CPU in one process (Gymnasium's ``SyncVectorEnv``); observations are
+flattened to float32 vectors and moved to the training device, actions moved back. Gymnasium
+resets an ended copy in the same step (``AutoresetMode.SAME_STEP``) and reports its last
+observation in ``info["final_obs"]``, which is exactly the ``next_obs``/``obs`` split of
+:class:`~gper.envs.base.Step`. Every step goes through the host, so this env is not graph safe.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from gper.envs.base import Step, VecEnv
+
+
+def _import_gymnasium(env_id: str):
+    try:
+        import gymnasium
+    except ImportError as e:
+        raise ImportError(f"gym:{env_id} needs Gymnasium: pip install 'gper[gym]'") from e
+    return gymnasium
+
+
+class GymVecEnv(VecEnv):
+    """``num_envs`` copies of the Gymnasium environment ``env_id``, stepped on the CPU.
+
+    Args:
+        env_id: a registered Gymnasium id, e.g. "CartPole-v1".
+        num_envs: copies stepped together.
+        device: where observations, rewards and flags are returned.
+        seed: seeds copy ``i`` with ``seed + i`` at construction (and at ``reset(seed)``).
+        make_kwargs: passed to the environment's constructor through ``gymnasium.make_vec``.
+    """
+
+    graph_safe = False
+
+    def __init__(
+        self, env_id: str, num_envs: int, device: torch.device | str = "cpu", seed: int = 0, **make_kwargs: Any
+    ) -> None:
+        gym = _import_gymnasium(env_id)
+        self.name = f"gym:{env_id}"
+        self.num_envs = num_envs
+        self.device = torch.device(device)
+        try:
+            self._env = gym.make_vec(
+                env_id,
+                num_envs=num_envs,
+                vectorization_mode="sync",
+                vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+                **make_kwargs,
+            )
+        except gym.error.Error as e:
+            raise ValueError(f"cannot make Gymnasium environment {env_id!r}: {e}") from e
+        space = self._env.single_action_space
+        if not isinstance(space, gym.spaces.Discrete):
+            self._env.close()
+            raise ValueError(f"gym:{env_id} has action space {space}: only Discrete action spaces are supported")
+        self._gym = gym
+        self._obs_space = self._env.single_observation_space
+        self._action_start = int(space.start)
+        self.n_actions = int(space.n)
+        self.obs_dim = gym.spaces.flatdim(self._obs_space)
+        self.reset(seed)
+
+    def _flat(self, batch: Any) -> np.ndarray:
+        """A batch of observations as a float32 array ``[N, obs_dim]``."""
+        if isinstance(self._obs_space, self._gym.spaces.Box):
+            return np.asarray(batch, dtype=np.float32).reshape(self.num_envs, -1)
+        items = self._gym.vector.utils.iterate(self._env.observation_space, batch)
+        return np.stack([self._gym.spaces.flatten(self._obs_space, o) for o in items]).astype(np.float32)
+
+    def _tensor(self, array: np.ndarray, dtype: np.dtype) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(array, dtype=dtype)).to(self.device)
+
+    def reset(self, seed: int | None = None) -> torch.Tensor:
+        seeds = None if seed is None else [seed + i for i in range(self.num_envs)]
+        obs, _ = self._env.reset(seed=seeds)
+        return self._tensor(self._flat(obs), np.float32)
+
+    def step(self, actions: torch.Tensor) -> Step:
+        if actions.shape != (self.num_envs,):
+            raise ValueError(f"actions must be [{self.num_envs}], got {list(actions.shape)}")
+        host_actions = actions.detach().cpu().numpy().astype(np.int64) + self._action_start
+        obs, reward, terminated, truncated, info = self._env.step(host_actions)
+        obs = self._flat(obs)
+        next_obs = obs.copy()
+        for i in np.flatnonzero(np.logical_or(terminated, truncated)):
+            next_obs[i] = self._gym.spaces.flatten(self._obs_space, info["final_obs"][i])
+        return Step(
+            self._tensor(next_obs, np.float32),
+            self._tensor(reward, np.float32),
+            self._tensor(terminated, np.bool_),
+            self._tensor(truncated, np.bool_),
+            self._tensor(obs, np.float32),
+        )
+
+    def close(self) -> None:
+        self._env.close()

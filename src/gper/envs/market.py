@@ -1,0 +1,370 @@
+"""A futures-style trading task: pick a target position in [-1, 1] at each bar's close.
+
+Observation (float32, :data:`OBS_DIM` = 51 features), at bar ``t`` with log returns
+``r_t = log(p_t / p_{t-1})`` scaled by ``sigma``, the standard deviation of the *training* series'
+log returns (so held-out data is scaled like the data the agent learnt on):
+
+====== ==========================================================================================
+index  feature
+====== ==========================================================================================
+0-39   ``r_{t-39} / sigma, ..., r_t / sigma``, oldest first
+40-43  realized volatility ``sqrt(mean(r^2))`` over the last 5, 10, 20, 40 returns, ``/ sigma``
+44-47  momentum z-score ``log(p_t / p_{t-w}) / (sigma * sqrt(w))`` for w = 5, 10, 20, 40
+48     current position, in [-1, 1] (0 at an episode's start)
+49     the previous step's reward (0 at an episode's start)
+50     fraction of the episode elapsed, ``steps / episode_len`` (cycling in :func:`evaluate`)
+====== ==========================================================================================
+
+Features 0-47 are clipped to [-5, 5] so one bad bar of real data cannot blow up the network's
+input; they depend on prices only, so they are computed once per bar (:func:`market_features`) and
+a step gathers them.
+
+Action ``a`` in [0, 45) sets the target position ``POSITIONS[a] = (a - 22) / 22`` (``linspace(-1, 1, 45)``). Moving
+from position ``p`` to ``p'`` at bar ``t`` earns the log P&L ``p' * r_{t+1} - cost * |p' - p|``
+(``cost = cost_bps * 1e-4`` per unit traded), and the reward is that divided by ``sigma``: P&L in
+units of a typical bar's move, so rewards are O(1) whatever the instrument's volatility. The
+unscaled log P&L of the last step is :attr:`MarketEnv.last_log_pnl`.
+
+Episodes start flat at a random bar and are truncated (never terminated: a market has no
+terminal state) after ``episode_len`` steps or where the data ends.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gper.envs._rng import EnvRng
+from gper.envs.base import Step, VecEnv
+from gper.envs.market_data import SYNTHETIC_KINDS, load_bars_csv, synthetic_prices
+
+N_RETURNS = 40
+WINDOWS = (5, 10, 20, 40)
+WARMUP = max(N_RETURNS, *WINDOWS)
+"""First bar with a full observation: it needs ``WARMUP`` returns, hence ``WARMUP + 1`` prices."""
+N_MARKET_FEATURES = N_RETURNS + 2 * len(WINDOWS)
+OBS_DIM = N_MARKET_FEATURES + 3
+N_ACTIONS = 45
+POSITIONS = torch.arange(-(N_ACTIONS // 2), N_ACTIONS // 2 + 1, dtype=torch.float64) / (N_ACTIONS // 2)
+"""``linspace(-1, 1, 45)`` as exact quotients ``k / 22``: the middle action is exactly flat (linspace's is -1e-17)."""
+FEATURE_CLIP = 5.0
+MIN_BARS = WARMUP + 2
+"""Bars needed for one step: ``WARMUP + 1`` for the first observation and one more to earn a return."""
+
+
+def log_returns(prices: torch.Tensor) -> torch.Tensor:
+    """float64 ``[T]``: ``r_t = log(p_t / p_{t-1})``, with ``r_0 = 0``."""
+    log_p = torch.log(prices.double())
+    return torch.cat((log_p.new_zeros(1), log_p[1:] - log_p[:-1]))
+
+
+def return_std(prices: torch.Tensor) -> float:
+    """The standard deviation of a series' log returns: the ``sigma`` its features and rewards are scaled by."""
+    sigma = float(log_returns(prices)[1:].std())
+    if not (math.isfinite(sigma) and sigma > 0):
+        raise ValueError(f"the prices' log returns have standard deviation {sigma}: need a positive one")
+    return sigma
+
+
+def market_features(prices: torch.Tensor, sigma: float) -> torch.Tensor:
+    """The 48 market features of every bar, float32 ``[T, 48]`` (rows before :data:`WARMUP` are zero)."""
+    r = log_returns(prices)
+    log_p = torch.log(prices.double())
+    t = torch.arange(WARMUP, len(prices), device=prices.device)
+    lagged = r.unfold(0, N_RETURNS, 1)[t - N_RETURNS + 1]
+    vols = [r.unfold(0, w, 1)[t - w + 1].square().mean(1).sqrt() for w in WINDOWS]
+    moms = [(log_p[t] - log_p[t - w]) / math.sqrt(w) for w in WINDOWS]
+    feats = torch.cat((lagged, torch.stack(vols, 1), torch.stack(moms, 1)), 1) / sigma
+    out = torch.zeros(len(prices), N_MARKET_FEATURES, dtype=torch.float32, device=prices.device)
+    out[WARMUP:] = feats.clamp(-FEATURE_CLIP, FEATURE_CLIP).float()
+    return out
+
+
+def _check_prices(prices: torch.Tensor) -> torch.Tensor:
+    prices = torch.as_tensor(prices, dtype=torch.float64)
+    if prices.dim() != 1 or len(prices) < MIN_BARS:
+        raise ValueError(f"prices must be a 1-D series of at least {MIN_BARS} bars, got shape {list(prices.shape)}")
+    if not bool(torch.isfinite(prices).all()) or not bool((prices > 0).all()):
+        raise ValueError("prices must be finite and positive")
+    return prices
+
+
+class MarketEnv(VecEnv):
+    """``num_envs`` traders on one price series, each walking its own episode (see the module docstring).
+
+    Args:
+        prices: close prices, float64 ``[T]``, ``T >= MIN_BARS``.
+        num_envs: copies stepped together.
+        device: where everything lives and every step runs.
+        seed: seeds the environment's own generator of start bars.
+        episode_len: steps per episode (fewer where the data ends first).
+        cost_bps: trading cost in basis points of notional per unit of position traded.
+        random_start: start episodes at random bars; otherwise every episode starts at the first
+            usable bar (:data:`WARMUP`), as :func:`evaluate` needs.
+        generator, graph_safe_rng: where start bars are drawn from (see :mod:`gper.envs._rng`).
+        sigma: the return scale; default the standard deviation of ``prices``' own log returns.
+            Pass the training series' value for held-out data (:meth:`from_source` does).
+
+    Random starts are uniform over the bars from which a whole episode fits in the data (all usable
+    bars when the series is shorter than an episode).
+    """
+
+    name = "market"
+    obs_dim = OBS_DIM
+    n_actions = N_ACTIONS
+    graph_safe = True
+
+    def __init__(
+        self,
+        prices: torch.Tensor,
+        num_envs: int,
+        device: torch.device | str = "cpu",
+        seed: int = 0,
+        episode_len: int = 256,
+        cost_bps: float = 1.0,
+        random_start: bool = True,
+        generator: torch.Generator | None = None,
+        graph_safe_rng: bool = False,
+        sigma: float | None = None,
+    ) -> None:
+        if not isinstance(num_envs, int) or num_envs < 1:
+            raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
+        if not isinstance(episode_len, int) or episode_len < 1:
+            raise ValueError(f"episode_len must be an int >= 1, got {episode_len!r}")
+        if not (math.isfinite(cost_bps) and cost_bps >= 0):
+            raise ValueError(f"cost_bps must be >= 0, got {cost_bps!r}")
+        self.num_envs = num_envs
+        self.device = torch.device(device)
+        self.episode_len = episode_len
+        self.horizon = episode_len
+        """Period of feature 50 (steps into the episode / horizon): the training episode length, kept
+        by :func:`evaluate`, whose single episode spans the whole series."""
+        self.cost_bps = float(cost_bps)
+        self.cost = self.cost_bps * 1e-4
+        self.random_start = random_start
+        prices = _check_prices(prices)
+        self.sigma = return_std(prices) if sigma is None else float(sigma)
+        if not (math.isfinite(self.sigma) and self.sigma > 0):
+            raise ValueError(f"sigma must be positive, got {sigma!r}")
+        self.prices = prices.to(self.device)
+        self.returns = log_returns(self.prices)
+        self.features = market_features(self.prices, self.sigma)
+        self.positions = POSITIONS.to(self.device)
+        self.n_bars = len(prices)
+        self.last_start = max(WARMUP, self.n_bars - 1 - episode_len)
+        self._rng = EnvRng(self.device, seed, generator, graph_safe_rng)
+
+        def zeros(dtype: torch.dtype) -> torch.Tensor:
+            return torch.zeros(num_envs, dtype=dtype, device=self.device)
+
+        self.bar = zeros(torch.int64)
+        """[N] int64: the bar each trader decides at next."""
+        self.steps = zeros(torch.int64)
+        """[N] int64: steps taken in the current episode."""
+        self.position = zeros(torch.float64)
+        """[N] float64: the position held coming into :attr:`bar`."""
+        self.prev_reward = zeros(torch.float32)
+        """[N] float32: the reward of the step that led to :attr:`bar` (0 at an episode's start)."""
+        self.last_log_pnl = zeros(torch.float64)
+        """[N] float64: the unscaled log P&L after costs of the last step."""
+        self.last_traded = zeros(torch.float64)
+        """[N] float64: ``|p' - p|`` of the last step."""
+        self.reset()
+
+    @classmethod
+    def from_source(
+        cls,
+        num_envs: int,
+        device: torch.device | str = "cpu",
+        seed: int = 0,
+        data: str | Path | None = None,
+        split: str = "train",
+        synthetic_kind: str = "regime",
+        n_bars: int = 25_000,
+        test_fraction: float = 0.2,
+        **kwargs: Any,
+    ) -> MarketEnv:
+        """The ``split`` ("train" or "test") of a synthetic market or of a CSV bar file.
+
+        With ``data=None``, ``n_bars`` bars of :func:`synthetic_prices` of ``synthetic_kind`` are made:
+        the train part (``1 - test_fraction`` of them) from ``seed`` and the test part from an
+        independent seed derived from it, so the test split is held-out data of the same law.
+        With a CSV path (:func:`load_bars_csv`), the first ``1 - test_fraction`` of the bars are
+        train and the rest test; the test env also gets the :data:`WARMUP` + 1 bars before the split
+        as history, so its first decision earns the first held-out return. Both splits are scaled
+        by the train series' ``sigma``. ``kwargs`` go to the constructor.
+        """
+        if split not in ("train", "test"):
+            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        if not 0 < test_fraction < 1:
+            raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
+        if data is None:
+            if synthetic_kind not in SYNTHETIC_KINDS:
+                raise ValueError(f"unknown synthetic_kind {synthetic_kind!r}: expected one of {SYNTHETIC_KINDS}")
+            n_test = round(n_bars * test_fraction)
+            n_train = n_bars - n_test
+            if min(n_train, n_test) < MIN_BARS:
+                raise ValueError(f"n_bars={n_bars} leaves a split shorter than {MIN_BARS} bars")
+            train = synthetic_prices(n_train, seed, synthetic_kind)
+            test_seed = int(np.random.SeedSequence([int(seed), 1]).generate_state(1)[0])
+            prices = train if split == "train" else synthetic_prices(n_test, test_seed, synthetic_kind)
+        else:
+            needed = math.ceil(MIN_BARS / (1 - test_fraction)) + 1
+            bars = load_bars_csv(data, min_rows=needed)
+            n_train = len(bars) - max(1, round(len(bars) * test_fraction))
+            if n_train < MIN_BARS:
+                raise ValueError(f"{data}: {len(bars)} bars leave {n_train} for training, at least {MIN_BARS} needed")
+            train = bars[:n_train]
+            prices = train if split == "train" else bars[n_train - 1 - WARMUP :]
+        return cls(prices, num_envs, device, seed=seed, sigma=return_std(train), **kwargs)
+
+    @property
+    def generator(self) -> torch.Generator | None:
+        """The generator start bars come from (``None``: torch's default one of the device)."""
+        return self._rng.generator
+
+    def _start_bars(self) -> torch.Tensor:
+        if not self.random_start:
+            return torch.full((self.num_envs,), WARMUP, dtype=torch.int64, device=self.device)
+        return torch.randint(
+            WARMUP, self.last_start + 1, (self.num_envs,), generator=self._rng.generator, device=self.device
+        )
+
+    def _observe(self, bar: torch.Tensor, position: torch.Tensor, prev_reward: torch.Tensor, steps: torch.Tensor):
+        # steps / horizon within an episode; past the horizon (evaluate) it starts again after 1
+        clock = torch.where(steps > 0, (steps - 1) % self.horizon + 1, 0).float() / self.horizon
+        info = torch.stack((position.float(), prev_reward, clock), 1)
+        return torch.cat((self.features[bar], info), 1)
+
+    def observe(self) -> torch.Tensor:
+        """The current observations, float32 ``[N, 51]``."""
+        return self._observe(self.bar, self.position, self.prev_reward, self.steps)
+
+    def reset(self, seed: int | None = None) -> torch.Tensor:
+        self._rng.seed(seed)
+        self.bar.copy_(self._start_bars())
+        for t in (self.steps, self.position, self.prev_reward, self.last_log_pnl, self.last_traded):
+            t.zero_()
+        return self.observe()
+
+    def step(self, actions: torch.Tensor) -> Step:
+        if actions.shape != (self.num_envs,) or actions.dtype != torch.int64 or actions.device != self.device:
+            raise ValueError(
+                f"actions must be int64 [{self.num_envs}] on {self.device}, "
+                f"got {actions.dtype} {list(actions.shape)} on {actions.device}"
+            )
+        target = self.positions[actions]
+        traded = (target - self.position).abs()
+        log_pnl = target * self.returns[self.bar + 1] - self.cost * traded
+        reward = (log_pnl / self.sigma).float()
+        bar, steps = self.bar + 1, self.steps + 1
+        truncated = (steps >= self.episode_len) | (bar >= self.n_bars - 1)
+        next_obs = self._observe(bar, target, reward, steps)
+        self.last_log_pnl.copy_(log_pnl)
+        self.last_traded.copy_(traded)
+        self.bar.copy_(torch.where(truncated, self._start_bars(), bar))
+        self.steps.copy_(torch.where(truncated, 0, steps))
+        self.position.copy_(torch.where(truncated, 0.0, target))
+        self.prev_reward.copy_(torch.where(truncated, 0.0, reward))
+        return Step(next_obs, reward, torch.zeros_like(truncated), truncated, self.observe())
+
+    def state_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            name: getattr(self, name).clone() for name in ("bar", "steps", "position", "prev_reward")
+        }
+        if self._rng.owned:
+            out["generator"] = self._rng.generator.get_state()
+        return out
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name in ("bar", "steps", "position", "prev_reward"):
+            getattr(self, name).copy_(state[name])
+        if self._rng.owned and "generator" in state:
+            self._rng.generator.set_state(state["generator"])
+
+
+def evaluate(
+    policy: Callable[[torch.Tensor], torch.Tensor],
+    source: MarketEnv | torch.Tensor,
+    *,
+    sigma: float | None = None,
+    cost_bps: float | None = None,
+    device: torch.device | str | None = None,
+) -> dict[str, float]:
+    """Trade one env with ``policy`` over a whole series, from its first usable bar to its end.
+
+    ``policy`` maps observations float32 ``[1, 51]`` to actions ``[1]`` (greedy, for a fair score);
+    it runs under ``torch.no_grad``. The position features depend on its earlier choices, so this is
+    a loop of single steps, but one with no host synchronisation of its own.
+
+    Args:
+        source: a :class:`MarketEnv` (typically ``MarketEnv.from_source(1, dev, split="test")``),
+            whose prices, ``sigma``, cost and device are used, or a price series.
+        sigma, cost_bps, device: override those of ``source`` (for a price series: its own
+            return std, 1 bp, the CPU).
+
+    Returns:
+        ``total_log_pnl`` (log P&L after costs, summed), ``buy_and_hold_log_pnl`` (+1 throughout,
+        paying the cost of entering), ``flat_log_pnl`` (0), ``bars`` (steps walked), ``turnover``
+        (sum of ``|p' - p|``, the entry included), ``sharpe_per_bar`` and
+        ``buy_and_hold_sharpe_per_bar`` (mean over standard deviation of the per-bar log P&L,
+        not annualised).
+    """
+    if isinstance(source, MarketEnv):
+        prices = source.prices
+        sigma = source.sigma if sigma is None else sigma
+        cost_bps = source.cost_bps if cost_bps is None else cost_bps
+        device = source.device if device is None else device
+    else:
+        prices = _check_prices(source)
+    cost_bps = 1.0 if cost_bps is None else cost_bps
+    device = torch.device("cpu" if device is None else device)
+    n_steps = len(prices) - 1 - WARMUP
+    env = MarketEnv(prices, 1, device, episode_len=n_steps, cost_bps=cost_bps, random_start=False, sigma=sigma)
+    if isinstance(source, MarketEnv):
+        env.horizon = source.horizon  # feature 50 cycles as it did in training
+    pnl = torch.zeros(n_steps, dtype=torch.float64, device=device)
+    traded = torch.zeros(n_steps, dtype=torch.float64, device=device)
+    obs = env.reset()
+    with torch.no_grad():
+        for i in range(n_steps):
+            actions = policy(obs).reshape(1).to(torch.int64)
+            obs = env.step(actions).obs
+            pnl[i : i + 1].copy_(env.last_log_pnl)
+            traded[i : i + 1].copy_(env.last_traded)
+    held = env.returns[WARMUP + 1 :].clone()
+    held[0] -= env.cost
+    return {
+        "total_log_pnl": float(pnl.sum()),
+        "buy_and_hold_log_pnl": float(held.sum()),
+        "flat_log_pnl": 0.0,
+        "bars": n_steps,
+        "turnover": float(traded.sum()),
+        "sharpe_per_bar": _sharpe(pnl),
+        "buy_and_hold_sharpe_per_bar": _sharpe(held),
+    }
+
+
+def _sharpe(pnl: torch.Tensor) -> float:
+    std = float(pnl.std(correction=0))
+    return float(pnl.mean()) / std if std > 0 else 0.0
+
+
+__all__ = [
+    "MIN_BARS",
+    "N_ACTIONS",
+    "OBS_DIM",
+    "POSITIONS",
+    "WARMUP",
+    "MarketEnv",
+    "evaluate",
+    "load_bars_csv",
+    "market_features",
+    "return_std",
+    "synthetic_prices",
+]
