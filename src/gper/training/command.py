@@ -1,0 +1,37 @@
+"""``gper train``: the command line of :func:`gper.dqn.train`, made by tyro from :class:`gper.dqn.Config`
+(each field's docstring is its ``--help`` text).
+
+    gper train                                  # cartpole, GPU if there is one
+    gper train --env market --total-steps 1000000
+    gper train --env gym:LunarLander-v3 --seed 2
+    gper train --resume runs/cartpole__s1__20261129-120000/checkpoint.pt
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+
+def main(argv: list[str]) -> int:
+    import tyro
+    from tqdm.auto import tqdm
+
+    from gper.dqn import Config, train
+
+    config = tyro.cli(
+        Config,
+        args=argv,
+        prog="gper train",
+        description="Train DQN with GPU prioritized replay; writes metrics, a plot and a checkpoint to a run folder.",
+        config=(tyro.conf.FlagConversionOff,),
+    )
+    try:
+        results = train(config, log=tqdm.write)
+    except ValueError as err:
+        print(f"gper train: error: {err}")
+        return 2
+    summary = {k: v for k, v in dataclasses.asdict(results).items() if k not in ("notes",)}
+    print("gper train: done")
+    print(json.dumps(summary, indent=2))
+    return 0

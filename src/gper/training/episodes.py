@@ -1,0 +1,71 @@
+"""Episode returns and lengths kept on the device, so data collection never waits for the host.
+
+Each environment's running return and length live in device tensors. When episodes end, their
+(return, length, env step) rows go into a ring on the device at positions computed from a
+device counter and a cumulative sum of the done flags; environments that did not finish write
+to a spare row past the end. The host copies the ring and the counter once an epoch
+(:meth:`EpisodeTracker.drain`) and reads the rows written since the last copy.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class EpisodeTracker:
+    """Device-side record of finished episodes for ``num_envs`` environments.
+
+    Args:
+        num_envs: environments stepped together.
+        device: where the tensors live.
+        ring: finished episodes kept between two drains; more than that in one epoch and the
+            oldest are lost (:meth:`drain` says how many).
+    """
+
+    def __init__(self, num_envs: int, device: torch.device, ring: int = 8192) -> None:
+        self.num_envs = num_envs
+        self.ring = max(int(ring), num_envs)
+        self.returns = torch.zeros(num_envs, dtype=torch.float64, device=device)
+        self.lengths = torch.zeros(num_envs, dtype=torch.float64, device=device)
+        # rows: return, length, env step at the episode's end; row ``ring`` is the spare
+        self.table = torch.zeros(self.ring + 1, 3, dtype=torch.float64, device=device)
+        self.count = torch.zeros((), dtype=torch.int64, device=device)
+        self._read = 0
+
+    def record(self, reward: torch.Tensor, done: torch.Tensor, env_step: torch.Tensor) -> None:
+        """Add one step's rewards; write the episodes that ``done`` ends. Device work only."""
+        self.returns += reward
+        self.lengths += 1
+        ended = done.to(torch.int64)
+        slot = torch.where(done, (self.count + ended.cumsum(0) - 1) % self.ring, self.ring)
+        rows = torch.stack((self.returns, self.lengths, env_step.expand_as(self.returns)), dim=1)
+        self.table.index_copy_(0, slot, rows)
+        self.count += ended.sum()
+        keep = (~done).to(self.returns.dtype)
+        self.returns *= keep
+        self.lengths *= keep
+
+    def snapshot(self) -> dict[str, torch.Tensor]:
+        """The tensors to copy to the host (see :class:`gper.training.readback.AsyncReadback`)."""
+        return {"episodes": self.table, "episode_count": self.count}
+
+    def drain(self, host: dict[str, torch.Tensor]) -> tuple[list[tuple[float, int, int]], int]:
+        """Episodes finished since the last drain, oldest first, from a host copy of :meth:`snapshot`;
+        and how many were lost because more than ``ring`` finished in between."""
+        count = int(host["episode_count"])
+        new = count - self._read
+        lost = max(0, new - self.ring)
+        first = count - min(new, self.ring)
+        table = host["episodes"]
+        rows = [table[i % self.ring] for i in range(first, count)]
+        self._read = count
+        return [(float(r[0]), int(r[1]), int(r[2])) for r in rows], lost
+
+    def state_dict(self) -> dict[str, object]:
+        return {"returns": self.returns, "lengths": self.lengths, "count": self.count, "read": self._read}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        self.returns.copy_(state["returns"])
+        self.lengths.copy_(state["lengths"])
+        self.count.copy_(state["count"])
+        self._read = int(state["read"])

@@ -1,0 +1,112 @@
+"""A step made of named phases, run eagerly, as one CUDA graph, or as one CUDA graph per phase.
+
+The training step (sample -> upload -> fwd_bwd -> adam -> per_update) is captured twice after a
+few eager warm-up steps: once whole, the graph replayed on ordinary steps, and once phase by
+phase, replayed with CUDA events between the phases on the steps that are timed. Both captures
+read and write the same parameters, optimizer state and replay buffer, so either can run any
+step. Each phase is a function of no arguments that leaves its outputs where the next phase
+finds them (attributes of a shared namespace); the tensors a phase-by-phase capture made are
+kept alive here, because the later graphs were captured reading them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from gper.training.timing import PhaseTimer
+
+
+class PhasedStep:
+    """Run ``phases`` in order as one step; on CUDA, replay them from CUDA graphs after ``warmup`` steps.
+
+    Args:
+        phases: name -> function, in the order they run.
+        device: where the work runs; graphs only on CUDA.
+        use_graphs: capture CUDA graphs (ignored on the CPU).
+        warmup: eager steps before capture, on a side stream as PyTorch's capture guide asks
+            (lazy initialisation of cuBLAS workspaces and optimizer state happens there).
+        state: the namespace the phases share; kept alive with everything captured in it.
+    """
+
+    def __init__(
+        self,
+        phases: dict[str, Callable[[], None]],
+        device: torch.device,
+        use_graphs: bool = True,
+        warmup: int = 3,
+        state: object | None = None,
+    ) -> None:
+        if not phases:
+            raise ValueError("a step needs at least one phase")
+        self.phases = dict(phases)
+        self.names = tuple(self.phases)
+        self.device = torch.device(device)
+        self.use_graphs = bool(use_graphs) and self.device.type == "cuda"
+        self.warmup = max(1, int(warmup))
+        self._state = state
+        self._steps = 0
+        self._whole: torch.cuda.CUDAGraph | None = None
+        self._by_phase: list[tuple[str, torch.cuda.CUDAGraph]] = []
+        self._kept: list[dict] = []
+
+    @property
+    def captured(self) -> bool:
+        return self._whole is not None
+
+    def run(self, timer: PhaseTimer | None = None) -> None:
+        """Run one step; with ``timer``, record each phase's start (and the step's end) in it."""
+        if self.use_graphs and self._whole is None and self._steps >= self.warmup:
+            self._capture()
+        self._steps += 1
+        if self._whole is None:
+            self._run_eager(timer)
+        elif timer is None:
+            self._whole.replay()
+        else:
+            timer.begin()
+            for name, graph in self._by_phase:
+                timer.mark(name)
+                graph.replay()
+            timer.end()
+
+    def _run_eager(self, timer: PhaseTimer | None) -> None:
+        side = torch.cuda.Stream(self.device) if self.use_graphs else None
+        if side is not None:
+            side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side) if side is not None else _nothing():
+            if timer is not None:
+                timer.begin()
+            for name, fn in self.phases.items():
+                if timer is not None:
+                    timer.mark(name)
+                fn()
+            if timer is not None:
+                timer.end()
+        if side is not None:
+            torch.cuda.current_stream(self.device).wait_stream(side)
+
+    def _capture(self) -> None:
+        torch.cuda.synchronize(self.device)
+        pool = torch.cuda.graph_pool_handle()
+        for name, fn in self.phases.items():
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                fn()
+            self._by_phase.append((name, graph))
+        if self._state is not None:
+            self._kept.append(dict(vars(self._state)))  # the phase graphs read these addresses
+        whole = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(whole):
+            for fn in self.phases.values():
+                fn()
+        self._whole = whole
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
