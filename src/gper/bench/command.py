@@ -4,6 +4,7 @@ Examples::
 
     gper bench                  # full sweep (GPU: 2^16..2^25, batches 256..16384)
     gper bench --quick          # a smoke run
+    gper bench --train          # the DQN training step with replay vs from a fixed batch
     gper bench --capacities 20 25 --batches 16384 --impls gper seeds --no-graph
 """
 
@@ -72,6 +73,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS), help="which calls to time (default all)")
     p.add_argument("--out", default="benchmarks/results", help="results directory (default benchmarks/results)")
     p.add_argument("--quick", action="store_true", help="fewer sizes and repeats: a smoke run")
+    t = p.add_argument_group("training step (--train)")
+    t.add_argument(
+        "--train",
+        action="store_true",
+        help="time the DQN training step with replay against the same step from a fixed batch "
+        "(first of --capacities and --batches; default on CUDA 2^24 and 16384, on CPU 2^14 and 256)",
+    )
+    t.add_argument("--hidden", nargs="+", type=int, help="hidden sizes (default on CUDA 512 512, on CPU 64 64)")
+    t.add_argument(
+        "--precisions",
+        nargs="+",
+        choices=("tf32", "fp32", "bf16"),
+        help="matmul precisions (default on CUDA tf32 fp32 bf16; on CPU fp32)",
+    )
+    t.add_argument("--steps", type=int, help="training steps per timed repeat (default on CUDA 200, on CPU 10)")
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
@@ -109,7 +125,38 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     )
 
 
+def train_config_from_args(args: argparse.Namespace):
+    from gper.bench.train_step import TrainBenchConfig
+
+    cfg = config_from_args(args)
+    cuda = cfg.device.type == "cuda"
+    try:
+        capacity = parse_sizes(args.capacities, 40)[0] if args.capacities else (2**24 if cuda else 2**14)
+        batch = parse_sizes(args.batches, None)[0] if args.batches else (16384 if cuda else 256)
+    except argparse.ArgumentTypeError as e:
+        raise SystemExit(f"gper bench: {e}") from None
+    if batch > capacity:
+        raise SystemExit(f"gper bench: batch {batch} is larger than the replay ({capacity})")
+    if args.precisions and not cuda and set(args.precisions) != {"fp32"}:
+        raise SystemExit("gper bench: --precisions tf32/bf16 need CUDA")
+    return TrainBenchConfig(
+        device=cfg.device,
+        capacity=capacity,
+        batch=batch,
+        hidden=tuple(args.hidden) if args.hidden else ((512, 512) if cuda else (64, 64)),
+        precisions=tuple(args.precisions) if args.precisions else (("tf32", "fp32", "bf16") if cuda else ("fp32",)),
+        steps=args.steps or (200 if cuda else 10),
+        repeats=args.repeats or (5 if cuda else 3),
+        out=cfg.out,
+    )
+
+
 def main(args: argparse.Namespace) -> int:
     """Run ``gper bench``; exit status 1 if any gper call failed."""
+    if args.train:
+        from gper.bench.train_step import run_train_bench
+
+        run_train_bench(train_config_from_args(args))
+        return 0
     result = run(config_from_args(args))
     return 1 if any(r.status == "error" for r in result.rows) else 0

@@ -1,0 +1,171 @@
+"""Train several variants over several seeds, in parallel processes, and tabulate the outcomes.
+
+Each (variant, seed) is one ``gper train`` run in its own process; the table gives, per run, the
+env steps and wall seconds at which the mean return of the last 100 episodes first reached the
+environment's ``solve_return`` (cartpole: 475), the best and final 100-episode means, and for
+``market`` the greedy policy's log P&L on held-out prices against buy-and-hold and flat.
+
+    python benchmarks/train_seeds.py --env cartpole --seeds 1 2 3 \\
+        --variant prioritized: --variant "uniform:--sampling uniform" --parallel 6
+
+A variant is ``name:flags`` (flags as for ``gper train``; empty for the defaults). Writes
+``benchmarks/results/train-<env>-<device>-<stamp>.{md,csv}`` and prints the same table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from gper.bench.report import ResultFiles, environment, format_markdown, header_line, print_table
+
+COLUMNS = [
+    "variant",
+    "seed",
+    "status",
+    "solved_at_step",
+    "solved_at_s",
+    "best_mean100",
+    "final_mean100",
+    "env_steps",
+    "wall_s",
+    "test_log_pnl",
+    "buy_and_hold_log_pnl",
+    "flat_log_pnl",
+    "test_sharpe_per_bar",
+    "flags",
+]
+
+
+def run_one(env: str, device: str, name: str, flags: str, seed: int, folder: Path, extra: str) -> dict:
+    run_name = f"{name}-s{seed}"
+    cmd = [sys.executable, "-m", "gper", "train", "--env", env, "--device", device, "--seed", str(seed)]
+    cmd += ["--run-dir", str(folder), "--run-name", run_name, "--progress", "False", "--save", "False"]
+    cmd += shlex.split(extra) + shlex.split(flags)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    row = {"variant": name, "seed": seed, "flags": flags}
+    summary = folder / run_name / "summary.json"
+    if proc.returncode != 0 or not summary.exists():
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
+        return row | {"status": "error: " + " / ".join(tail)[:300], "wall_s": time.perf_counter() - t0}
+    s = json.loads(summary.read_text())
+    row |= {
+        "status": "ok",
+        "solved_at_step": s["solved_at_step"],
+        "solved_at_s": s["solved_at_s"],
+        "best_mean100": s["best_mean_return_last100"],
+        "final_mean100": s["mean_return_last100"],
+        "env_steps": s["env_steps"],
+        "wall_s": s["wall_s"],
+    }
+    ev = s.get("evaluation")
+    if ev:
+        row |= {
+            "test_log_pnl": ev["total_log_pnl"],
+            "buy_and_hold_log_pnl": ev["buy_and_hold_log_pnl"],
+            "flat_log_pnl": ev["flat_log_pnl"],
+            "test_sharpe_per_bar": ev["sharpe_per_bar"],
+        }
+    print(f"  {name} seed {seed}: {row['status']}, solved at {row['solved_at_step']}, final {row['final_mean100']}")
+    return row
+
+
+def _fmt(v, digits: int = 1) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}" if abs(v) < 1e6 else f"{v:.3g}"
+    return str(v)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--env", default="cartpole")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
+    p.add_argument("--variant", action="append", default=[], help="name:flags (repeatable; default the presets)")
+    p.add_argument("--extra", default="", help="flags added to every run")
+    p.add_argument("--parallel", type=int, default=3, help="runs at a time")
+    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--label", default="", help="added to the file names")
+    args = p.parse_args(argv)
+    variants = [v.split(":", 1) if ":" in v else (v, "") for v in (args.variant or ["default:"])]
+    env = environment(torch.device(args.device))
+    print(header_line(env, f"train {args.env}"))
+    label = f"-{args.label}" if args.label else ""
+    env_for_files = dict(env, slug=f"{args.env.replace(':', '_')}-{env['slug']}{label}")
+    files = ResultFiles(Path(args.out), env_for_files, COLUMNS, prefix="train")
+    lock = threading.Lock()
+
+    def job(j: tuple[str, str, int]) -> dict:
+        row = run_one(args.env, args.device, j[0], j[1], j[2], Path(tmp), args.extra)
+        with lock:  # the CSV grows as runs finish, so a run cut short keeps what it measured
+            files.append([row])
+        return row
+
+    with tempfile.TemporaryDirectory() as tmp:
+        jobs = [(name, flags, seed) for name, flags in variants for seed in args.seeds]
+        with ThreadPoolExecutor(args.parallel) as pool:
+            rows = list(pool.map(job, jobs))
+    headers = ["variant", "seed", "solved at step", "solved at s", "best mean100", "final mean100", "wall s"]
+    keys = ["solved_at_step", "solved_at_s", "best_mean100", "final_mean100", "wall_s"]
+    if args.env == "market":
+        headers += ["test log P&L", "buy&hold", "flat", "Sharpe/bar"]
+        keys += ["test_log_pnl", "buy_and_hold_log_pnl", "flat_log_pnl", "test_sharpe_per_bar"]
+    table = []
+    for r in rows:
+        if r["status"] != "ok":
+            table.append([r["variant"], str(r["seed"]), r["status"]] + [""] * (len(headers) - 3))
+            continue
+        digits = {"test_log_pnl": 4, "buy_and_hold_log_pnl": 4, "flat_log_pnl": 4, "test_sharpe_per_bar": 4}
+        table.append([r["variant"], str(r["seed"]), *(_fmt(r.get(k), digits.get(k, 1)) for k in keys)])
+    right = [False, True] + [True] * len(keys)
+    print_table(headers, table, right)
+    summary_lines = []
+    for name, flags in variants:
+        ok = [r for r in rows if r["variant"] == name and r["status"] == "ok"]
+        solved = [r["solved_at_step"] for r in ok if r["solved_at_step"] is not None]
+        line = f"- **{name}** (`{flags or 'presets'}`): {len(solved)}/{len(ok)} seeds solved"
+        if solved:
+            line += f", median {statistics.median(solved):,.0f} env steps"
+        if ok:
+            line += f"; final mean100 median {statistics.median(r['final_mean100'] for r in ok):.1f}"
+        if ok and ok[0].get("test_log_pnl") is not None:
+            beat = sum(r["test_log_pnl"] > max(r["buy_and_hold_log_pnl"], r["flat_log_pnl"]) for r in ok)
+            line += f"; beat buy-and-hold and flat on held-out prices in {beat}/{len(ok)} seeds"
+        summary_lines.append(line)
+        print(line)
+    files.write_markdown(
+        "\n".join(
+            [
+                f"# gper train {args.env}: {len(variants)} variant(s) x {len(args.seeds)} seeds",
+                "",
+                header_line(env, f"train {args.env}"),
+                "",
+                f"Command: `python benchmarks/train_seeds.py {shlex.join(argv or sys.argv[1:])}`",
+                "",
+                format_markdown(headers, table, right),
+                "",
+                *summary_lines,
+                "",
+            ]
+        )
+    )
+    print(f"wrote {files.csv_path} and {files.md_path}")
+    return 0 if all(r["status"] == "ok" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,329 @@
+"""``gper bench --train``: the DQN training step of :mod:`gper.dqn`, with and without replay.
+
+What is timed, for each precision (TF32, FP32, bf16 autocast), on the trainer's own step
+(:class:`gper.dqn.Agent`, the user's 51 -> 512 -> 512 -> 45 network by default):
+
+* ``replay, one graph``: per_sample -> upload -> fwd_bwd -> adam -> per_update, replayed as one
+  CUDA graph back to back; CUDA events around the replays give GPU time per step, the host clock
+  around the same replays (plus one final sync) gives wall time per step.
+* ``fixed batch, one graph``: the same upload -> fwd_bwd -> adam fed from a fixed tensor batch
+  (IS weights 1, no sample, no priority update): the bare learning step, for the replay overhead.
+* ``replay, by phase``: one graph per phase with CUDA events between them, as the trainer's
+  timed steps run: the per-phase times.
+* ``replay, eager`` (TF32 only): every phase as plain launches (no graphs).
+
+It also counts the step's floating-point work and memory traffic (:func:`step_flops`,
+:func:`step_bytes`) and divides them by the GPU's peak rates, to say how far from the floor the
+step runs. The replay is filled with random transitions before timing.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+import gper
+from gper.bench.report import ResultFiles, environment, format_markdown, header_line, print_table
+from gper.bench.timing import synchronize
+
+#: dense peak rates of an H100/H200 SXM (NVIDIA's datasheet), used for the floor on those GPUs
+PEAK_TFLOPS = {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4}
+PEAK_TBPS = 4.8  # H200 HBM3e
+
+COLUMNS = [
+    "precision",
+    "mode",
+    "ms_per_step",
+    "wall_ms_per_step",
+    "busy_pct",
+    "replay_overhead_pct",
+    "per_sample_ms",
+    "upload_ms",
+    "fwd_bwd_ms",
+    "adam_ms",
+    "per_update_ms",
+    "gflop",
+    "floor_ms",
+    "x_floor",
+]
+
+
+@dataclass
+class TrainBenchConfig:
+    device: torch.device
+    capacity: int = 2**24
+    batch: int = 16384
+    hidden: tuple[int, ...] = (512, 512)
+    obs_dim: int = 51
+    n_actions: int = 45
+    precisions: tuple[str, ...] = ("tf32", "fp32", "bf16")
+    steps: int = 200
+    repeats: int = 5
+    eager: bool = True
+    out: Path | None = Path("benchmarks/results")
+    seed: int = 0
+    rows: list[dict] = field(default_factory=list)
+
+
+def layer_sizes(obs_dim: int, hidden: tuple[int, ...], n_actions: int) -> list[tuple[int, int]]:
+    sizes = [obs_dim, *hidden, n_actions]
+    return list(zip(sizes, sizes[1:], strict=False))
+
+
+def step_flops(obs_dim: int, hidden: tuple[int, ...], n_actions: int, batch: int, double_q: bool = True) -> float:
+    """Matmul FLOPs of one training step: online forward (with backward: weight gradients on every
+    layer, input gradients on all but the first), target forward, and the online forward on the
+    next observations that double-Q needs. Elementwise work is left out (it is bytes, not FLOPs)."""
+    layers = layer_sizes(obs_dim, hidden, n_actions)
+    macs = sum(i * o for i, o in layers)
+    backward = 2 * macs - layers[0][0] * layers[0][1]
+    forwards = 3 if double_q else 2
+    return 2.0 * batch * (forwards * macs + backward)
+
+
+def step_bytes(obs_dim: int, hidden: tuple[int, ...], n_actions: int, batch: int, double_q: bool = True) -> float:
+    """A lower bound on the step's DRAM traffic in bytes (float32 activations, each written once and
+    read once per use): every layer's input read and output written in each forward; the backward
+    reads the saved activations and the incoming gradient and writes the outgoing one, about twice
+    a forward; plus the sampled rows and the parameters with Adam's two moments."""
+    layers = layer_sizes(obs_dim, hidden, n_actions)
+    per_forward = sum(4 * batch * (i + 2 * o) for i, o in layers)  # read input, write pre-ReLU, ReLU out
+    forwards = 3 if double_q else 2
+    params = sum(i * o + o for i, o in layers)
+    rows = batch * (2 * obs_dim + 4) * 4
+    return forwards * per_forward + 2 * per_forward + rows + params * 4 * 8
+
+
+class _FixedBatch(dict):
+    """A tensor batch shaped like a :class:`gper.SampledBatch` (fields by name, ``weights``)."""
+
+    weights: torch.Tensor
+
+
+def _fill(rb: gper.PrioritizedReplayBuffer, obs_dim: int, n_actions: int, device: torch.device) -> None:
+    gen = torch.Generator(device=device).manual_seed(0)
+    chunk = 2**20
+    left = rb.capacity
+    while left > 0:
+        n = min(chunk, left)
+        rb.add(
+            {
+                "obs": torch.randn(n, obs_dim, device=device, generator=gen),
+                "next_obs": torch.randn(n, obs_dim, device=device, generator=gen),
+                "action": torch.randint(0, n_actions, (n,), device=device, generator=gen),
+                "reward": torch.randn(n, device=device, generator=gen),
+                "done": (torch.rand(n, device=device, generator=gen) < 0.05).float(),
+            }
+        )
+        left -= n
+    # spread the priorities as training would (log-uniform TD errors over 5 decades)
+    idx = torch.arange(rb.capacity, device=device)
+    for lo in range(0, rb.capacity, chunk):
+        part = idx[lo : lo + chunk]
+        rb.update_priorities(part, torch.pow(10.0, -3 + 5 * torch.rand(part.numel(), device=device, generator=gen)))
+
+
+class _Shape:
+    """What :class:`gper.dqn.Agent` needs of an environment when it only learns."""
+
+    graph_safe = True
+
+    def __init__(self, obs_dim: int, n_actions: int, device: torch.device) -> None:
+        self.obs_dim, self.n_actions, self.num_envs, self.device = obs_dim, n_actions, 1, device
+
+    def reset(self, seed: int | None = None) -> torch.Tensor:
+        return torch.zeros(1, self.obs_dim, device=self.device)
+
+    def state_dict(self) -> dict:
+        return {}
+
+
+def _time_steps(run, steps: int, repeats: int, device: torch.device) -> tuple[float, float]:
+    """(median GPU ms per step from events, median wall ms per step from the host clock)."""
+    gpu, wall = [], []
+    for _ in range(repeats):
+        synchronize(device)
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            run()
+        if device.type == "cuda":
+            end.record()
+            end.synchronize()
+            gpu.append(start.elapsed_time(end) / steps)
+        else:
+            gpu.append((time.perf_counter() - t0) * 1e3 / steps)
+        wall.append((time.perf_counter() - t0) * 1e3 / steps)
+    return statistics.median(gpu), statistics.median(wall)
+
+
+def _agent(cfg: TrainBenchConfig, precision: str, rb, graphs: bool):
+    from gper.dqn import Agent, Config
+
+    dqn_cfg = Config(
+        env="market",
+        device=str(cfg.device),
+        total_steps=10**9,
+        num_envs=1,
+        hidden=cfg.hidden,
+        buffer_size=cfg.capacity,
+        batch_size=cfg.batch,
+        learning_rate=1e-4,
+        tau=0.005,
+        target_every=1,
+        eps_end=0.05,
+        exploration_fraction=0.5,
+        learning_starts=cfg.batch,
+        epoch_steps=1,
+        precision=precision,
+        cuda_graphs=graphs,
+        seed=cfg.seed,
+    )
+    return Agent(dqn_cfg, _Shape(cfg.obs_dim, cfg.n_actions, cfg.device), rb, total_train_steps=10**6)
+
+
+def _fixed_step(agent, cfg: TrainBenchConfig):
+    """The agent's upload -> fwd_bwd -> adam fed from a fixed batch, sharing its network and optimizer."""
+    from gper.training.phases import PhasedStep
+
+    fixed = copy.copy(agent)
+    fixed.s = SimpleNamespace()
+    gen = torch.Generator(device=cfg.device).manual_seed(1)
+    batch = _FixedBatch(
+        obs=torch.randn(cfg.batch, cfg.obs_dim, device=cfg.device, generator=gen),
+        next_obs=torch.randn(cfg.batch, cfg.obs_dim, device=cfg.device, generator=gen),
+        action=torch.randint(0, cfg.n_actions, (cfg.batch,), device=cfg.device, generator=gen),
+        reward=torch.randn(cfg.batch, device=cfg.device, generator=gen),
+        done=torch.zeros(cfg.batch, device=cfg.device),
+    )
+    batch.weights = torch.ones(cfg.batch, device=cfg.device)
+    fixed.s.batch = batch
+    phases = {"upload": fixed._upload, "fwd_bwd": fixed._fwd_bwd, "adam": fixed._adam}
+    return PhasedStep(phases, cfg.device, use_graphs=cfg.device.type == "cuda", state=fixed.s)
+
+
+def run_train_bench(cfg: TrainBenchConfig, log=print) -> list[dict]:
+    """Time the training step as the module docstring says; print the table; write the result files."""
+    from gper.dqn import replay_spec
+    from gper.training.timing import PhaseTimer
+
+    device = cfg.device
+    env = environment(device)
+    log(header_line(env, "bench --train"))
+    log(
+        f"network {cfg.obs_dim} -> {' -> '.join(map(str, cfg.hidden))} -> {cfg.n_actions}, batch {cfg.batch}, "
+        f"replay {cfg.capacity:,} transitions; filling the replay..."
+    )
+    rb = gper.PrioritizedReplayBuffer(cfg.capacity, replay_spec(cfg.obs_dim), device=device, seed=cfg.seed)
+    _fill(rb, cfg.obs_dim, cfg.n_actions, device)
+    gflop = step_flops(cfg.obs_dim, cfg.hidden, cfg.n_actions, cfg.batch) / 1e9
+    nbytes = step_bytes(cfg.obs_dim, cfg.hidden, cfg.n_actions, cfg.batch)
+    rows = []
+    saved_tf32 = torch.backends.cuda.matmul.allow_tf32
+    try:
+        for precision in cfg.precisions:
+            torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+            floor_ms = max(gflop / PEAK_TFLOPS[precision], nbytes / PEAK_TBPS / 1e9)
+            agent = _agent(cfg, precision, rb, graphs=True)
+            for _ in range(agent.learn.warmup + 2):  # warm up, capture, replay once
+                agent.learn.run()
+            ms, wall = _time_steps(agent.learn.run, cfg.steps, cfg.repeats, device)
+            timer = PhaseTimer(device)
+            for _ in range(cfg.steps):
+                agent.learn.run(timer)
+            synchronize(device)
+            phases = {name: m for name, (m, _) in timer.summary().items()}
+            fixed = _fixed_step(agent, cfg)
+            for _ in range(fixed.warmup + 2):
+                fixed.run()
+            fixed_ms, fixed_wall = _time_steps(fixed.run, cfg.steps, cfg.repeats, device)
+            base = dict(precision=precision, gflop=round(gflop, 2), floor_ms=round(floor_ms, 4))
+            phase_sum = sum(phases.values())
+            rows.append(
+                base
+                | dict(
+                    mode="replay, one graph",
+                    ms_per_step=ms,
+                    wall_ms_per_step=wall,
+                    busy_pct=100 * phase_sum / wall,
+                    replay_overhead_pct=100 * (ms / fixed_ms - 1),
+                    x_floor=ms / floor_ms,
+                )
+                | {f"{k}_ms": v for k, v in phases.items()}
+            )
+            rows.append(
+                base
+                | dict(
+                    mode="fixed batch, one graph",
+                    ms_per_step=fixed_ms,
+                    wall_ms_per_step=fixed_wall,
+                    busy_pct=100 * fixed_ms / fixed_wall,
+                    x_floor=fixed_ms / floor_ms,
+                )
+            )
+            rows.append(base | dict(mode="replay, by phase", ms_per_step=phase_sum, x_floor=phase_sum / floor_ms))
+            if cfg.eager and precision == cfg.precisions[0]:
+                eager = _agent(cfg, precision, rb, graphs=False)
+                eager.learn.run()
+                e_ms, e_wall = _time_steps(eager.learn.run, max(10, cfg.steps // 4), cfg.repeats, device)
+                rows.append(base | dict(mode="replay, eager", ms_per_step=e_ms, wall_ms_per_step=e_wall))
+                del eager
+            del agent, fixed
+            log(f"{precision}: {ms:.3f} ms per step with replay, {fixed_ms:.3f} ms from a fixed batch")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved_tf32
+    _report(cfg, env, rows, gflop, nbytes, log)
+    return rows
+
+
+def _fmt(v, digits: int = 3) -> str:
+    if v is None or v == "":
+        return ""
+    return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+
+
+def _report(cfg: TrainBenchConfig, env: dict, rows: list[dict], gflop: float, nbytes: float, log) -> None:
+    headers = ["precision", "mode", "ms/step (GPU)", "ms/step (wall)", "busy %", "replay +%", "x floor"]
+    headers += ["per_sample", "upload", "fwd_bwd", "adam", "per_update"]
+    keys = ["ms_per_step", "wall_ms_per_step", "busy_pct", "replay_overhead_pct", "x_floor"]
+    keys += ["per_sample_ms", "upload_ms", "fwd_bwd_ms", "adam_ms", "per_update_ms"]
+    table = [[r["precision"], r["mode"], *(_fmt(r.get(k), 1 if k.endswith("pct") else 3) for k in keys)] for r in rows]
+    right = [False, False] + [True] * len(keys)
+    print_table(headers, table, right)
+    floor = (
+        f"step work: {gflop:.1f} GFLOP (matmuls) and at least {nbytes / 1e6:.0f} MB of memory traffic; floor = "
+        f"max(FLOP / dense peak, bytes / {PEAK_TBPS} TB/s) with peaks {PEAK_TFLOPS} TFLOP/s (H100/H200 SXM datasheet)"
+    )
+    log(floor)
+    if cfg.out is None:
+        return
+    files = ResultFiles(cfg.out, env, COLUMNS, prefix="train-step")
+    files.append(rows)
+    md = [
+        f"# gper bench --train: {env['device']}",
+        "",
+        header_line(env, "bench --train"),
+        "",
+        f"Network {cfg.obs_dim} -> {' -> '.join(map(str, cfg.hidden))} -> {cfg.n_actions} (double-Q, Huber x IS "
+        f"weights, fused capturable Adam, soft target update), batch {cfg.batch}, replay {cfg.capacity:,} "
+        f"transitions, {cfg.steps} steps x {cfg.repeats} repeats, median. Times in ms per training step; "
+        "phase columns from the by-phase run (one graph per phase, CUDA events between).",
+        "",
+        format_markdown(headers, table, right),
+        "",
+        floor + ".",
+        "",
+        "busy % = sum of the GPU phase times / wall time per step (one graph) for the replay rows; GPU time / "
+        "wall time for the fixed-batch row. replay +% = (replay step / fixed-batch step - 1), same precision.",
+        "",
+    ]
+    files.write_markdown("\n".join(md))
+    log(f"wrote {files.csv_path} and {files.md_path}")
