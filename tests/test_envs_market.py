@@ -205,19 +205,22 @@ def test_csv_splits(tmp_path):
 
 
 def test_synthetic_splits_are_held_out():
-    train = MarketEnv.from_source(1, "cpu", seed=0, n_bars=5000, split="train")
-    test = MarketEnv.from_source(1, "cpu", seed=0, n_bars=5000, split="test")
+    kw = dict(n_bars=4000, test_bars=1000)
+    train = MarketEnv.from_source(1, "cpu", seed=0, split="train", **kw)
+    test = MarketEnv.from_source(1, "cpu", seed=0, split="test", **kw)
     assert (len(train.prices), len(test.prices)) == (4000, 1000)
     assert not torch.equal(train.prices[:1000], test.prices)
     assert train.sigma == test.sigma == return_std(synthetic_prices(4000, 0))
-    assert torch.equal(test.prices, MarketEnv.from_source(1, "cpu", seed=0, n_bars=5000, split="test").prices)
-    assert not torch.equal(test.prices, MarketEnv.from_source(1, "cpu", seed=1, n_bars=5000, split="test").prices)
+    assert torch.equal(test.prices, MarketEnv.from_source(1, "cpu", seed=0, split="test", **kw).prices)
+    assert not torch.equal(test.prices, MarketEnv.from_source(1, "cpu", seed=1, split="test", **kw).prices)
     with pytest.raises(ValueError, match="split"):
         MarketEnv.from_source(1, "cpu", split="valid")
+    with pytest.raises(ValueError, match="test_bars must be >= 42"):
+        MarketEnv.from_source(1, "cpu", n_bars=4000, test_bars=10)
 
 
 def test_evaluate_oracle_beats_buy_and_hold_and_flat():
-    env = MarketEnv.from_source(1, "cpu", seed=0, n_bars=5000, split="test")
+    env = MarketEnv.from_source(1, "cpu", seed=0, n_bars=4000, test_bars=1000, split="test")
     future = env.returns[WARMUP + 1 :].tolist()
     calls = iter(range(len(future)))
 

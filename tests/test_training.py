@@ -230,7 +230,15 @@ def test_same_seed_same_run(tmp_path):
 
 def test_market_smoke_training_evaluates_on_held_out_prices(tmp_path):
     cfg = Config(
-        **{**SMOKE, "env": "market", "num_envs": 4, "episode_len": 32, "hidden": (32,)},
+        **{
+            **SMOKE,
+            "env": "market",
+            "num_envs": 4,
+            "episode_len": 32,
+            "hidden": (32,),
+            "bars": 5000,
+            "test_bars": 1000,
+        },
         run_dir=str(tmp_path),
     )
     results = train(cfg, log=lambda _: None)

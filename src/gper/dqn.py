@@ -75,7 +75,7 @@ class Config:
     """transitions per training step"""
     learning_rate: float | None = None
     """Adam's learning rate"""
-    max_grad_norm: float = 10.0
+    max_grad_norm: float | None = None
     """clip the gradient's global norm to this before each Adam step (0: no clipping)"""
     gamma: float = 0.99
     """discount factor"""
@@ -124,6 +124,10 @@ class Config:
     """report when the mean return of the last 100 episodes first reaches this (cartpole: 475)"""
     episode_len: int = 256
     """market: bars per training episode"""
+    bars: int | None = None
+    """market, synthetic prices: bars to train on"""
+    test_bars: int | None = None
+    """market, synthetic prices: bars of the held-out test series the greedy policy is scored on"""
     cost_bps: float = 1.0
     """market: transaction cost in basis points of the traded position"""
 
@@ -134,15 +138,16 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "cuda": dict(
             total_steps=200_000,
             num_envs=4,
-            hidden=(120, 84),
+            hidden=(256, 256),
             buffer_size=100_000,
-            batch_size=128,
-            learning_rate=2.5e-4,
+            batch_size=256,
+            learning_rate=5e-4,
+            max_grad_norm=10.0,
             tau=1.0,
-            target_every=500,
-            eps_end=0.05,
-            exploration_fraction=0.2,
-            learning_starts=10_000,
+            target_every=200,
+            eps_end=0.01,
+            exploration_fraction=0.1,
+            learning_starts=5_000,
             epoch_steps=10_000,
             solve_return=475.0,
         ),
@@ -151,11 +156,12 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "market": {
         "cuda": dict(
             total_steps=2_000_000,
-            num_envs=256,
+            num_envs=64,
             hidden=(512, 512),
             buffer_size=2**21,
             batch_size=4096,
             learning_rate=1e-4,
+            max_grad_norm=0.0,
             tau=0.005,
             target_every=1,
             eps_end=0.05,
@@ -163,6 +169,8 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             learning_starts=50_000,
             epoch_steps=100_000,
             solve_return=None,
+            bars=400_000,
+            test_bars=100_000,
         ),
         "cpu": dict(
             total_steps=300_000,
@@ -172,6 +180,8 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             batch_size=256,
             learning_starts=10_000,
             epoch_steps=20_000,
+            bars=100_000,
+            test_bars=20_000,
         ),
     },
     "gym": {
@@ -182,6 +192,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             buffer_size=200_000,
             batch_size=128,
             learning_rate=2.5e-4,
+            max_grad_norm=10.0,
             tau=1.0,
             target_every=500,
             eps_end=0.05,
@@ -202,6 +213,8 @@ def pick_device(request: str) -> torch.device:
     device = torch.device(request)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {request!r} asked for, but torch sees no CUDA GPU")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     return device
 
 
@@ -261,7 +274,7 @@ class QNetwork(nn.Module):
         layers: list[nn.Module] = []
         width = obs_dim
         for h in hidden:
-            layers += [nn.Linear(width, h), nn.ReLU()]
+            layers += [nn.Linear(width, h), nn.ReLU(inplace=True)]  # in place: one pass less over memory
             width = h
         layers.append(nn.Linear(width, n_actions))
         self.net = nn.Sequential(*layers)
@@ -287,9 +300,9 @@ def replay_spec(obs_dim: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
 class Agent:
     """Networks, optimizer, replay and the two steps (collect, learn) built from them.
 
-    The device counters ``counters = [env steps, training steps]`` drive epsilon and beta, so the
-    captured steps need nothing from the host. Device sums ``sums = [loss, q, |td|, steps]`` are
-    read once an epoch.
+    The device counters ``counters = [env steps, training steps]`` and the device scalar ``beta_t``
+    drive epsilon and beta, so the captured steps need nothing from the host. The device sums
+    ``sums = [loss, mean q, mean |td|]`` over training steps are read once an epoch.
     """
 
     def __init__(self, cfg: Config, env: VecEnv, rb: gper.PrioritizedReplayBuffer, total_train_steps: int) -> None:
@@ -302,7 +315,8 @@ class Agent:
             self.qnet.parameters(), lr=cfg.learning_rate, capturable=cuda, fused=True if cuda else None
         )
         self.counters = torch.zeros(2, dtype=torch.float64, device=device)
-        self.sums = torch.zeros(4, dtype=torch.float64, device=device)
+        self.sums = torch.zeros(3, dtype=torch.float64, device=device)
+        self.beta_t = torch.full((), cfg.beta, dtype=torch.float32, device=device)
         self.episodes = EpisodeTracker(env.num_envs, device)
         self.obs = env.reset(seed=cfg.seed).clone()
         self.total_train_steps = max(1, total_train_steps)
@@ -344,11 +358,13 @@ class Agent:
     # ---- learn: the five phases of one training step
 
     def beta(self) -> torch.Tensor:
-        frac = (self.counters[1] / self.total_train_steps).clamp(max=1.0)
-        return (self.cfg.beta + (1.0 - self.cfg.beta) * frac).to(torch.float32)
+        """The IS exponent of the next training step: ``beta`` plus a fixed increment per step, up to 1."""
+        return self.beta_t
 
     def _sample(self) -> None:
-        self.s.batch = self.rb.sample(self.cfg.batch_size, beta=self.beta())
+        self.s.batch = self.rb.sample(self.cfg.batch_size, beta=self.beta_t)
+        # anneal in place (two tiny kernels) rather than recomputing from the step counter
+        self.beta_t.add_((1.0 - self.cfg.beta) / self.total_train_steps).clamp_(max=1.0)
 
     def _upload(self) -> None:
         b, s = self.s.batch, self.s
@@ -368,10 +384,12 @@ class Agent:
                 else:
                     next_q = next_target.max(dim=1).values
                 y = s.reward + cfg.gamma * (1.0 - s.done) * next_q
-        s.td = q - y
-        s.loss = (F.huber_loss(q, y, reduction="none", delta=1.0) * s.weights).mean()
-        s.loss.backward()
-        s.q_mean = q.detach().mean()
+        loss = (F.huber_loss(q, y, reduction="none", delta=1.0) * s.weights).mean()
+        loss.backward()
+        # only detached values outlive the step: a kept autograd graph would hold AccumulateGrad
+        # nodes of an earlier step, whose stream then no longer matches a capture's
+        s.td = (q - y).detach()
+        self.sums += torch.stack((loss.detach(), q.detach().mean(), s.td.abs().mean()))
         # the adam phase reads these: a phase-by-phase capture must keep them alive (see PhasedStep)
         s.grads = [p.grad for p in self.qnet.parameters()]
 
@@ -379,17 +397,14 @@ class Agent:
         if self.cfg.max_grad_norm > 0:  # tensor ops only (no .item()): capturable
             nn.utils.clip_grad_norm_(self.qnet.parameters(), self.cfg.max_grad_norm, foreach=True)
         self.optimizer.step()
+        self.counters[1] += 1
         if self.cfg.tau < 1.0:
             with torch.no_grad():
                 torch._foreach_lerp_(list(self.target.parameters()), list(self.qnet.parameters()), self.cfg.tau)
 
     def _per_update(self) -> None:
         s = self.s
-        td = s.td.detach()
-        self.rb.update_priorities(s.batch, td)
-        one = torch.ones((), device=self.device)
-        self.sums += torch.stack((s.loss.detach(), s.q_mean, td.abs().mean(), one)).to(torch.float64)
-        self.counters[1] += 1
+        self.rb.update_priorities(s.batch, s.td)
 
     def sync_target(self) -> None:
         """Hard target update (tau = 1): copy the online network's parameters. Device work only."""
@@ -411,6 +426,7 @@ class Agent:
             "replay": self.rb.state_dict(),
             "counters": self.counters,
             "sums": self.sums,
+            "beta": self.beta_t,
             "episodes": self.episodes.state_dict(),
             "obs": self.obs,
             "env": self.env.state_dict(),
@@ -423,6 +439,7 @@ class Agent:
         self.rb.load_state_dict(state["replay"])
         self.counters.copy_(state["counters"])
         self.sums.copy_(state["sums"])
+        self.beta_t.copy_(state["beta"])
         self.episodes.load_state_dict(state["episodes"])
         self.obs.copy_(state["obs"])
         self.env.load_state_dict(state["env"])
@@ -468,6 +485,8 @@ def build_env(cfg: Config, device: torch.device, split: str = "train") -> VecEnv
     kwargs: dict[str, Any] = {"graph_safe_rng": True} if not cfg.env.startswith("gym:") else {}
     if cfg.env == "market":
         kwargs.update(data=cfg.data, split=split, episode_len=cfg.episode_len, cost_bps=cfg.cost_bps)
+        if cfg.data is None:
+            kwargs.update(n_bars=cfg.bars, test_bars=cfg.test_bars)
     elif cfg.data is not None:
         raise ValueError("--data is for the market environment only")
     return make_env(cfg.env, cfg.num_envs, device, seed=cfg.seed, **kwargs)
@@ -558,7 +577,7 @@ def _loop(
     bar = _progress(cfg, iterations * n, start_it * n)
     t0 = t_epoch = time.perf_counter()
     host_train = sum(1 for it in range(start_train, start_it) if (it - start_train) % cfg.train_every == 0)
-    prev_sums = torch.zeros(4, dtype=torch.float64)
+    prev_sums, prev_train = agent.sums.cpu(), host_train
     epoch_start_it = start_it
     it = start_it
     while it < iterations:
@@ -602,7 +621,7 @@ def _loop(
         phases = timer.summary()
         if phases:
             last_phase = {name: ms for name, (ms, _) in phases.items()}
-        trained = int(delta[3])
+        trained, prev_train = host_train - prev_train, host_train
         metrics = {
             "charts/SPS": steps_in_epoch * n / wall,
             "charts/train_steps_per_s": trained / wall,

@@ -177,6 +177,7 @@ def _agent(cfg: TrainBenchConfig, precision: str, rb, graphs: bool):
         buffer_size=cfg.capacity,
         batch_size=cfg.batch,
         learning_rate=1e-4,
+        max_grad_norm=0.0,
         tau=0.005,
         target_every=1,
         eps_end=0.05,
@@ -313,7 +314,8 @@ def _report(cfg: TrainBenchConfig, env: dict, rows: list[dict], gflop: float, nb
         header_line(env, "bench --train"),
         "",
         f"Network {cfg.obs_dim} -> {' -> '.join(map(str, cfg.hidden))} -> {cfg.n_actions} (double-Q, Huber x IS "
-        f"weights, fused capturable Adam, soft target update), batch {cfg.batch}, replay {cfg.capacity:,} "
+        "weights, fused capturable Adam, soft target update, no gradient clipping: the market preset), "
+        f"batch {cfg.batch}, replay {cfg.capacity:,} "
         f"transitions, {cfg.steps} steps x {cfg.repeats} repeats, median. Times in ms per training step; "
         "phase columns from the by-phase run (one graph per phase, CUDA events between).",
         "",

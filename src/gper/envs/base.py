@@ -14,6 +14,15 @@ from typing import Any, NamedTuple
 import torch
 
 
+def canonical_device(device: torch.device | str) -> torch.device:
+    """``device`` with the index filled in (``cuda`` -> ``cuda:<current>``), so it compares equal to
+    the device of the tensors made on it."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 class Step(NamedTuple):
     """The result of :meth:`VecEnv.step`, every tensor ``[num_envs, ...]`` on the env's device."""
 

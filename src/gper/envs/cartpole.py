@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from gper.envs._rng import EnvRng
-from gper.envs.base import Step, VecEnv
+from gper.envs.base import Step, VecEnv, canonical_device
 
 GRAVITY = 9.8
 MASSCART = 1.0
@@ -69,7 +69,7 @@ class CartPole(VecEnv):
         if not isinstance(num_envs, int) or num_envs < 1:
             raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
         self.num_envs = num_envs
-        self.device = torch.device(device)
+        self.device = canonical_device(device)
         self._rng = EnvRng(self.device, seed, generator, graph_safe_rng)
         self.state = torch.zeros(num_envs, 4, dtype=torch.float64, device=self.device)
         """[N, 4] float64: x, x_dot, theta, theta_dot."""

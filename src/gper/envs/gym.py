@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gper.envs.base import Step, VecEnv
+from gper.envs.base import Step, VecEnv, canonical_device
 
 
 def _import_gymnasium(env_id: str):
@@ -44,7 +44,7 @@ class GymVecEnv(VecEnv):
         gym = _import_gymnasium(env_id)
         self.name = f"gym:{env_id}"
         self.num_envs = num_envs
-        self.device = torch.device(device)
+        self.device = canonical_device(device)
         try:
             self._env = gym.make_vec(
                 env_id,

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from gper.envs._rng import EnvRng
-from gper.envs.base import Step, VecEnv
+from gper.envs.base import Step, VecEnv, canonical_device
 from gper.envs.market_data import SYNTHETIC_KINDS, load_bars_csv, synthetic_prices
 
 N_RETURNS = 40
@@ -139,7 +139,7 @@ class MarketEnv(VecEnv):
         if not (math.isfinite(cost_bps) and cost_bps >= 0):
             raise ValueError(f"cost_bps must be >= 0, got {cost_bps!r}")
         self.num_envs = num_envs
-        self.device = torch.device(device)
+        self.device = canonical_device(device)
         self.episode_len = episode_len
         self.horizon = episode_len
         """Period of feature 50 (steps into the episode / horizon): the training episode length, kept
@@ -185,15 +185,16 @@ class MarketEnv(VecEnv):
         data: str | Path | None = None,
         split: str = "train",
         synthetic_kind: str = "regime",
-        n_bars: int = 25_000,
+        n_bars: int = 400_000,
+        test_bars: int = 20_000,
         test_fraction: float = 0.2,
         **kwargs: Any,
     ) -> MarketEnv:
         """The ``split`` ("train" or "test") of a synthetic market or of a CSV bar file.
 
-        With ``data=None``, ``n_bars`` bars of :func:`synthetic_prices` of ``synthetic_kind`` are made:
-        the train part (``1 - test_fraction`` of them) from ``seed`` and the test part from an
-        independent seed derived from it, so the test split is held-out data of the same law.
+        With ``data=None``, :func:`synthetic_prices` of ``synthetic_kind`` are made: ``n_bars`` for
+        training from ``seed`` (enough that a network cannot memorise the series) and ``test_bars``
+        from an independent seed derived from it, so the test split is held-out data of the same law.
         With a CSV path (:func:`load_bars_csv`), the first ``1 - test_fraction`` of the bars are
         train and the rest test; the test env also gets the :data:`WARMUP` + 1 bars before the split
         as history, so its first decision earns the first held-out return. Both splits are scaled
@@ -206,10 +207,9 @@ class MarketEnv(VecEnv):
         if data is None:
             if synthetic_kind not in SYNTHETIC_KINDS:
                 raise ValueError(f"unknown synthetic_kind {synthetic_kind!r}: expected one of {SYNTHETIC_KINDS}")
-            n_test = round(n_bars * test_fraction)
-            n_train = n_bars - n_test
+            n_train, n_test = n_bars, test_bars
             if min(n_train, n_test) < MIN_BARS:
-                raise ValueError(f"n_bars={n_bars} leaves a split shorter than {MIN_BARS} bars")
+                raise ValueError(f"n_bars and test_bars must be >= {MIN_BARS}, got {n_bars} and {test_bars}")
             train = synthetic_prices(n_train, seed, synthetic_kind)
             test_seed = int(np.random.SeedSequence([int(seed), 1]).generate_state(1)[0])
             prices = train if split == "train" else synthetic_prices(n_test, test_seed, synthetic_kind)

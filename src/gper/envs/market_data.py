@@ -30,7 +30,7 @@ def synthetic_prices(
     kind: str = "regime",
     *,
     vol: float = 0.01,
-    drift: float = 0.1,
+    drift: float = 0.15,
     regime_duration: float = 150.0,
     vol_duration: float = 300.0,
     kappa: float = 0.03,
@@ -43,7 +43,7 @@ def synthetic_prices(
     with ``eps_t ~ N(0, 1)``. The drift regime ``d_t`` in {-1, 0, +1} (down, flat, up) is a Markov
     chain that leaves its state with probability ``1 / regime_duration`` per bar (mean duration
     ``regime_duration`` bars) for one of the other two at random; so in a trend the mean return is
-    ``drift`` (0.1) times the bar's volatility. The volatility ``s_t`` switches between
+    ``drift`` (0.15) times the bar's volatility. The volatility ``s_t`` switches between
     ``0.75 * vol`` and ``1.25 * vol`` (about ``vol`` = 1% per bar overall) with mean duration
     ``vol_duration`` bars.
 
