@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -48,7 +49,9 @@ COLUMNS = [
 ]
 
 
-def run_one(env: str, device: str, name: str, flags: str, seed: int, folder: Path, extra: str) -> dict:
+def run_one(
+    env: str, device: str, name: str, flags: str, seed: int, folder: Path, extra: str, keep: Path | None = None
+) -> dict:
     run_name = f"{name}-s{seed}"
     cmd = [sys.executable, "-m", "gper", "train", "--env", env, "--device", device, "--seed", str(seed)]
     cmd += ["--run-dir", str(folder), "--run-name", run_name, "--progress", "False", "--save", "False"]
@@ -56,6 +59,9 @@ def run_one(env: str, device: str, name: str, flags: str, seed: int, folder: Pat
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     row = {"variant": name, "seed": seed, "flags": flags}
+    if keep is not None and (folder / run_name).exists():
+        shutil.copytree(folder / run_name, keep / run_name, dirs_exist_ok=True)
+        (keep / run_name / "stdout.txt").write_text(proc.stdout + proc.stderr)
     summary = folder / run_name / "summary.json"
     if proc.returncode != 0 or not summary.exists():
         tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
@@ -100,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parallel", type=int, default=3, help="runs at a time")
     p.add_argument("--out", default="benchmarks/results")
     p.add_argument("--label", default="", help="added to the file names")
+    p.add_argument("--keep", help="copy each run's folder (metrics, plot, its output) here")
     args = p.parse_args(argv)
     variants = [v.split(":", 1) if ":" in v else (v, "") for v in (args.variant or ["default:"])]
     env = environment(torch.device(args.device))
@@ -108,9 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     env_for_files = dict(env, slug=f"{args.env.replace(':', '_')}-{env['slug']}{label}")
     files = ResultFiles(Path(args.out), env_for_files, COLUMNS, prefix="train")
     lock = threading.Lock()
+    keep = Path(args.keep) if args.keep else None
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
 
     def job(j: tuple[str, str, int]) -> dict:
-        row = run_one(args.env, args.device, j[0], j[1], j[2], Path(tmp), args.extra)
+        row = run_one(args.env, args.device, j[0], j[1], j[2], Path(tmp), args.extra, keep)
         with lock:  # the CSV grows as runs finish, so a run cut short keeps what it measured
             files.append([row])
         return row

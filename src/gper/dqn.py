@@ -156,7 +156,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "market": {
         "cuda": dict(
             total_steps=2_000_000,
-            num_envs=64,
+            num_envs=256,
             hidden=(512, 512),
             buffer_size=2**21,
             batch_size=4096,
@@ -170,7 +170,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             epoch_steps=100_000,
             solve_return=None,
             bars=400_000,
-            test_bars=100_000,
+            test_bars=50_000,
         ),
         "cpu": dict(
             total_steps=300_000,
@@ -606,13 +606,13 @@ def _loop(
             returns.append(ret)
             runlog.log(step, **{"charts/episodic_return": ret, "charts/episodic_length": length})
         last100 = sum(returns[-100:]) / len(returns[-100:]) if returns else float("nan")
-        if len(returns) >= 100:
-            best = max(best, last100)
-        if solved_at is None and cfg.solve_return is not None and len(returns) >= 100:
-            for k in range(max(100, len(returns) - len(episodes) + 1), len(returns) + 1):
-                if sum(returns[k - 100 : k]) / 100 >= cfg.solve_return:
-                    solved_at = (episodes[k - 1 - (len(returns) - len(episodes))][2], now - t0)
-                    break
+        # every 100-episode window that ends in this epoch: the best one, and the first at solve_return
+        first_new = len(returns) - len(episodes)
+        for k in range(max(100, first_new + 1), len(returns) + 1):
+            window = sum(returns[k - 100 : k]) / 100
+            best = max(best, window)
+            if solved_at is None and cfg.solve_return is not None and window >= cfg.solve_return:
+                solved_at = (episodes[k - 1 - first_new][2], now - t0)
         sums = host["sums"].clone()
         delta = sums - prev_sums
         prev_sums = sums
