@@ -219,6 +219,12 @@ def test_prioritized_and_uniform_draw_different_batches(tmp_path):
     assert any(not torch.equal(pa[k], pb[k]) for k in pa)
 
 
+@pytest.mark.parametrize("sampling", ["rank", "stratified"])
+def test_other_sampling_modes_train(tmp_path, sampling):
+    results = train(Config(**SMOKE, run_dir=str(tmp_path), sampling=sampling), log=lambda _: None)
+    assert results.train_steps == 100 and results.episodes > 0
+
+
 def test_same_seed_same_run(tmp_path):
     a = train(Config(**SMOKE, run_dir=str(tmp_path), run_name="x"), log=lambda _: None)
     b = train(Config(**SMOKE, run_dir=str(tmp_path), run_name="y"), log=lambda _: None)

@@ -87,7 +87,7 @@ class Config:
     double_q: bool = True
     """double-Q targets: the online network picks the next action, the target network values it"""
     sampling: Literal["proportional", "stratified", "rank", "uniform"] = "proportional"
-    """replay sampling; uniform turns prioritization off (IS weights all 1)"""
+    """replay sampling; uniform turns prioritization off (IS weights all 1); rank re-sorts once an epoch"""
     alpha: float = 0.6
     """priority exponent"""
     beta: float = 0.4
@@ -598,6 +598,11 @@ def _loop(
         host = readback.wait()
         now = time.perf_counter()
         wall, t_epoch = now - t_epoch, now
+        if cfg.sampling == "rank":
+            # ranks are re-sorted here, at the epoch's sync: the buffer's own schedule counts host
+            # calls, which graph replays are not; stats() refreshes its count of stored items
+            agent.rb.stats()
+            agent.rb.refresh_ranks()
         episodes, lost = agent.episodes.drain(host)
         if lost:
             log(f"gper train: {lost} finished episodes were not recorded (more than the ring holds in one epoch)")
