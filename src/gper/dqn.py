@@ -335,17 +335,19 @@ class Agent:
 
     # ---- collect: one env step of every environment, into the replay buffer
 
-    def epsilon(self) -> torch.Tensor:
+    def epsilon(self, env_steps: torch.Tensor | float) -> torch.Tensor | float:
+        """Exploration rate after ``env_steps``: linear from eps_start to eps_end, then flat.
+        Works on the device counter (inside the collect graph) and on a host number alike."""
         cfg = self.cfg
-        decay = cfg.exploration_fraction * cfg.total_steps
-        frac = (self.counters[0] / decay).clamp(max=1.0)
+        frac = env_steps / (cfg.exploration_fraction * cfg.total_steps)
+        frac = frac.clamp(max=1.0) if isinstance(frac, torch.Tensor) else min(frac, 1.0)
         return cfg.eps_start + (cfg.eps_end - cfg.eps_start) * frac
 
     def _collect(self) -> None:
         env, n = self.env, self.env.num_envs
         with torch.no_grad():
             greedy = self.qnet(self.obs).argmax(dim=1)
-        explore = torch.rand(n, device=self.device) < self.epsilon()
+        explore = torch.rand(n, device=self.device) < self.epsilon(self.counters[0])
         random_action = torch.randint(0, env.n_actions, (n,), device=self.device)
         action = torch.where(explore, random_action, greedy)
         step = env.step(action)
@@ -356,10 +358,6 @@ class Agent:
         self.obs.copy_(step.obs)
 
     # ---- learn: the five phases of one training step
-
-    def beta(self) -> torch.Tensor:
-        """The IS exponent of the next training step: ``beta`` plus a fixed increment per step, up to 1."""
-        return self.beta_t
 
     def _sample(self) -> None:
         self.s.batch = self.rb.sample(self.cfg.batch_size, beta=self.beta_t)
@@ -570,7 +568,7 @@ def _loop(
     start_train = math.ceil(cfg.learning_starts / n)
     epoch_its = max(1, cfg.epoch_steps // n)
     timer = PhaseTimer(device)
-    readback = AsyncReadback({"sums": agent.sums, "counters": agent.counters, **agent.episodes.snapshot()})
+    readback = AsyncReadback({"sums": agent.sums, "beta": agent.beta_t, **agent.episodes.snapshot()})
     best = -math.inf
     solved_at: tuple[int, float] | None = None
     last_phase: dict[str, float] = {}
@@ -630,8 +628,8 @@ def _loop(
         metrics = {
             "charts/SPS": steps_in_epoch * n / wall,
             "charts/train_steps_per_s": trained / wall,
-            "charts/epsilon": float(agent.epsilon().item()),
-            "charts/beta": float(agent.beta().item()),
+            "charts/epsilon": float(agent.epsilon(env_step)),
+            "charts/beta": float(host["beta"]),
             "charts/mean_return_last100": last100,
         }
         if trained:
