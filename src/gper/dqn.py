@@ -469,12 +469,16 @@ class Results:
     notes: list[str] = dataclasses.field(default_factory=list)
 
 
+def trains_at(cfg: Config, iteration: int) -> bool:
+    """Whether collection iteration ``iteration`` (0-based) is followed by a training step."""
+    start = math.ceil(cfg.learning_starts / cfg.num_envs)
+    return iteration >= start and (iteration - start) % cfg.train_every == 0
+
+
 def plan_steps(cfg: Config) -> tuple[int, int]:
     """(collection iterations, training steps) of a run: the host knows both without asking the GPU."""
     iterations = math.ceil(cfg.total_steps / cfg.num_envs)
-    start = math.ceil(cfg.learning_starts / cfg.num_envs)
-    trains = sum(1 for it in range(start, iterations) if (it - start) % cfg.train_every == 0)
-    return iterations, trains
+    return iterations, sum(trains_at(cfg, it) for it in range(iterations))
 
 
 def build_env(cfg: Config, device: torch.device, split: str = "train") -> VecEnv:
@@ -565,7 +569,6 @@ def _loop(
     log: Any,
 ) -> Results:
     device, n = agent.device, cfg.num_envs
-    start_train = math.ceil(cfg.learning_starts / n)
     epoch_its = max(1, cfg.epoch_steps // n)
     timer = PhaseTimer(device)
     readback = AsyncReadback({"sums": agent.sums, "beta": agent.beta_t, **agent.episodes.snapshot()})
@@ -574,14 +577,14 @@ def _loop(
     last_phase: dict[str, float] = {}
     bar = _progress(cfg, iterations * n, start_it * n)
     t0 = t_epoch = time.perf_counter()
-    host_train = sum(1 for it in range(start_train, start_it) if (it - start_train) % cfg.train_every == 0)
+    host_train = sum(trains_at(cfg, it) for it in range(start_it))
     prev_sums, prev_train = agent.sums.cpu(), host_train
     epoch_start_it = start_it
     it = start_it
     while it < iterations:
         timed = cfg.time_every > 0 and it % cfg.time_every == 0
         agent.collect.run(timer if timed else None)
-        if it >= start_train and (it - start_train) % cfg.train_every == 0:
+        if trains_at(cfg, it):
             agent.learn.run(timer if timed else None)
             host_train += 1
             if cfg.tau >= 1.0 and host_train % cfg.target_every == 0:
