@@ -253,6 +253,12 @@ def test_market_smoke_training_evaluates_on_held_out_prices(tmp_path):
     assert ev["flat_log_pnl"] == 0.0 and ev["bars"] > 100
 
 
+def test_gymnasium_env_trains(tmp_path):
+    pytest.importorskip("gymnasium")
+    results = train(Config(**{**SMOKE, "env": "gym:CartPole-v1"}, run_dir=str(tmp_path)), log=lambda _: None)
+    assert results.env_steps == 600 and results.train_steps == 100 and results.episodes > 0
+
+
 def test_train_command_line(tmp_path, capsys):
     from gper.cli import main
 
