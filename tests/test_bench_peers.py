@@ -139,7 +139,9 @@ def test_exact_coverage_formula_matches_a_simulation(kind):
 
 def test_exactness_checks_run(tmp_path):
     """Every check on gper and the seeds (and on cpprb / TorchRL when installed), with the report written."""
-    peers = ["gper", "seeds"] + [p for p in ("cpprb", "torchrl") if peer_exactness.peer_status(p, CPU)[0]]
+    optional = ("cpprb", "torchrl", "torchrl-fp64")
+    status = peer_exactness.STATUS_PEER
+    peers = ["gper", "seeds"] + [p for p in optional if peer_exactness.peer_status(status.get(p, p), CPU)[0]]
     cfg = peer_exactness.ExactConfig(
         device=CPU,
         peers=peers,
