@@ -11,6 +11,7 @@ kept alive here, because the later graphs were captured reading them.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
@@ -75,7 +76,7 @@ class PhasedStep:
         side = torch.cuda.Stream(self.device) if self.use_graphs else None
         if side is not None:
             side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side) if side is not None else _nothing():
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
             if timer is not None:
                 timer.begin()
             for name, fn in self.phases.items():
@@ -102,11 +103,3 @@ class PhasedStep:
             for fn in self.phases.values():
                 fn()
         self._whole = whole
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
