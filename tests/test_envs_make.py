@@ -13,7 +13,9 @@ from gper.envs.market import MarketEnv
 def test_dispatch():
     env = make_env("cartpole", 2, "cpu", seed=1)
     assert isinstance(env, CartPole) and env.num_envs == 2 and env.device == torch.device("cpu")
-    market = make_env("market", 3, torch.device("cpu"), seed=1, n_bars=2000, test_bars=400, split="test", episode_len=16)
+    market = make_env(
+        "market", 3, torch.device("cpu"), seed=1, n_bars=2000, test_bars=400, split="test", episode_len=16
+    )
     assert isinstance(market, MarketEnv) and market.episode_len == 16 and len(market.prices) == 400
 
 
