@@ -166,27 +166,26 @@ def _time_steps(run, steps: int, repeats: int, device: torch.device) -> tuple[fl
 
 
 def _agent(cfg: TrainBenchConfig, precision: str, rb, graphs: bool):
-    from gper.dqn import Agent, Config
+    """The trainer's agent with the market preset's learning settings (learning rate, no clipping,
+    soft target updates), on the bench's network, batch and replay."""
+    from gper.dqn import Agent, Config, resolve
 
-    dqn_cfg = Config(
-        env="market",
-        device=str(cfg.device),
-        total_steps=10**9,
-        num_envs=1,
-        hidden=cfg.hidden,
-        buffer_size=cfg.capacity,
-        batch_size=cfg.batch,
-        learning_rate=1e-4,
-        max_grad_norm=0.0,
-        tau=0.005,
-        target_every=1,
-        eps_end=0.05,
-        exploration_fraction=0.5,
-        learning_starts=cfg.batch,
-        epoch_steps=1,
-        precision=precision,
-        cuda_graphs=graphs,
-        seed=cfg.seed,
+    dqn_cfg = resolve(
+        Config(
+            env="market",
+            device=str(cfg.device),
+            total_steps=10**9,
+            num_envs=1,
+            hidden=cfg.hidden,
+            buffer_size=cfg.capacity,
+            batch_size=cfg.batch,
+            learning_starts=cfg.batch,
+            epoch_steps=1,
+            precision=precision,
+            cuda_graphs=graphs,
+            seed=cfg.seed,
+        ),
+        torch.device("cuda"),  # the GPU preset's settings also when the bench runs on the CPU
     )
     return Agent(dqn_cfg, _Shape(cfg.obs_dim, cfg.n_actions, cfg.device), rb, total_train_steps=10**6)
 
