@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from gper.dqn import PRESETS, Config, QNetwork, plan_steps, resolve, train
+from gper.dqn import PRESETS, Config, QNetwork, padded_width, plan_steps, resolve, setup, train
 from gper.training.episodes import EpisodeTracker
 from gper.training.phases import PhasedStep
 from gper.training.readback import AsyncReadback
@@ -51,6 +51,15 @@ def test_phased_step_runs_phases_in_order_on_cpu():
 def test_phased_step_needs_a_phase():
     with pytest.raises(ValueError, match="at least one phase"):
         PhasedStep({}, CPU)
+
+
+def test_phased_step_concurrent_phases_must_exist_and_run_in_order_eagerly():
+    with pytest.raises(ValueError, match=r"concurrent phases \['c'\]"):
+        PhasedStep({"a": lambda: None}, CPU, concurrent=("c",))
+    calls = []
+    step = PhasedStep({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, CPU, concurrent=("a",))
+    step.run()
+    assert calls == ["a", "b"]
 
 
 def test_phase_line_has_the_users_format():
@@ -175,6 +184,19 @@ def test_network_shape():
     net = QNetwork(51, 45, (512, 512))
     assert net(torch.zeros(3, 51)).shape == (3, 45)
     assert sum(p.numel() for p in net.parameters()) == 51 * 512 + 512 + 512 * 512 + 512 + 512 * 45 + 45
+
+
+def test_agent_pads_observations_to_16_bytes():
+    assert [padded_width(d) for d in (1, 4, 5, 51, 52)] == [4, 4, 8, 52, 52]
+    cfg, agent, _ = setup(Config(**(SMOKE | dict(env="market", bars=3000, test_bars=1000, num_envs=4))))
+    assert agent.env.obs_dim == 51 and agent.obs_width == 52 and agent.qnet.net[0].in_features == 52
+    assert agent.rb.spec["obs"] == ((52,), torch.float32)
+    for _ in range(3):
+        agent.collect.run()
+    rows = agent.rb.storage["obs"][: len(agent.rb)]
+    assert len(agent.rb) == 12 and torch.all(rows[:, 51] == 0) and torch.any(rows[:, :51] != 0)
+    assert torch.all(agent.rb.storage["next_obs"][:12, 51] == 0)
+    assert agent.greedy(torch.zeros(5, 51)).shape == (5,)
 
 
 # ---------------------------------------------------------------------------- training

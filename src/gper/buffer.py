@@ -310,21 +310,27 @@ class PrioritizedReplayBuffer:
 
     # ------------------------------------------------------------------ sample
 
-    def _set_beta(self, beta: float | torch.Tensor | None) -> None:
-        """Put this call's beta in the device scalar the sampling kernel reads."""
+    def _set_beta(self, beta: float | torch.Tensor | None) -> torch.Tensor:
+        """The 0-d float32 device tensor the sampling kernel reads this call's beta from.
+
+        A float32 tensor of the caller's is read where it is (no copy kernel) unless the call
+        replays the buffer's own graph, whose kernel reads the buffer's scalar."""
         if isinstance(beta, torch.Tensor):
             if beta.dim() != 0 or not beta.dtype.is_floating_point or beta.device != self.device:
                 raise ValueError(
                     f"beta tensor must be a 0-d float tensor on {self.device}, got shape {tuple(beta.shape)} "
                     f"{beta.dtype} on {beta.device}"
                 )
+            if beta.dtype == torch.float32 and not self._use_graphs():
+                return beta
             self._beta.copy_(beta)
             self._beta_written = None
-            return
+            return self._beta
         value = self.beta if beta is None else _check_unit("beta", beta)
         if value != self._beta_written:
             self._beta.fill_(value)
             self._beta_written = value
+        return self._beta
 
     @_on_own_device
     def sample(self, batch_size: int, beta: float | torch.Tensor | None = None) -> SampledBatch:
@@ -345,10 +351,10 @@ class PrioritizedReplayBuffer:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if self._size == 0:
             raise RuntimeError("sample(): the buffer is empty; add() transitions first")
-        self._set_beta(beta)
+        beta_t = self._set_beta(beta)
         if self._use_graphs():
             return self._sample_graphed(batch_size)
-        return self._batch_of(self._split(self._sample(batch_size), batch_size))
+        return self._batch_of(self._split(self._sample(batch_size, beta_t), batch_size))
 
     def _split(self, flat: torch.Tensor, b: int) -> dict[str, torch.Tensor]:
         """The parts of a flat sample output: rows [B*W], indices [2B as int64], generations [B], weights [B]."""
@@ -383,8 +389,9 @@ class PrioritizedReplayBuffer:
             slots.append(SampleSlot(graph, static, tensors))
         return self._batch_of(self._split(flat, b))
 
-    def _sample(self, b: int) -> torch.Tensor:
-        """Sample ``b`` draws into one flat int32 tensor (see :meth:`_split` for its parts)."""
+    def _sample(self, b: int, beta: torch.Tensor | None = None) -> torch.Tensor:
+        """Sample ``b`` draws into one flat int32 tensor (see :meth:`_split` for its parts);
+        ``beta`` is the 0-d float32 tensor the kernel reads (default the buffer's scalar)."""
         flat = torch.empty(b * (self._rows_layout.words + 4), dtype=torch.int32, device=self.device)
         out = self._split(flat, b)
         self._ops.sample(
@@ -397,7 +404,7 @@ class PrioritizedReplayBuffer:
             self.seed,
             b,
             _MODES[self.sampling],
-            self._beta,
+            self._beta if beta is None else beta,
             out["rows"],
             out["indices"],
             out["generations"],

@@ -1,7 +1,8 @@
 """What a transition holds, and how its fields are packed into one storage row.
 
 Every field of a slot lives in one row of a ``[capacity, row_bytes]`` uint8 tensor (row_bytes
-a multiple of 16), fields ordered by element size so each stays aligned. Sampling then gathers
+a multiple of 16), fields ordered by alignment (the largest power of two up to 16 dividing their
+byte size) so each stays aligned, and fields of a multiple of 16 bytes start 16-byte aligned. Sampling then gathers
 one contiguous row per draw, a single launch for all fields, and the row start is 16-byte
 aligned so the loads vectorise (measured 1.5x faster than separate arrays for ``obs`` and
 ``next_obs``: ``shared/research/algorithms.md`` section 0). Users see each field as an ordinary
@@ -52,6 +53,15 @@ def _parse_one(name: object, entry: object) -> tuple[tuple[int, ...], torch.dtyp
     return shape, dtype
 
 
+def _alignment(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    """The largest power of two up to 16 dividing the field's byte size (at least its element size).
+
+    Fields whose size is a multiple of 16 bytes (an ``obs`` of 52 float32, say) go first and start
+    16-byte aligned in every row, so a batch's field is a strided view a matmul reads as it is."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    return min(_ROW_ALIGN, nbytes & -nbytes)
+
+
 @dataclass(frozen=True)
 class RowLayout:
     """Byte layout of one storage row.
@@ -71,8 +81,8 @@ class RowLayout:
             raise ValueError("spec must be a non-empty mapping {name: (shape, dtype)}")
         parsed = {name: _parse_one(name, entry) for name, entry in spec.items()}
         offsets, end = {}, 0
-        # widest elements first: every offset is then a multiple of its element size
-        for name in sorted(parsed, key=lambda n: -parsed[n][1].itemsize):
+        # most aligned first: every offset is then a multiple of its field's alignment
+        for name in sorted(parsed, key=lambda n: -_alignment(*parsed[n])):
             shape, dtype = parsed[name]
             offsets[name] = end
             end += math.prod(shape) * dtype.itemsize

@@ -1,15 +1,17 @@
 """``gper bench --train``: the DQN training step of :mod:`gper.dqn`, with and without replay.
 
 What is timed, for each precision (TF32, FP32, bf16 autocast), on the trainer's own step
-(:class:`gper.dqn.Agent`, the user's 51 -> 512 -> 512 -> 45 network by default):
+(:class:`gper.dqn.Agent`, the user's 51 -> 512 -> 512 -> 45 network by default; the agent pads
+the 51 inputs to 52 zero-filled columns, see :func:`gper.dqn.padded_width`):
 
-* ``replay, one graph``: per_sample -> upload -> fwd_bwd -> adam -> per_update, replayed as one
-  CUDA graph back to back; CUDA events around the replays give GPU time per step, the host clock
-  around the same replays (plus one final sync) gives wall time per step.
+* ``replay, one graph``: per_sample -> upload -> fwd_bwd -> (adam alongside per_update), replayed
+  as one CUDA graph back to back; CUDA events around the replays give GPU time per step, the host
+  clock around the same replays (plus one final sync) gives wall time per step.
 * ``fixed batch, one graph``: the same upload -> fwd_bwd -> adam fed from a fixed tensor batch
   (IS weights 1, no sample, no priority update): the bare learning step, for the replay overhead.
 * ``replay, by phase``: one graph per phase with CUDA events between them, as the trainer's
-  timed steps run: the per-phase times.
+  timed steps run: the per-phase times (here per_update runs after adam, not alongside it, so
+  the phase times can add up to more than the one-graph step).
 * ``replay, eager`` (TF32 only): every phase as plain launches (no graphs).
 
 It also counts the step's floating-point work and memory traffic (:func:`step_flops`,
@@ -197,9 +199,10 @@ def _fixed_step(agent, cfg: TrainBenchConfig):
     fixed = copy.copy(agent)
     fixed.s = SimpleNamespace()
     gen = torch.Generator(device=cfg.device).manual_seed(1)
+    width = agent.obs_width  # the agent's padded input, as the replay's rows hold it
     batch = _FixedBatch(
-        obs=torch.randn(cfg.batch, cfg.obs_dim, device=cfg.device, generator=gen),
-        next_obs=torch.randn(cfg.batch, cfg.obs_dim, device=cfg.device, generator=gen),
+        obs=torch.randn(cfg.batch, width, device=cfg.device, generator=gen),
+        next_obs=torch.randn(cfg.batch, width, device=cfg.device, generator=gen),
         action=torch.randint(0, cfg.n_actions, (cfg.batch,), device=cfg.device, generator=gen),
         reward=torch.randn(cfg.batch, device=cfg.device, generator=gen),
         done=torch.zeros(cfg.batch, device=cfg.device),
@@ -212,20 +215,21 @@ def _fixed_step(agent, cfg: TrainBenchConfig):
 
 def run_train_bench(cfg: TrainBenchConfig, log=print) -> list[dict]:
     """Time the training step as the module docstring says; print the table; write the result files."""
-    from gper.dqn import replay_spec
+    from gper.dqn import padded_width, replay_spec
     from gper.training.timing import PhaseTimer
 
     device = cfg.device
     env = environment(device)
     log(header_line(env, "bench --train"))
+    width = padded_width(cfg.obs_dim)  # what the trainer stores and learns from
     log(
-        f"network {cfg.obs_dim} -> {' -> '.join(map(str, cfg.hidden))} -> {cfg.n_actions}, batch {cfg.batch}, "
-        f"replay {cfg.capacity:,} transitions; filling the replay..."
+        f"network {cfg.obs_dim} (padded to {width}) -> {' -> '.join(map(str, cfg.hidden))} -> {cfg.n_actions}, "
+        f"batch {cfg.batch}, replay {cfg.capacity:,} transitions; filling the replay..."
     )
-    rb = gper.PrioritizedReplayBuffer(cfg.capacity, replay_spec(cfg.obs_dim), device=device, seed=cfg.seed)
-    _fill(rb, cfg.obs_dim, cfg.n_actions, device)
-    gflop = step_flops(cfg.obs_dim, cfg.hidden, cfg.n_actions, cfg.batch) / 1e9
-    nbytes = step_bytes(cfg.obs_dim, cfg.hidden, cfg.n_actions, cfg.batch)
+    rb = gper.PrioritizedReplayBuffer(cfg.capacity, replay_spec(width), device=device, seed=cfg.seed)
+    _fill(rb, width, cfg.n_actions, device)
+    gflop = step_flops(width, cfg.hidden, cfg.n_actions, cfg.batch) / 1e9
+    nbytes = step_bytes(width, cfg.hidden, cfg.n_actions, cfg.batch)
     rows = []
     saved_tf32 = torch.backends.cuda.matmul.allow_tf32
     try:
@@ -291,6 +295,8 @@ def _fmt(v, digits: int = 3) -> str:
 
 
 def _report(cfg: TrainBenchConfig, env: dict, rows: list[dict], gflop: float, nbytes: float, log) -> None:
+    from gper.dqn import padded_width
+
     headers = ["precision", "mode", "ms/step (GPU)", "ms/step (wall)", "busy %", "replay +%", "x floor"]
     headers += ["per_sample", "upload", "fwd_bwd", "adam", "per_update"]
     keys = ["ms_per_step", "wall_ms_per_step", "busy_pct", "replay_overhead_pct", "x_floor"]
@@ -312,18 +318,21 @@ def _report(cfg: TrainBenchConfig, env: dict, rows: list[dict], gflop: float, nb
         "",
         header_line(env, "bench --train"),
         "",
-        f"Network {cfg.obs_dim} -> {' -> '.join(map(str, cfg.hidden))} -> {cfg.n_actions} (double-Q, Huber x IS "
+        f"Network {cfg.obs_dim} (inputs padded to {padded_width(cfg.obs_dim)} with zeros) -> "
+        f"{' -> '.join(map(str, cfg.hidden))} -> {cfg.n_actions} (double-Q, Huber x IS "
         "weights, fused capturable Adam, soft target update, no gradient clipping: the market preset), "
         f"batch {cfg.batch}, replay {cfg.capacity:,} "
         f"transitions, {cfg.steps} steps x {cfg.repeats} repeats, median. Times in ms per training step; "
-        "phase columns from the by-phase run (one graph per phase, CUDA events between).",
+        "phase columns from the by-phase run (one graph per phase, CUDA events between, every phase in "
+        "turn; the one-graph step runs per_update alongside adam).",
         "",
         format_markdown(headers, table, right),
         "",
         floor + ".",
         "",
-        "busy % = sum of the GPU phase times / wall time per step (one graph) for the replay rows; GPU time / "
-        "wall time for the fixed-batch row. replay +% = (replay step / fixed-batch step - 1), same precision.",
+        "busy % = sum of the GPU phase times / wall time per step (one graph) for the replay rows (over 100 "
+        "when phases overlap); GPU time / wall time for the fixed-batch row. "
+        "replay +% = (replay step / fixed-batch step - 1), same precision.",
         "",
     ]
     files.write_markdown("\n".join(md))

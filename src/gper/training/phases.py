@@ -7,6 +7,11 @@ read and write the same parameters, optimizer state and replay buffer, so either
 step. Each phase is a function of no arguments that leaves its outputs where the next phase
 finds them (attributes of a shared namespace); the tensors a phase-by-phase capture made are
 kept alive here, because the later graphs were captured reading them.
+
+Phases named in ``concurrent`` run, in the one-graph step, on a side stream forked where they
+appear and joined at the end of the step, so the phases after them run alongside (the trainer
+updates priorities while Adam steps: neither reads what the other writes). Eagerly and phase by
+phase they run in order, so the timed steps measure each phase alone.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ class PhasedStep:
         warmup: eager steps before capture, on a side stream as PyTorch's capture guide asks
             (lazy initialisation of cuBLAS workspaces and optimizer state happens there).
         state: the namespace the phases share; kept alive with everything captured in it.
+        concurrent: phases that the one-graph step runs on a side stream, alongside the phases
+            after them; they must not touch what those read or write.
     """
 
     def __init__(
@@ -38,10 +45,15 @@ class PhasedStep:
         use_graphs: bool = True,
         warmup: int = 3,
         state: object | None = None,
+        concurrent: tuple[str, ...] = (),
     ) -> None:
         if not phases:
             raise ValueError("a step needs at least one phase")
+        unknown = [name for name in concurrent if name not in phases]
+        if unknown:
+            raise ValueError(f"concurrent phases {unknown} are not among the phases {list(phases)}")
         self.phases = dict(phases)
+        self.concurrent = tuple(concurrent)
         self.names = tuple(self.phases)
         self.device = torch.device(device)
         self.use_graphs = bool(use_graphs) and self.device.type == "cuda"
@@ -99,7 +111,16 @@ class PhasedStep:
         if self._state is not None:
             self._kept.append(dict(vars(self._state)))  # the phase graphs read these addresses
         whole = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream(self.device)
         with torch.cuda.graph(whole):
-            for fn in self.phases.values():
-                fn()
+            main = torch.cuda.current_stream(self.device)
+            for name, fn in self.phases.items():
+                if name in self.concurrent:
+                    side.wait_stream(main)  # forks the capture: a parallel branch of the graph
+                    with torch.cuda.stream(side):
+                        fn()
+                else:
+                    fn()
+            if self.concurrent:
+                main.wait_stream(side)  # joins it before the step ends
         self._whole = whole
