@@ -17,6 +17,7 @@ phase they run in order, so the timed steps measure each phase alone.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -105,8 +106,10 @@ class PhasedStep:
         pool = torch.cuda.graph_pool_handle()
         for name, fn in self.phases.items():
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                fn()
+            with warnings.catch_warnings():  # a phase may launch nothing (the trainer's upload)
+                warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
+                with torch.cuda.graph(graph, pool=pool):
+                    fn()
             self._by_phase.append((name, graph))
         if self._state is not None:
             self._kept.append(dict(vars(self._state)))  # the phase graphs read these addresses
