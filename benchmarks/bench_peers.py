@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import gc
 import importlib.metadata
 import importlib.util
@@ -93,7 +94,9 @@ OPS = ("sample", "update", "step", "add", "step+add")
 #: in the order they run (the targets' peers first, so a run cut short by --deadline-s keeps them)
 PEERS = ("gper", "torchrl", "torchrl-td", "flashbax", "cpprb", "flashbax-x64", "seeds", "multinomial")
 JAX_PEERS = ("flashbax", "flashbax-x64")
-MODES = ("graph", "eager", "jit", "jit-split")
+MODES = ("graph", "eager", "jit", "jit-split", "jit-scan")
+#: PER steps per call of flashbax's ``jit-scan`` mode (a jitted lax.scan: JAX's counterpart of a CUDA graph)
+SCAN_STEPS = 64
 COLUMNS = ("impl", "op", "capacity", "batch", "mode", "median_us", "x_gper_eager", "x_gper_graph")
 COLUMNS += ("min_us", "max_us", "iters", "repeats", "status", "note")
 #: the order implementations are listed in, in tables and in the plot
@@ -136,7 +139,8 @@ WHERE_TIME_GOES = {
     "flashbax": "sample: a vmapped descent per sample (fori_loop, a lax.cond per level) and a gather of two items per "
     "sample; set_priorities and add: on GPU set_batch_bincount, whose bincount spans the whole capacity (O(N) a "
     "call), then level-by-level scatter-adds of deltas; on CPU set_batch_scan, one point update after another. "
-    "A single jitted step that samples and updates makes XLA copy the tree (O(N)); separate calls (jit-split) don't.",
+    "A single jitted step that samples and updates makes XLA copy the tree (O(N)); separate calls (jit-split) don't. "
+    "Each call also pays JAX's host-side dispatch; jit-scan (64 steps in one jitted lax.scan) shows the device time.",
     "flashbax-x64": "as flashbax with a float64 tree and probabilities (its stratified draws stay float32).",
     SEEDS: "a cumsum over all N priorities on every sample (O(N)), then searchsorted and the gathers.",
     MULTINOMIAL: "torch.multinomial over all N priorities on every sample (O(N)); it refuses more than 2^24.",
@@ -376,6 +380,10 @@ class Peer:
 
     def op(self, impl: str, name: str, b: int, mode: str = "eager") -> Callable[[], object]:
         raise NotImplementedError
+
+    def steps_per_call(self, mode: str) -> int:
+        """PER steps one call of ``op(..., mode)`` makes (its times are divided by this)."""
+        return 1
 
     def sync(self, out: object) -> None:
         synchronize(self.device)
@@ -725,7 +733,21 @@ class FlashbaxPeer(Peer):
         def step_add(state, key, new, td):
             return step(buffer.add(state, new), key, td)
 
+        def steps(state, key, td):
+            # SCAN_STEPS PER steps in one compiled loop; a checksum of every sampled field keeps XLA
+            # from dropping the gathers of a batch nobody reads
+            def body(carry, _):
+                state, key, acc = carry
+                state, key, batch, weights = step(state, key, td)
+                leaves = jax.tree_util.tree_leaves(batch)
+                acc = acc + weights.sum() + sum(jnp.sum(x.astype(jnp.float32)) for x in leaves)
+                return (state, key, acc), None
+
+            (state, key, acc), _ = jax.lax.scan(body, (state, key, jnp.float32(0)), None, length=SCAN_STEPS)
+            return state, key, acc
+
         self.f_sample = jax.jit(sample)
+        self.f_steps = jax.jit(steps, donate_argnums=0)
         self.f_update = jax.jit(update, donate_argnums=0)
         self.f_step = jax.jit(step, donate_argnums=0)
         self.f_add = jax.jit(buffer.add, donate_argnums=0)
@@ -756,6 +778,10 @@ class FlashbaxPeer(Peer):
             self.state, self.key, batch, weights = self.f_step_add(self.state, self.key, new, td)
             return self.state, batch, weights
 
+        def step_scan():
+            self.state, self.key, acc = self.f_steps(self.state, self.key, td)
+            return self.state, acc
+
         def step_split():
             self.key, batch, weights, drawn = self.f_sample(self.state, self.key)
             self.state = self.f_update(self.state, drawn, td)
@@ -769,12 +795,20 @@ class FlashbaxPeer(Peer):
             index = self.f_sample(self.state, self.key)[3]
         if mode == "jit-split":
             return {"step": step_split, "step+add": step_add_split}[name]
+        if mode == "jit-scan":
+            return step_scan
         return {"sample": sample, "update": update, "step": step, "add": add, "step+add": step_add}[name]
 
     def modes_of(self, op: str) -> tuple[str, ...]:
         # one jitted function, as in a jitted training step; and separate jitted calls, which spare XLA the
         # copy of the tree that it makes when one function both reads it (sample) and updates it in place
-        return ("jit", "jit-split") if op in ("step", "step+add") else ("jit",)
+        # and the step as a compiled loop (jit-scan), as a training loop written in JAX would run it
+        return (
+            ("jit", "jit-split", "jit-scan") if op == "step" else ("jit", "jit-split") if op == "step+add" else ("jit",)
+        )
+
+    def steps_per_call(self, mode: str) -> int:
+        return SCAN_STEPS if mode == "jit-scan" else 1
 
     def sync(self, out: object) -> None:
         self.jax.block_until_ready(out)
@@ -846,6 +880,15 @@ def _cell(cfg: PeersConfig, peer: Peer, impl: str, op: str, cap: int, b: int, mo
     try:
         cfg.check_deadline()
         t = measure(cfg, peer, peer.op(impl, op, b, mode), mode)
+        k = peer.steps_per_call(mode)
+        if k > 1:
+            t = dataclasses.replace(
+                t,
+                median_us=t.median_us / k,
+                min_us=t.min_us / k,
+                max_us=t.max_us / k,
+                samples_us=tuple(x / k for x in t.samples_us),
+            )
     except Skip as e:
         row.status, row.note = "skipped", str(e)
     except Exception as e:
@@ -1060,7 +1103,7 @@ def _times(x: float | None) -> str:
 
 def _label(impl: str, mode: str) -> str:
     """``impl`` alone where it is called one way only, else with its mode."""
-    if mode in ("graph", "jit-split") or impl.startswith("gper") or impl in (SEEDS, MULTINOMIAL):
+    if mode in ("graph", "jit-split", "jit-scan") or impl.startswith("gper") or impl in (SEEDS, MULTINOMIAL):
         return f"{impl} {mode}"
     return impl
 
@@ -1085,9 +1128,10 @@ def summary(rows: list[Row], op: str) -> tuple[list[str], list[list[str]], list[
 def headline(rows: list[Row], device: torch.device) -> tuple[str, tuple] | None:
     """gper's step against each peer's at 2^24 (or the largest capacity measured), at the largest and smallest batch.
 
-    Each peer is taken in its fastest way of calling (for flashbax, the better of one jitted step
-    and separate jitted calls). Where gper ran as a graph too, both ratios are given, and on CUDA
-    the issue's targets beside them (they were set for the H200 at 2^24).
+    Each peer is taken in its fastest way of calling one step (for flashbax, the better of one
+    jitted step and separate jitted calls), and, where it ran, as a compiled loop of steps too
+    (flashbax's jit-scan): a line each. Where gper ran as a graph too, both ratios are given, and
+    on CUDA the issue's targets beside them (they were set for the H200 at 2^24).
     """
     step = {(r.impl, r.capacity, r.batch, r.mode): r.median_us for r in rows if r.op == "step" and r.median_us}
     caps = sorted({c for _, c, _, _ in step})
@@ -1109,25 +1153,31 @@ def headline(rows: list[Row], device: torch.device) -> tuple[str, tuple] | None:
     for p in peers:
         for b in batches:
             ways = {m: v for (i, c, bb, m), v in step.items() if (i, c, bb) == (p, cap, b) and m != "graph"}
-            if not ways:
-                continue
-            mode, t = min(ways.items(), key=lambda kv: kv[1])
-            gg, ge = g.get((b, "graph")), g.get((b, "eager"))
-            rg, re = (t / gg if gg else None), (t / ge if ge else None)
-            line = [p if mode in ("eager", "jit") else f"{p} ({mode})", str(b), _us(t)]
-            line += [_us(gg), _times(rg)] if graph else []
-            line += [_us(ge), _times(re)]
-            if targets:
-                fam = "flashbax" if p.startswith("flashbax") else "torchrl" if p.startswith("torchrl") else None
-                tg, te = TARGETS.get((fam, b, "graph")), TARGETS.get((fam, b, "eager"))
-                line.append(" / ".join(f"{x}x {_met(v, x)}" if x else "-" for v, x in ((rg, tg), (re, te))))
-            lines.append(line)
+            per_call = {m: v for m, v in ways.items() if m != "jit-scan"}
+            best = [min(per_call.items(), key=lambda kv: kv[1])] if per_call else []
+            best += [("jit-scan", ways["jit-scan"])] if "jit-scan" in ways else []
+            for mode, t in best:
+                lines.append(_headline_line(p, b, mode, t, g, graph, targets))
     if not lines:
         return None
     title = (
         f"step (sample + update) at {format_capacity(cap)}: peer's time over gper's ({ours}); above 1, gper is faster"
     )
     return title, (headers, lines, [False] + [True] * (len(headers) - 1))
+
+
+def _headline_line(p: str, b: int, mode: str, t: float, g: dict, graph: bool, targets: bool) -> list[str]:
+    """One headline row: peer ``p`` at batch ``b`` called as ``mode`` (``t`` us) against gper's graph and eager."""
+    gg, ge = g.get((b, "graph")), g.get((b, "eager"))
+    rg, re = (t / gg if gg else None), (t / ge if ge else None)
+    line = [p if mode in ("eager", "jit") else f"{p} ({mode})", str(b), _us(t)]
+    line += [_us(gg), _times(rg)] if graph else []
+    line += [_us(ge), _times(re)]
+    if targets:
+        fam = "flashbax" if p.startswith("flashbax") else "torchrl" if p.startswith("torchrl") else None
+        tg, te = TARGETS.get((fam, b, "graph")), TARGETS.get((fam, b, "eager"))
+        line.append(" / ".join(f"{x}x {_met(v, x)}" if x else "-" for v, x in ((rg, tg), (re, te))))
+    return line
 
 
 def _met(ratio: float | None, target: int) -> str:

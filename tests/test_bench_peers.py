@@ -74,9 +74,12 @@ def test_jax_peer_in_a_subprocess(tmp_path):
     if not bench_peers.peer_status("flashbax", CPU)[0]:
         pytest.skip("flashbax / jax not installed")
     rows, info = bench_peers.run(_config(tmp_path, ["flashbax"], ops=["step", "step+add"], plot=False))
-    # one jitted function, and separate jitted calls (whose results must outlive the state they donate)
+    # one jitted function, separate jitted calls (whose results must outlive the state they donate), and
+    # for the step a jitted loop of SCAN_STEPS steps
     assert [(r.impl, r.op, r.mode, r.status) for r in rows] == [
-        ("flashbax", op, mode, "ok") for op in ("step", "step+add") for mode in ("jit", "jit-split")
+        ("flashbax", op, mode, "ok")
+        for op, modes in (("step", ("jit", "jit-split", "jit-scan")), ("step+add", ("jit", "jit-split")))
+        for mode in modes
     ], [r.note for r in rows]
     assert "jax" in info["versions"]["flashbax"]
     assert not list(tmp_path.glob("*.png"))
