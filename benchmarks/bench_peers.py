@@ -740,7 +740,8 @@ class FlashbaxPeer(Peer):
                 state, key, acc = carry
                 state, key, batch, weights = step(state, key, td)
                 leaves = jax.tree_util.tree_leaves(batch)
-                acc = acc + weights.sum() + sum(jnp.sum(x.astype(jnp.float32)) for x in leaves)
+                total = weights.sum() + sum(jnp.sum(x.astype(jnp.float32)) for x in leaves)
+                acc = acc + total.astype(jnp.float32)  # float64 under x64: the carry keeps its type
                 return (state, key, acc), None
 
             (state, key, acc), _ = jax.lax.scan(body, (state, key, jnp.float32(0)), None, length=SCAN_STEPS)
