@@ -850,7 +850,7 @@ def run_group(cfg: PeersConfig, cap: int, build: Callable[[], Peer], impls: tupl
     if peer is None:
         _free(cfg.device)
         log(f"  {', '.join(impls)} at {format_capacity(cap)}: {status}: {why}")
-        return [Row(i, op, cap, b, "eager", status=status, note=why) for b, i, op in plan]
+        return [Row(i, op, cap, b, _plain_mode(i), status=status, note=why) for b, i, op in plan]
     log(f"  {', '.join(impls)}: filled {cap:,} slots in {time.perf_counter() - t0:.1f} s")
     rows: list[Row] = []
     try:
@@ -862,7 +862,7 @@ def run_group(cfg: PeersConfig, cap: int, build: Callable[[], Peer], impls: tupl
                 status = "oom" if _is_oom(e) else "error"
                 _free(cfg.device)
                 note = f"{type(e).__name__}: {_first_line(e)}"
-                rows += [Row(i, op, cap, bb, "eager", status=status, note=note) for bb, i, op in plan if bb == b]
+                rows += [Row(i, op, cap, bb, _plain_mode(i), status=status, note=note) for bb, i, op in plan if bb == b]
                 continue
             for impl in peer.impls:
                 for op in (op for op in cfg.ops if op in peer.ops_of(impl)):
@@ -874,6 +874,11 @@ def run_group(cfg: PeersConfig, cap: int, build: Callable[[], Peer], impls: tupl
         del peer
         _free(cfg.device)
     return rows
+
+
+def _plain_mode(impl: str) -> str:
+    """How ``impl`` is called when nothing else is said: the mode a row that never ran is filed under."""
+    return "jit" if impl in JAX_PEERS else "eager"
 
 
 def _cell(cfg: PeersConfig, peer: Peer, impl: str, op: str, cap: int, b: int, mode: str) -> Row:

@@ -95,6 +95,7 @@ def test_skips_are_recorded(tmp_path, monkeypatch):
     monkeypatch.setattr(bench_peers, "GperPeer", slow)
     rows, _ = bench_peers.run(cfg)
     assert [(r.status, r.note) for r in rows] == [("skipped", "filling would take about 999 s (over --max-fill-s 1)")]
+    assert rows[0].mode == "eager" and bench_peers._plain_mode("flashbax-x64") == "jit"  # JAX peers are jitted
 
 
 def test_deadline_skips_the_rest(tmp_path):

@@ -136,7 +136,7 @@ class Config:
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "cartpole": {
         "cuda": dict(
-            total_steps=200_000,
+            total_steps=300_000,  # H200: 5 of 5 seeds reached 475 within it; 5 of 6 within 200k
             num_envs=4,
             hidden=(256, 256),
             buffer_size=100_000,
@@ -151,7 +151,8 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             epoch_steps=10_000,
             solve_return=475.0,
         ),
-        "cpu": {},  # cartpole is small: the same on the CPU
+        # cartpole is small: the same on the CPU, but shorter (3 of 3 seeds reached 475 within 200k there)
+        "cpu": dict(total_steps=200_000),
     },
     "market": {
         "cuda": dict(
