@@ -311,3 +311,21 @@ def test_stratified_descent_rescales_when_a_parent_disagrees_with_its_children(o
     # total 20: the first node owns 8/20 of the 1000 strata, 100 for each of its leaves; the rest 50 each
     want = [100] * 4 + [50] * 12
     assert all(abs(c - w) <= 2 for c, w in zip(counts, want, strict=True)), counts
+
+
+@pytest.mark.parametrize("arity", [2, 4, 32])
+@pytest.mark.parametrize("capacity", [1, 7, 33, 1000, 1025])
+def test_children_rows_match_single_entry_gathers(capacity, arity):
+    """The torch back end gathers a node's K children as one row of its level; every node's row,
+    the last one's reaching into the level's padding included, is the K entries from K * node."""
+    from gper.ops.layout import TreeLayout
+
+    lay = TreeLayout.build(capacity, arity)
+    tree = torch.rand(lay.numel + 1)
+    for level in range(lay.depth):
+        n_parents = lay.sizes[level - 1] if level else 1
+        parent = torch.arange(n_parents)
+        rows = reference._children(tree, lay, level, parent)
+        first = lay.offsets[level] + parent * arity
+        expected = torch.take(tree, first[:, None] + torch.arange(arity))
+        assert torch.equal(rows, expected), f"level {level}"

@@ -44,6 +44,19 @@ def _arange(n: int, like: torch.Tensor) -> torch.Tensor:
     return torch.arange(n, device=like.device, dtype=torch.int64)
 
 
+def _children(tree: torch.Tensor, layout: TreeLayout, level: int, parent: torch.Tensor) -> torch.Tensor:
+    """The K children at ``level`` of each node in ``parent`` [n] (nodes of the level above): [n, K].
+
+    A node's children are K contiguous entries, so the level is viewed as rows of K and whole
+    rows are gathered (``index_select`` of 128-byte rows: 10x faster on the CPU than
+    ``torch.take`` of single entries at B = 16384). The rows past the level's last node lie in
+    its padding, which holds the neutral element (TreeLayout guarantees at least K of it)."""
+    k = layout.arity
+    rows = layout.sizes[level - 1] if level > 0 else 1
+    lo = layout.offsets[level]
+    return tree[lo : lo + rows * k].view(rows, k).index_select(0, parent)
+
+
 def make_scratch(layout: TreeLayout, device: torch.device) -> torch.Tensor:
     """Claims of an update in progress: [capacity + 1] int32 batch positions, -1 between calls."""
     return torch.full((layout.capacity + 1,), -1, dtype=torch.int32, device=device)
@@ -62,13 +75,10 @@ def recompute(
             computes the same value from the same final children).
         counters: the device counters (the Triton twin uses a ticket there).
     """
-    k = layout.arity
-    kk = _arange(k, leaves)
     for level in range(layout.depth - 2, -1, -1):
         parent = leaves >> layout.shift(level)
-        child = layout.offsets[level + 1] + parent[:, None] * k + kk
-        tree[layout.offsets[level] + parent] = torch.take(tree, child).sum(1)
-        mintree[layout.offsets[level] + parent] = torch.take(mintree, child).amin(1)
+        tree[layout.offsets[level] + parent] = _children(tree, layout, level + 1, parent).sum(1)
+        mintree[layout.offsets[level] + parent] = _children(mintree, layout, level + 1, parent).amin(1)
 
 
 def rebuild(tree: torch.Tensor, mintree: torch.Tensor, layout: TreeLayout) -> None:
@@ -214,10 +224,9 @@ def descend(tree: torch.Tensor, layout: TreeLayout, words: list[torch.Tensor]) -
         (slots [B] int64, leaf values [B] float32)
     """
     k = layout.arity
-    kk = _arange(k, words[0])
     node = torch.zeros_like(words[0])
     for level in range(layout.depth):
-        v = torch.take(tree, layout.offsets[level] + node[:, None] * k + kk)
+        v = _children(tree, layout, level, node)
         cs = v.double().cumsum(1)
         t = words[level].double() * _TWO_M32 * cs[:, -1]
         j = (cs <= t[:, None]).sum(1).clamp_max(k - 1)
@@ -236,13 +245,12 @@ def descend_stratified(
     """
     k = layout.arity
     b = words[0].numel()
-    kk = _arange(k, words[0])
     node = torch.zeros_like(words[0])
     s = _arange(b, words[0]).double()
     t = None
     parent = None
     for level in range(layout.depth):
-        v = torch.take(tree, layout.offsets[level] + node[:, None] * k + kk)
+        v = _children(tree, layout, level, node)
         cs = v.double().cumsum(1)
         tot = cs[:, -1]
         if t is None:
