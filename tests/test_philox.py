@@ -41,6 +41,14 @@ def test_words_are_uint32_and_depend_on_seed_and_counter():
     assert torch.equal(a, torch.stack(philox.randint4x(7, off.clone())))
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_numpy_arrays_give_the_same_words(seed):
+    """The CPU back end runs the same code on NumPy arrays: identical words, every counter."""
+    off = offsets()
+    from_numpy = [torch.from_numpy(w) for w in philox.randint4x(seed, off.numpy())]
+    assert all(torch.equal(a, b) for a, b in zip(philox.randint4x(seed, off), from_numpy, strict=True))
+
+
 if TRITON_ON_CPU:
     import triton
     import triton.language as tl

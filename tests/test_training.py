@@ -78,6 +78,9 @@ def test_phase_line_has_the_users_format():
     with_collect = format_phase_line({**summary, "collect": (0.05, 40)}, CPU)
     assert with_collect.startswith("CPU phase timing (178 batches avg)")
     assert with_collect.endswith("| collect=0.050ms (40 collections avg)")
+    assert format_phase_line({"collect": (0.05, 40)}, CPU) == (
+        "CPU phase timing: no training steps yet (learning starts later) | collect=0.050ms (40 collections avg)"
+    )
 
 
 # ---------------------------------------------------------------------------- episodes, readback

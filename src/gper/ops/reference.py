@@ -213,7 +213,10 @@ def random_words(seed: int, counters: torch.Tensor, b: int, n_blocks: int) -> li
     # all blocks of the batch in one Philox call: [B, n_blocks] counters, block c of sample s at
     # base + s * n_blocks + c (as the kernel); word 4c + lane of sample s is lane `lane` of block c
     offs = counters[C_RNG] + _arange(b * n_blocks, counters).view(b, n_blocks)
-    lanes = philox.randint4x(seed, offs)
+    if offs.device.type == "cpu":  # NumPy's small-array operators cost a third of torch's here
+        lanes = tuple(torch.from_numpy(x) for x in philox.randint4x(seed, offs.numpy()))
+    else:
+        lanes = philox.randint4x(seed, offs)
     return [lanes[lane][:, c] for c in range(n_blocks) for lane in range(4)]
 
 

@@ -75,6 +75,8 @@ def format_phase_line(summary: dict[str, tuple[float, int]], device: torch.devic
         fields = " ".join(f"{name}={summary[name][0]:.2f}ms" for name in learn)
         total = sum(summary[name][0] for name in learn)
         parts.append(f"{kind} phase timing ({n} batches avg): {fields} total={total:.2f}ms")
+    elif "collect" in summary:
+        parts.append(f"{kind} phase timing: no training steps yet (learning starts later)")
     if "collect" in summary:
         ms, n = summary["collect"]
         parts.append(f"collect={ms:.3f}ms ({n} collections avg)")
