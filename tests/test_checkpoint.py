@@ -152,6 +152,24 @@ def test_incomplete_state_raises_value_error_and_changes_nothing(drop):
     assert_unchanged(dst, before)
 
 
+def test_rows_packed_another_way_are_refused():
+    """A state whose rows were packed with other field offsets (an older gper ordered fields
+    differently) is refused, not read as scrambled fields."""
+    src = used_buffer("torch")
+    state = dict(src.state_dict())
+    config = dict(state["config"])
+    layout = dict(config["row_layout"])
+    first, second = list(layout)[:2]
+    layout[first], layout[second] = layout[second], layout[first]
+    state["config"] = config | {"row_layout": layout}
+    dst = make_buffer(50, arity=4, rank_refresh_interval=3)
+    dst.add(transitions(3))
+    before = snapshot(dst)
+    with pytest.raises(ValueError, match="row_layout"):
+        dst.load_state_dict(state)
+    assert_unchanged(dst, before)
+
+
 def test_wrong_tensor_shape_raises_and_changes_nothing():
     src = used_buffer("torch")
     state = dict(src.state_dict())

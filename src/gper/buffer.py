@@ -578,6 +578,10 @@ class PrioritizedReplayBuffer:
             "sampling": self.sampling,
             "weight_norm": self.weight_norm,
             "arity": self._tree_layout.arity,
+            # where each field sits in a storage row: rows saved with another packing (an older
+            # gper ordered fields differently) are refused rather than read as scrambled fields
+            "row_layout": {f.name: f.offset for f in self._rows_layout.fields}
+            | {"row_bytes": self._rows_layout.row_bytes},
         }
 
     def state_dict(self) -> dict[str, Any]:

@@ -2,9 +2,9 @@
 
 Every field of a slot lives in one row of a ``[capacity, row_bytes]`` uint8 tensor (row_bytes
 a multiple of 16), fields ordered by alignment (the largest power of two up to 16 dividing their
-byte size) so each stays aligned, and fields of a multiple of 16 bytes start 16-byte aligned. Sampling then gathers
-one contiguous row per draw, a single launch for all fields, and the row start is 16-byte
-aligned so the loads vectorise (measured 1.5x faster than separate arrays for ``obs`` and
+byte size), so each stays aligned and a field of a multiple of 16 bytes starts 16-byte aligned.
+Sampling then gathers one contiguous row per draw, a single launch for all fields, and the row
+start is 16-byte aligned so the loads vectorise (measured 1.5x faster than separate arrays for ``obs`` and
 ``next_obs``: ``shared/research/algorithms.md`` section 0). Users see each field as an ordinary
 strided view of shape ``[capacity, *shape]``.
 """
