@@ -1,5 +1,5 @@
 """Shared test setup: run the Triton kernels under the interpreter on CPU-only machines, the
-back-end parametrization, and the ``gpu`` marker.
+back-end and device parametrizations, and the ``gpu`` marker.
 
 The interpreter must be switched on before anything imports Triton (``triton.jit`` reads
 ``TRITON_INTERPRET`` when a kernel is decorated), so this module sets it first; importing torch
@@ -34,6 +34,18 @@ BACKEND_PARAMS = [
 def backend(request) -> str:
     """Back end name, "torch" or "triton" (interpreted: every tensor stays on the CPU)."""
     return request.param
+
+
+#: devices a test runs on through the ``device`` fixture: the CPU always, CUDA as a ``gpu`` test
+DEVICE_PARAMS = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.fixture(params=DEVICE_PARAMS)
+def device(request) -> torch.device:
+    """The device a test runs on: ``cpu``, and ``cuda`` (marked ``gpu``, so skipped without a GPU).
+
+    On CUDA the buffer picks the Triton back end by itself; on the CPU, the torch one."""
+    return torch.device(request.param)
 
 
 @pytest.fixture
