@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from gper.graphs import SampleSlot
+from gper.replay.graphs import SampleSlot
 
 
 def _slot() -> SampleSlot:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gper.ops.layout import DEFAULT_ARITY, TreeLayout
-from gper.spec import RowLayout
+from gper.replay.storage import RowLayout
 
 CAPACITIES = [1, 2, 7, 31, 32, 33, 1000, 1024, 1025, 2**26]
 ARITIES = [2, 4, 16, 32, 64]

@@ -7,8 +7,7 @@
 torch.Size([4, 4])
 """
 
-from gper.batch import SampledBatch
-from gper.buffer import GperWarning, PrioritizedReplayBuffer
+from gper.replay import GperWarning, PrioritizedReplayBuffer, SampledBatch
 
 __version__ = "0.1.0"
 __all__ = ["GperWarning", "PrioritizedReplayBuffer", "SampledBatch", "__version__"]

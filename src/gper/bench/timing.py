@@ -145,7 +145,7 @@ def capture_graph(fn: Callable[[], object], warmup: int = 3, pool: object | None
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.current_stream()
     try:
-        with torch.cuda.graph(graph, pool=pool):
+        with capture(graph, pool=pool):
             fn()
     except BaseException:
         # a failed capture can leave the capture stream current: later work would run there

@@ -22,6 +22,10 @@ the mask are passed by keyword, and nothing uses block pointers.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, fields, replace
+
 import torch
 
 from gper._triton import tl, triton
@@ -31,12 +35,47 @@ from gper.ops.state import rng_blocks
 # kernels address the device counters by literal index: C_RNG=0, C_CURSOR=1, C_SIZE=2,
 # C_INVALID=3, C_NONFINITE=4, C_STALE=5, C_TICKET=6; scalars: S_MAXP=0 (gper.ops.state)
 
-# launch shapes, swept on the H200 (benchmarks/results/kernel-sweep-h200-2e25-*.txt)
-_SAMPLE_BLOCK = 16
-_SAMPLE_WARPS = 4
-_UPDATE_BLOCK = 64
-_LEVEL_BLOCK = 32
-_LEVEL_WARPS = 4
+
+@dataclass
+class LaunchConfig:
+    """Launch shapes of the kernels: draws (or update entries) per program, and warps per program.
+
+    The defaults were swept on the H200 (``benchmarks/results/kernel-sweep-h200-2e25-*.txt``);
+    change them only through :func:`launch_config`."""
+
+    sample_block: int = 16
+    sample_warps: int = 4
+    update_block: int = 64
+    level_block: int = 32
+    level_warps: int = 4
+
+
+#: the launch shapes in force (read at every launch)
+LAUNCH = LaunchConfig()
+
+
+@contextlib.contextmanager
+def launch_config(**shapes: int) -> Iterator[LaunchConfig]:
+    """Launch with other shapes inside the block (a sweep's hook: ``benchmarks/kernel_sweep.py``).
+
+    Graphs captured inside keep the shapes they were captured with, also after the block.
+
+    Example::
+
+        with triton_ops.launch_config(sample_block=32, sample_warps=2):
+            graph = capture_graph(lambda: rb.sample(16384))
+    """
+    unknown = sorted(set(shapes) - {f.name for f in fields(LaunchConfig)})
+    if unknown:
+        raise TypeError(f"launch_config(): unknown launch shapes {unknown}")
+    saved = replace(LAUNCH)
+    for name, value in shapes.items():
+        setattr(LAUNCH, name, int(value))
+    try:
+        yield LAUNCH
+    finally:
+        for f in fields(LaunchConfig):
+            setattr(LAUNCH, f.name, getattr(saved, f.name))
 
 
 @triton.jit
@@ -355,7 +394,7 @@ def _levels(tree, mintree, layout: TreeLayout, leaves: torch.Tensor, top: int, p
         levels.pop()
     for j, level in enumerate(levels):
         is_top = fold_top and level == 1
-        _recompute_level[_grid(n, _LEVEL_BLOCK)](
+        _recompute_level[_grid(n, LAUNCH.level_block)](
             tree,
             mintree,
             leaves,
@@ -368,13 +407,13 @@ def _levels(tree, mintree, layout: TreeLayout, leaves: torch.Tensor, top: int, p
             layout.offsets[0],
             layout.sizes[0],
             K=layout.arity,
-            BLOCK=_LEVEL_BLOCK,
+            BLOCK=LAUNCH.level_block,
             RESET=pending is not None and j == 0,
             TOP=is_top,
-            num_warps=_LEVEL_WARPS,
+            num_warps=LAUNCH.level_warps,
         )
     if pending is not None and not levels:
-        _reset_pending[_grid(n, _UPDATE_BLOCK)](pending, leaves, n, BLOCK=_UPDATE_BLOCK)
+        _reset_pending[_grid(n, LAUNCH.update_block)](pending, leaves, n, BLOCK=LAUNCH.update_block)
 
 
 def recompute(tree, mintree, layout: TreeLayout, leaves: torch.Tensor, counters: torch.Tensor) -> None:
@@ -384,7 +423,7 @@ def recompute(tree, mintree, layout: TreeLayout, leaves: torch.Tensor, counters:
 def update(tree, mintree, layout, pending, gen, counters, scalars, idx, td, expected_gen, alpha, eps, leaf_only=False):
     b = idx.numel()
     clean = torch.empty(b, dtype=torch.int64, device=idx.device)
-    grid = _grid(b, _UPDATE_BLOCK)
+    grid = _grid(b, LAUNCH.update_block)
     has_gen = expected_gen is not None
     _update_claim[grid](
         idx,
@@ -399,10 +438,10 @@ def update(tree, mintree, layout, pending, gen, counters, scalars, idx, td, expe
         float(eps),
         b,
         HAS_GEN=has_gen,
-        BLOCK=_UPDATE_BLOCK,
+        BLOCK=LAUNCH.update_block,
     )
     parent = not leaf_only and layout.depth >= 2
-    _update_leaves[_grid(b, _LEVEL_BLOCK)](
+    _update_leaves[_grid(b, LAUNCH.level_block)](
         tree,
         mintree,
         pending,
@@ -415,24 +454,24 @@ def update(tree, mintree, layout, pending, gen, counters, scalars, idx, td, expe
         LOG2K=layout.log2_arity,
         PARENT=parent,
         WITH_MIN=not leaf_only,
-        BLOCK=_LEVEL_BLOCK,
-        num_warps=_LEVEL_WARPS,
+        BLOCK=LAUNCH.level_block,
+        num_warps=LAUNCH.level_warps,
     )
     if parent:
         _levels(tree, mintree, layout, clean, layout.depth - 3, pending=pending, counters=counters)
     else:
-        _reset_pending[grid](pending, clean, b, BLOCK=_UPDATE_BLOCK)
+        _reset_pending[grid](pending, clean, b, BLOCK=LAUNCH.update_block)
 
 
 def add_positions(counters: torch.Tensor, capacity: int, n: int, skip: int) -> torch.Tensor:
     pos = torch.empty(n, dtype=torch.int64, device=counters.device)
-    _add_positions[_grid(n, _UPDATE_BLOCK)](counters, pos, n, skip, capacity, BLOCK=_UPDATE_BLOCK)
+    _add_positions[_grid(n, LAUNCH.update_block)](counters, pos, n, skip, capacity, BLOCK=LAUNCH.update_block)
     return pos
 
 
 def add_commit(tree, mintree, layout, gen, counters, scalars, pos, total, leaf_value):
     n = pos.numel()
-    _add_commit[_grid(n, _UPDATE_BLOCK)](
+    _add_commit[_grid(n, LAUNCH.update_block)](
         tree,
         mintree,
         gen,
@@ -445,7 +484,7 @@ def add_commit(tree, mintree, layout, gen, counters, scalars, pos, total, leaf_v
         layout.capacity,
         0.0 if leaf_value is None else float(leaf_value),
         USE_MAX=leaf_value is None,
-        BLOCK=_UPDATE_BLOCK,
+        BLOCK=LAUNCH.update_block,
     )
     recompute(tree, mintree, layout, pos, counters)
 
@@ -462,7 +501,7 @@ def _level_offsets(layout: TreeLayout, device: torch.device) -> torch.Tensor:
 
 def sample(tree, mintree, layout, rows, gen, counters, seed, b, mode, beta, out_rows, out_idx, out_gen, out_w):
     w = rows.shape[1]
-    _sample_kernel[_grid(b, _SAMPLE_BLOCK)](
+    _sample_kernel[_grid(b, LAUNCH.sample_block)](
         tree,
         mintree,
         _level_offsets(layout, tree.device),
@@ -482,5 +521,6 @@ def sample(tree, mintree, layout, rows, gen, counters, seed, b, mode, beta, out_
         MODE=mode,
         W=w,
         WP=triton.next_power_of_2(w),
-        BLOCK=_SAMPLE_BLOCK,
+        BLOCK=LAUNCH.sample_block,
+        num_warps=LAUNCH.sample_warps,
     )

@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import torch
 
+from gper.replay.graphs import capture
 from gper.training.timing import PhaseTimer
 
 
@@ -108,14 +109,14 @@ class PhasedStep:
             graph = torch.cuda.CUDAGraph()
             with warnings.catch_warnings():  # a phase may launch nothing (the trainer's upload)
                 warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
-                with torch.cuda.graph(graph, pool=pool):
+                with capture(graph, pool=pool):
                     fn()
             self._by_phase.append((name, graph))
         if self._state is not None:
             self._kept.append(dict(vars(self._state)))  # the phase graphs read these addresses
         whole = torch.cuda.CUDAGraph()
         side = torch.cuda.Stream(self.device)
-        with torch.cuda.graph(whole):
+        with capture(whole):
             main = torch.cuda.current_stream(self.device)
             for name, fn in self.phases.items():
                 if name in self.concurrent:

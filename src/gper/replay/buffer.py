@@ -13,13 +13,14 @@ import functools
 import os
 import warnings
 from collections.abc import Callable, Mapping
+from types import ModuleType
 from typing import Any
 
 import torch
 
 from gper._triton import HAS_TRITON
-from gper.batch import SampledBatch
-from gper.graphs import GraphCache, SampleSlot, capturing
+from gper.replay.batch import SampledBatch
+from gper.replay.graphs import GraphCache, SampleSlot, capture, capturing
 from gper.ops import BACKENDS, backend_module, reference
 from gper.ops.layout import DEFAULT_ARITY, TreeLayout
 from gper.ops.state import (
@@ -37,7 +38,7 @@ from gper.ops.state import (
     S_BETA,
     S_MAXP,
 )
-from gper.spec import RowLayout
+from gper.replay.storage import RowLayout
 
 SAMPLING = ("proportional", "stratified", "rank", "uniform")
 WEIGHT_NORMS = ("global", "batch")
@@ -95,7 +96,8 @@ class PrioritizedReplayBuffer:
         weight_norm: "global" divides IS weights by the largest weight any stored item could get
             (as in the PER paper); "batch" by the largest weight in the batch.
         device: where everything lives; default "cuda" when available, else "cpu".
-        backend: "auto" (Triton on CUDA, torch elsewhere), "triton" or "torch".
+        backend: "auto" (Triton on CUDA, torch elsewhere), "triton" or "torch"; or, for kernel
+            experiments, a module with the functions of :class:`gper.ops.ReplayKernels`.
         seed: Philox key of the sampler; same seed and same calls give the same samples.
         strict: also check index ranges on CUDA at once (costs one host sync per call); by
             default, out-of-range indices are dropped on the device, counted, and reported by
@@ -121,7 +123,7 @@ class PrioritizedReplayBuffer:
         sampling: str = "proportional",
         weight_norm: str = "global",
         device: str | torch.device | None = None,
-        backend: str = "auto",
+        backend: str | ModuleType = "auto",
         seed: int = 0,
         strict: bool = False,
         cpu_fallback: bool = True,
@@ -142,7 +144,7 @@ class PrioritizedReplayBuffer:
             raise ValueError(f"sampling must be one of {SAMPLING}, got {sampling!r}")
         if weight_norm not in WEIGHT_NORMS:
             raise ValueError(f"weight_norm must be one of {WEIGHT_NORMS}, got {weight_norm!r}")
-        if backend not in BACKENDS:
+        if isinstance(backend, str) and backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
             raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
@@ -201,8 +203,12 @@ class PrioritizedReplayBuffer:
         cap, lay = self._tree_layout.capacity, self._tree_layout
         self.device = device
         self._cuda_index = device.index if device.type == "cuda" else None
-        self.backend = self._resolve_backend(self._backend_request, device)
-        self._ops = backend_module(self.backend)
+        if isinstance(self._backend_request, str):
+            self.backend = self._resolve_backend(self._backend_request, device)
+            self._ops = backend_module(self.backend)
+        else:  # a kernel module of the caller's (kernel experiments: benchmarks/ablation.py)
+            self._ops = self._backend_request
+            self.backend = getattr(self._ops, "__name__", type(self._ops).__name__)
         self._rows = torch.zeros(cap, self._rows_layout.row_bytes, dtype=torch.uint8, device=device)
         self._tree = torch.zeros(lay.numel + 1, dtype=torch.float32, device=device)
         self._mintree = torch.full((lay.numel + 1,), float("inf"), dtype=torch.float32, device=device)
@@ -382,7 +388,7 @@ class PrioritizedReplayBuffer:
         flat = self._sample(b)  # this call's result; it also compiles the kernel before capture
         if len(slots) < _SAMPLE_SLOTS:
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            with capture(graph):
                 static = self._sample(b)
             tensors = self._split(static, b)
             tensors.update(self._rows_layout.views(tensors["rows"]))

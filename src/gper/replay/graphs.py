@@ -13,10 +13,14 @@ host-overhead-*.txt`` and ``kernel-sweep-*.txt``). So the buffer captures each c
   only while nothing outside the slot refers to them: a slot whose batch, field tensors or views
   of them are still alive anywhere (Python references, autograd saved tensors) is busy, and the
   buffer samples into another slot or launches directly.
+* :func:`capture` is ``torch.cuda.graph`` with Python's cyclic garbage collector held off: every
+  capture in gper goes through it (see its docstring for why).
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import sys
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -34,9 +38,32 @@ class CapturedCall:
     output: object
 
 
+@contextlib.contextmanager
+def capture(graph: torch.cuda.CUDAGraph, pool: object | None = None, stream: torch.cuda.Stream | None = None):
+    """``torch.cuda.graph(graph, pool, stream)`` with the cyclic garbage collector paused.
+
+    A CUDA graph that has become garbage inside a reference cycle (an agent whose step holds
+    bound methods of itself, say) is destroyed whenever the collector next runs. If that happens
+    while another graph is being captured, the destroyed graph's ``cudaGraphExecDestroy`` is an
+    operation the driver forbids during a capture: it invalidates the capture, and the next
+    launch in it fails (cuBLAS reports ``CUBLAS_STATUS_EXECUTION_FAILED``, then
+    ``cudaErrorStreamCaptureInvalidated``). When that happens depends on allocation counts, so
+    the failure came and went between runs of the same tests. With collection paused, garbage
+    waits until the capture has ended; the collector's state is restored afterwards.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with torch.cuda.graph(graph, pool=pool, stream=stream):
+            yield graph
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _capture(body: Callable[..., object], args: tuple[torch.Tensor, ...]) -> tuple[torch.cuda.CUDAGraph, object]:
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with capture(graph):
         output = body(*args)
     return graph, output
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator, Mapping
 
 import torch
 
-from gper.spec import RowLayout
+from gper.replay.storage import RowLayout
 
 
 class SampledBatch(Mapping[str, torch.Tensor]):
