@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from gper.replay.graphs import capture
+
 #: a repeat lasts about this long when ``iters`` is left to the calibration
 DEFAULT_TARGET_MS = 20.0
 _MIN_ITERS = 3

@@ -19,8 +19,6 @@ from typing import Any
 import torch
 
 from gper._triton import HAS_TRITON
-from gper.replay.batch import SampledBatch
-from gper.replay.graphs import GraphCache, SampleSlot, capture, capturing
 from gper.ops import BACKENDS, backend_module, reference
 from gper.ops.layout import DEFAULT_ARITY, TreeLayout
 from gper.ops.state import (
@@ -38,6 +36,8 @@ from gper.ops.state import (
     S_BETA,
     S_MAXP,
 )
+from gper.replay.batch import SampledBatch
+from gper.replay.graphs import GraphCache, SampleSlot, capture, capturing
 from gper.replay.storage import RowLayout
 
 SAMPLING = ("proportional", "stratified", "rank", "uniform")
