@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from gper._device import canonical_device
 from gper._triton import HAS_TRITON
 from gper.ops import BACKENDS, backend_module, reference
 from gper.ops.layout import DEFAULT_ARITY, TreeLayout
@@ -162,9 +163,7 @@ class PrioritizedReplayBuffer:
         self._backend_request = backend
         self._rows_layout = RowLayout.build(spec)
         self._tree_layout = TreeLayout.build(capacity, arity)
-        device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
+        device = canonical_device(device)
         try:
             self._allocate(device)
         except torch.OutOfMemoryError:
