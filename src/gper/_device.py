@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 
 
@@ -20,3 +23,19 @@ def canonical_device(request: str | torch.device | None = "auto") -> torch.devic
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
     return device
+
+
+def on_own_device(method: Callable) -> Callable:
+    """Run ``method`` with its object's GPU (``self.device``) current: Triton launches (and graph
+    captures) go to the current device, not to the device of the tensors passed, so an object
+    on ``cuda:1`` needs it."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        device = self.device
+        if device.type != "cuda" or torch.cuda.current_device() == device.index:
+            return method(self, *args, **kwargs)
+        with torch.cuda.device(device.index):
+            return method(self, *args, **kwargs)
+
+    return wrapper

@@ -1,14 +1,123 @@
 """Replay kernels: a Triton back end and a vectorized PyTorch reference with the same functions.
 
 ``reference`` works on any device and is the semantics; ``triton_ops`` is the fast path on CUDA
-(and runs on CPU tensors under ``TRITON_INTERPRET=1``). :func:`backend_module` picks one.
+(and runs on CPU tensors under ``TRITON_INTERPRET=1``). :func:`backend_module` picks one. Both
+implement :class:`ReplayKernels`, the one contract callers use, always by keyword.
 """
 
 from __future__ import annotations
 
 from types import ModuleType
+from typing import Protocol
+
+import torch
+
+from gper.ops.layout import TreeLayout
 
 BACKENDS = ("auto", "triton", "torch")
+
+
+class ReplayKernels(Protocol):
+    """The functions every back end provides, with these parameter names (keyword-only).
+
+    The shared tensors (see :mod:`gper.ops.state` for the slots of ``counters`` and ``scalars``):
+
+    * ``tree`` / ``mintree``: flat float32 sum and min trees of ``layout`` plus one trash cell;
+    * ``gen``: [capacity] int32 slot generations; ``claims``: from :meth:`make_claims`;
+    * ``counters``: int64 device counters; ``scalars``: float32 device scalars;
+    * ``rows``: [capacity, W] int32 packed storage rows.
+
+    :mod:`gper.ops.reference` documents the semantics of each function.
+    """
+
+    def make_claims(self, layout: TreeLayout, device: torch.device) -> torch.Tensor:
+        """The update's claim buffer, all -1 between calls (its shape is the back end's own)."""
+
+    def add_positions(self, *, counters: torch.Tensor, capacity: int, n: int, skip: int) -> torch.Tensor:
+        """[n] int64 slots for new items, from the device cursor."""
+
+    def add_commit(
+        self,
+        *,
+        tree: torch.Tensor,
+        mintree: torch.Tensor,
+        layout: TreeLayout,
+        gen: torch.Tensor,
+        counters: torch.Tensor,
+        scalars: torch.Tensor,
+        pos: torch.Tensor,
+        total: int,
+        leaf_value: float | None,
+    ) -> None:
+        """New slots get their priority and a new generation; cursor and size advance."""
+
+    def update(
+        self,
+        *,
+        tree: torch.Tensor,
+        mintree: torch.Tensor,
+        layout: TreeLayout,
+        claims: torch.Tensor,
+        gen: torch.Tensor,
+        counters: torch.Tensor,
+        scalars: torch.Tensor,
+        idx: torch.Tensor,
+        td: torch.Tensor,
+        expected_gen: torch.Tensor | None,
+        alpha: float,
+        eps: float,
+    ) -> None:
+        """Priorities from TD errors, last occurrence wins, trees repaired."""
+
+    def set_keys(
+        self,
+        *,
+        keys: torch.Tensor,
+        layout: TreeLayout,
+        claims: torch.Tensor,
+        gen: torch.Tensor,
+        counters: torch.Tensor,
+        scalars: torch.Tensor,
+        idx: torch.Tensor,
+        td: torch.Tensor,
+        expected_gen: torch.Tensor | None,
+        eps: float,
+    ) -> None:
+        """Rank mode: sort keys from TD errors into a flat key array (no tree repair)."""
+
+    def recompute(
+        self,
+        *,
+        tree: torch.Tensor,
+        mintree: torch.Tensor,
+        layout: TreeLayout,
+        leaves: torch.Tensor,
+        counters: torch.Tensor,
+    ) -> None:
+        """Every ancestor of ``leaves`` recomputed from its children, bottom up."""
+
+    def rebuild(self, *, tree: torch.Tensor, mintree: torch.Tensor, layout: TreeLayout) -> None:
+        """Every inner node recomputed from the leaves (dense, O(capacity))."""
+
+    def sample(
+        self,
+        *,
+        tree: torch.Tensor,
+        mintree: torch.Tensor,
+        layout: TreeLayout,
+        rows: torch.Tensor,
+        gen: torch.Tensor,
+        counters: torch.Tensor,
+        seed: int,
+        b: int,
+        mode: int,
+        beta: torch.Tensor,
+        out_rows: torch.Tensor,
+        out_idx: torch.Tensor,
+        out_gen: torch.Tensor,
+        out_w: torch.Tensor,
+    ) -> None:
+        """``b`` draws: slots, their rows and generations, IS weights; the RNG counter advances."""
 
 
 def backend_module(name: str) -> ModuleType:

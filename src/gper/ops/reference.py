@@ -14,7 +14,7 @@ Conventions shared by both back ends (see :mod:`gper.ops.state` for the tensors)
   probability ``v_j / sum(v)`` of the children *as loaded*, comparing in float64: a child can
   only be picked if its value is positive, and a child 10^6 times smaller than its siblings
   keeps its probability to about 2^-32 of the parent's mass (the float32 threshold of the
-  original design cannot address more than 2^24 leaves; DESIGN.md section 1).
+  original design cannot address more than 2^24 leaves; ``docs/design.md``, *Sampling*).
 """
 
 from __future__ import annotations
@@ -57,13 +57,13 @@ def _children(tree: torch.Tensor, layout: TreeLayout, level: int, parent: torch.
     return tree[lo : lo + rows * k].view(rows, k).index_select(0, parent)
 
 
-def make_scratch(layout: TreeLayout, device: torch.device) -> torch.Tensor:
+def make_claims(layout: TreeLayout, device: torch.device) -> torch.Tensor:
     """Claims of an update in progress: [capacity + 1] int32 batch positions, -1 between calls."""
     return torch.full((layout.capacity + 1,), -1, dtype=torch.int32, device=device)
 
 
 def recompute(
-    tree: torch.Tensor, mintree: torch.Tensor, layout: TreeLayout, leaves: torch.Tensor, counters: torch.Tensor
+    *, tree: torch.Tensor, mintree: torch.Tensor, layout: TreeLayout, leaves: torch.Tensor, counters: torch.Tensor
 ) -> None:
     """Recompute every ancestor of ``leaves`` from its children, level by level, bottom up.
 
@@ -81,7 +81,7 @@ def recompute(
         mintree[layout.offsets[level] + parent] = _children(mintree, layout, level + 1, parent).amin(1)
 
 
-def rebuild(tree: torch.Tensor, mintree: torch.Tensor, layout: TreeLayout) -> None:
+def rebuild(*, tree: torch.Tensor, mintree: torch.Tensor, layout: TreeLayout) -> None:
     """Recompute every inner node of both trees from the leaves (O(capacity); not on a hot path)."""
     k = layout.arity
     for level in range(layout.depth - 2, -1, -1):
@@ -105,10 +105,11 @@ def priority_from_td(
 
 
 def update(
+    *,
     tree: torch.Tensor,
     mintree: torch.Tensor,
     layout: TreeLayout,
-    owner: torch.Tensor,
+    claims: torch.Tensor,
     gen: torch.Tensor,
     counters: torch.Tensor,
     scalars: torch.Tensor,
@@ -117,7 +118,6 @@ def update(
     expected_gen: torch.Tensor | None,
     alpha: float,
     eps: float,
-    leaf_only: bool = False,
 ) -> None:
     """Set the priorities of slots ``idx`` from TD errors and repair the trees.
 
@@ -127,17 +127,48 @@ def update(
     cover the values stored.
 
     Args:
-        tree, mintree: the trees (``leaf_only``: ``tree`` is a flat [capacity + 1] key array).
+        tree, mintree: the trees.
         layout: the trees' layout.
-        owner: scratch from :func:`make_scratch`, all -1 between calls.
+        claims: from :func:`make_claims`, all -1 between calls.
         gen: [capacity] int32 generation of each slot.
         counters: int64 device counters; scalars: float32 device scalars.
         idx: [B] int64 slot indices.
         td: [B] floating TD errors.
         expected_gen: [B] int32 generations seen at sampling, or None (no stale check).
         alpha, eps: priority exponent and offset.
-        leaf_only: write leaves of a flat key array only (rank mode), no tree repair.
     """
+    _set_priorities(tree, mintree, layout, claims, gen, counters, scalars, idx, td, expected_gen, alpha, eps, False)
+
+
+def set_keys(
+    *,
+    keys: torch.Tensor,
+    layout: TreeLayout,
+    claims: torch.Tensor,
+    gen: torch.Tensor,
+    counters: torch.Tensor,
+    scalars: torch.Tensor,
+    idx: torch.Tensor,
+    td: torch.Tensor,
+    expected_gen: torch.Tensor | None,
+    eps: float,
+) -> None:
+    """Rank mode: write the sort keys ``|td| + eps`` of slots ``idx`` into a flat key array.
+
+    The same checks, counts, last-wins rule and max-priority update as :func:`update`, but no
+    tree is touched: ranks, and from them the tree, are recomputed at the next refresh.
+
+    Args:
+        keys: [capacity + 1] float32 keys (the last entry takes writes that must land nowhere).
+        the rest: as :func:`update`.
+    """
+    _set_priorities(keys, keys, layout, claims, gen, counters, scalars, idx, td, expected_gen, 1.0, eps, True)
+
+
+def _set_priorities(
+    tree, mintree, layout, claims, gen, counters, scalars, idx, td, expected_gen, alpha, eps, keys_only
+):
+    # keys_only: ``tree`` is a flat key array (rank mode); no min tree, no repair
     cap = layout.capacity
     b = idx.numel()
     size = counters[C_SIZE]
@@ -149,27 +180,27 @@ def update(
     p, nonfinite = priority_from_td(td, scalars[S_MAXP], alpha, eps)
     pos = _arange(b, idx).int()
     claim = torch.where(valid, idx, cap)
-    owner.scatter_reduce_(0, claim, pos, reduce="amax")
-    winner = owner[claim]
+    claims.scatter_reduce_(0, claim, pos, reduce="amax")
+    winner = claims[claim]
     won = valid & (winner == pos)
     winner_p = p[winner.clamp_min(0).long()]
-    base = 0 if leaf_only else layout.leaf_offset
+    base = 0 if keys_only else layout.leaf_offset
     trash = tree.numel() - 1
     target = torch.where(valid, base + idx, trash)
     tree[target] = winner_p
-    if not leaf_only:
+    if not keys_only:
         mintree[target] = winner_p
-    owner.index_fill_(0, claim, -1)
+    claims.index_fill_(0, claim, -1)
     # the max covers the priorities actually stored: those of the winning duplicates
     scalars[S_MAXP : S_MAXP + 1] = torch.maximum(scalars[S_MAXP], torch.where(won, p, 0.0).amax()).reshape(1)
     counters[C_INVALID] += (~valid_range).sum()
     counters[C_STALE] += (valid_range & ~valid).sum()
     counters[C_NONFINITE] += (nonfinite & valid).sum()
-    if not leaf_only:
-        recompute(tree, mintree, layout, torch.where(valid, idx, 0), counters)
+    if not keys_only:
+        recompute(tree=tree, mintree=mintree, layout=layout, leaves=torch.where(valid, idx, 0), counters=counters)
 
 
-def add_positions(counters: torch.Tensor, capacity: int, n: int, skip: int) -> torch.Tensor:
+def add_positions(*, counters: torch.Tensor, capacity: int, n: int, skip: int) -> torch.Tensor:
     """Slots for ``n`` new items after skipping ``skip`` (items that a too-large batch overwrites).
 
     Returns:
@@ -179,6 +210,7 @@ def add_positions(counters: torch.Tensor, capacity: int, n: int, skip: int) -> t
 
 
 def add_commit(
+    *,
     tree: torch.Tensor,
     mintree: torch.Tensor,
     layout: TreeLayout,
@@ -203,7 +235,7 @@ def add_commit(
         tree.index_fill_(0, layout.leaf_offset + pos, leaf_value)
         mintree.index_fill_(0, layout.leaf_offset + pos, leaf_value)
     gen[pos] += 1
-    recompute(tree, mintree, layout, pos, counters)
+    recompute(tree=tree, mintree=mintree, layout=layout, leaves=pos, counters=counters)
     counters[C_CURSOR] = (counters[C_CURSOR] + total) % layout.capacity
     counters[C_SIZE] = torch.clamp(counters[C_SIZE] + total, max=layout.capacity)
 
@@ -271,6 +303,7 @@ def descend_stratified(
 
 
 def sample(
+    *,
     tree: torch.Tensor,
     mintree: torch.Tensor,
     layout: TreeLayout,

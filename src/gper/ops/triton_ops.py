@@ -10,7 +10,7 @@ Kernels:
 * ``_update_claim`` + ``_update_leaves`` + one ``_recompute_level`` per remaining level:
   priority update. Last occurrence wins among duplicates (an atomic max of
   ``batch position << 32 | priority bits`` claims each slot); parents are recomputed from their
-  children one level per launch, so no walk-up races and no delta drift (DESIGN.md section 1).
+  children one level per launch, so no walk-up races and no delta drift (``docs/design.md``, *Updates*).
   The leaf write shares a launch with the first parent level (children being written in that
   launch are read from the claims), and the top level shares level 1's launch (its last
   program recomputes it): 4 launches at 2^25 with K = 32.
@@ -29,6 +29,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from gper._triton import tl, triton
+from gper.ops import reference
 from gper.ops.layout import TreeLayout
 from gper.ops.state import rng_blocks
 
@@ -188,7 +189,7 @@ def _update_claim(
     td,  # [B] float
     expected_gen,  # [B] int32 (read only if HAS_GEN)
     gen,  # [capacity] int32
-    pending,  # [capacity + K] int64, -1 between calls
+    claims,  # [capacity + K] int64, -1 between calls
     counters,
     scalars,
     clean,  # [B] int64 out: idx, or -1 where dropped
@@ -214,7 +215,7 @@ def _update_claim(
     p = tl.where(finite, p, tl.load(scalars + 0))  # S_MAXP
     # claim the slot with (batch position, priority bits): the atomic max keeps the last occurrence
     packed = (s << 32) | p.to(tl.int32, bitcast=True).to(tl.int64)
-    tl.atomic_max(pending + i, packed, mask=valid)
+    tl.atomic_max(claims + i, packed, mask=valid)
     tl.store(clean + s, tl.where(valid, i, -1), mask=m)
     n_invalid = tl.sum((m & ~in_range).to(tl.int64), axis=0)
     n_stale = tl.sum((in_range & ~valid).to(tl.int64), axis=0)
@@ -233,7 +234,7 @@ def _unpack_priority(packed):
 def _update_leaves(
     tree,
     mintree,
-    pending,
+    claims,
     scalars,
     clean,
     leaf_off,
@@ -246,13 +247,13 @@ def _update_leaves(
     BLOCK: tl.constexpr,
 ):
     """Write the claimed leaves and, if PARENT, their parents: children still being written in
-    this launch are read from ``pending``, which holds the same values, so there is no race."""
+    this launch are read from ``claims``, which holds the same values, so there is no race."""
     s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = s < B
     i = tl.load(clean + s, mask=m, other=-1)
     valid = i >= 0
     i = tl.maximum(i, 0)
-    packed = tl.load(pending + i, mask=valid, other=-1)
+    packed = tl.load(claims + i, mask=valid, other=-1)
     win = valid & ((packed >> 32) == s)
     p = _unpack_priority(packed)
     tl.store(tree + leaf_off + i, p, mask=win)
@@ -264,7 +265,7 @@ def _update_leaves(
         kk = tl.arange(0, K)
         par = i >> LOG2K
         c = par[:, None] * K + kk[None, :]
-        claimed = tl.load(pending + c, mask=valid[:, None], other=-1)
+        claimed = tl.load(claims + c, mask=valid[:, None], other=-1)
         new = _unpack_priority(claimed)
         v = tl.load(tree + leaf_off + c, mask=valid[:, None], other=0.0)
         tl.store(tree + par_off + par, tl.sum(tl.where(claimed >= 0, new, v), axis=1), mask=valid)
@@ -273,11 +274,11 @@ def _update_leaves(
 
 
 @triton.jit
-def _reset_pending(pending, clean, B, BLOCK: tl.constexpr):
+def _reset_claims(claims, clean, B, BLOCK: tl.constexpr):
     s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = s < B
     i = tl.load(clean + s, mask=m, other=-1)
-    tl.store(pending + i, tl.full([BLOCK], -1, tl.int64), mask=i >= 0)
+    tl.store(claims + i, tl.full([BLOCK], -1, tl.int64), mask=i >= 0)
 
 
 @triton.jit
@@ -285,7 +286,7 @@ def _recompute_level(
     tree,
     mintree,
     leaves,  # [n] int64 leaf indices; entries < 0 are skipped
-    pending,  # reset to -1 at ``leaves`` if RESET
+    claims,  # reset to -1 at ``leaves`` if RESET
     counters,  # ticket for the TOP election
     par_off,
     ch_off,
@@ -311,7 +312,7 @@ def _recompute_level(
     mv = tl.load(mintree + c, mask=m[:, None], other=float("inf"))
     tl.store(mintree + par_off + par, tl.min(mv, axis=1), mask=m)
     if RESET:
-        tl.store(pending + raw, tl.full([BLOCK], -1, tl.int64), mask=m)
+        tl.store(claims + raw, tl.full([BLOCK], -1, tl.int64), mask=m)
     if TOP:
         # last-program election: every program's level-1 stores are released by its ticket,
         # and the winner reads them back past L1 (.cg)
@@ -375,7 +376,7 @@ def _grid(n: int, block: int) -> tuple[int]:
     return (triton.cdiv(n, block),)
 
 
-def make_scratch(layout: TreeLayout, device: torch.device) -> torch.Tensor:
+def make_claims(layout: TreeLayout, device: torch.device) -> torch.Tensor:
     """Claims of an update in progress: [capacity + K] int64, -1 between calls.
 
     Called when a buffer is built; it also makes the level-offset table the sampling kernel
@@ -385,7 +386,7 @@ def make_scratch(layout: TreeLayout, device: torch.device) -> torch.Tensor:
     return torch.full((layout.capacity + layout.arity,), -1, dtype=torch.int64, device=device)
 
 
-def _levels(tree, mintree, layout: TreeLayout, leaves: torch.Tensor, top: int, pending=None, counters=None) -> None:
+def _levels(tree, mintree, layout: TreeLayout, leaves: torch.Tensor, top: int, claims=None, counters=None) -> None:
     """Recompute levels ``top`` .. 0 above ``leaves``; level 0 rides on level 1's launch."""
     n = leaves.numel()
     levels = list(range(top, -1, -1))
@@ -398,7 +399,7 @@ def _levels(tree, mintree, layout: TreeLayout, leaves: torch.Tensor, top: int, p
             tree,
             mintree,
             leaves,
-            pending if pending is not None else leaves,
+            claims if claims is not None else leaves,
             counters if is_top else leaves,
             layout.offsets[level],
             layout.offsets[level + 1],
@@ -408,19 +409,34 @@ def _levels(tree, mintree, layout: TreeLayout, leaves: torch.Tensor, top: int, p
             layout.sizes[0],
             K=layout.arity,
             BLOCK=LAUNCH.level_block,
-            RESET=pending is not None and j == 0,
+            RESET=claims is not None and j == 0,
             TOP=is_top,
             num_warps=LAUNCH.level_warps,
         )
-    if pending is not None and not levels:
-        _reset_pending[_grid(n, LAUNCH.update_block)](pending, leaves, n, BLOCK=LAUNCH.update_block)
+    if claims is not None and not levels:
+        _reset_claims[_grid(n, LAUNCH.update_block)](claims, leaves, n, BLOCK=LAUNCH.update_block)
 
 
-def recompute(tree, mintree, layout: TreeLayout, leaves: torch.Tensor, counters: torch.Tensor) -> None:
+def recompute(*, tree, mintree, layout: TreeLayout, leaves: torch.Tensor, counters: torch.Tensor) -> None:
     _levels(tree, mintree, layout, leaves, layout.depth - 2, counters=counters)
 
 
-def update(tree, mintree, layout, pending, gen, counters, scalars, idx, td, expected_gen, alpha, eps, leaf_only=False):
+def rebuild(*, tree, mintree, layout: TreeLayout) -> None:
+    # a dense O(capacity) pass, never on a hot path: the torch twin's runs on CUDA tensors as well
+    reference.rebuild(tree=tree, mintree=mintree, layout=layout)
+
+
+def update(*, tree, mintree, layout, claims, gen, counters, scalars, idx, td, expected_gen, alpha, eps):
+    _set_priorities(tree, mintree, layout, claims, gen, counters, scalars, idx, td, expected_gen, alpha, eps, False)
+
+
+def set_keys(*, keys, layout, claims, gen, counters, scalars, idx, td, expected_gen, eps):
+    _set_priorities(keys, keys, layout, claims, gen, counters, scalars, idx, td, expected_gen, 1.0, eps, True)
+
+
+def _set_priorities(
+    tree, mintree, layout, claims, gen, counters, scalars, idx, td, expected_gen, alpha, eps, leaf_only
+):
     b = idx.numel()
     clean = torch.empty(b, dtype=torch.int64, device=idx.device)
     grid = _grid(b, LAUNCH.update_block)
@@ -430,7 +446,7 @@ def update(tree, mintree, layout, pending, gen, counters, scalars, idx, td, expe
         td,
         expected_gen if has_gen else gen,
         gen,
-        pending,
+        claims,
         counters,
         scalars,
         clean,
@@ -444,7 +460,7 @@ def update(tree, mintree, layout, pending, gen, counters, scalars, idx, td, expe
     _update_leaves[_grid(b, LAUNCH.level_block)](
         tree,
         mintree,
-        pending,
+        claims,
         scalars,
         clean,
         0 if leaf_only else layout.leaf_offset,
@@ -458,18 +474,18 @@ def update(tree, mintree, layout, pending, gen, counters, scalars, idx, td, expe
         num_warps=LAUNCH.level_warps,
     )
     if parent:
-        _levels(tree, mintree, layout, clean, layout.depth - 3, pending=pending, counters=counters)
+        _levels(tree, mintree, layout, clean, layout.depth - 3, claims=claims, counters=counters)
     else:
-        _reset_pending[grid](pending, clean, b, BLOCK=LAUNCH.update_block)
+        _reset_claims[grid](claims, clean, b, BLOCK=LAUNCH.update_block)
 
 
-def add_positions(counters: torch.Tensor, capacity: int, n: int, skip: int) -> torch.Tensor:
+def add_positions(*, counters: torch.Tensor, capacity: int, n: int, skip: int) -> torch.Tensor:
     pos = torch.empty(n, dtype=torch.int64, device=counters.device)
     _add_positions[_grid(n, LAUNCH.update_block)](counters, pos, n, skip, capacity, BLOCK=LAUNCH.update_block)
     return pos
 
 
-def add_commit(tree, mintree, layout, gen, counters, scalars, pos, total, leaf_value):
+def add_commit(*, tree, mintree, layout, gen, counters, scalars, pos, total, leaf_value):
     n = pos.numel()
     _add_commit[_grid(n, LAUNCH.update_block)](
         tree,
@@ -486,7 +502,7 @@ def add_commit(tree, mintree, layout, gen, counters, scalars, pos, total, leaf_v
         USE_MAX=leaf_value is None,
         BLOCK=LAUNCH.update_block,
     )
-    recompute(tree, mintree, layout, pos, counters)
+    recompute(tree=tree, mintree=mintree, layout=layout, leaves=pos, counters=counters)
 
 
 _LEVEL_OFFSETS: dict[tuple[TreeLayout, torch.device], torch.Tensor] = {}
@@ -499,7 +515,7 @@ def _level_offsets(layout: TreeLayout, device: torch.device) -> torch.Tensor:
     return _LEVEL_OFFSETS[key]
 
 
-def sample(tree, mintree, layout, rows, gen, counters, seed, b, mode, beta, out_rows, out_idx, out_gen, out_w):
+def sample(*, tree, mintree, layout, rows, gen, counters, seed, b, mode, beta, out_rows, out_idx, out_gen, out_w):
     w = rows.shape[1]
     _sample_kernel[_grid(b, LAUNCH.sample_block)](
         tree,

@@ -60,3 +60,40 @@ class SampledBatch(Mapping[str, torch.Tensor]):
     def __repr__(self) -> str:
         fields = ", ".join(f"{f.name}: {f.shape} {f.dtype}" for f in self._layout.fields)
         return f"SampledBatch(batch_size={self.batch_size}, {fields})"
+
+
+class FlatSample:
+    """Where one ``sample`` call's outputs sit in a single flat int32 tensor of ``B * (W + 4)`` words:
+    rows [B, W], indices [B] int64 (2B words), generations [B] int32, weights [B] float32.
+
+    One flat tensor, so that a captured sample slot can tell whether any of its outputs (or a
+    view of them) is still in use from one storage's use count (:class:`~gper.replay.graphs.SampleSlot`).
+    """
+
+    def __init__(self, layout: RowLayout) -> None:
+        self.layout = layout
+
+    def empty(self, b: int, device: torch.device) -> torch.Tensor:
+        return torch.empty(b * (self.layout.words + 4), dtype=torch.int32, device=device)
+
+    def split(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        w = self.layout.words
+        b = flat.numel() // (w + 4)
+        return {
+            "rows": flat[: b * w].view(b, w),
+            "indices": flat[b * w : b * w + 2 * b].view(torch.int64),
+            "generations": flat[b * w + 2 * b : b * w + 3 * b],
+            "weights": flat[b * w + 3 * b :].view(torch.float32),
+        }
+
+    def with_fields(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """:meth:`split` plus every field's view of the rows (prebuilt once for a sample slot)."""
+        parts = self.split(flat)
+        return parts | self.layout.views(parts["rows"])
+
+    def batch(self, parts: dict[str, torch.Tensor], with_fields: bool = False) -> SampledBatch:
+        """A :class:`SampledBatch` over ``parts``; ``with_fields`` takes the field views from ``parts`` too."""
+        fields = {f.name: parts[f.name] for f in self.layout.fields} if with_fields else None
+        return SampledBatch(
+            self.layout, parts["rows"], parts["indices"], parts["weights"], parts["generations"], fields
+        )

@@ -1,15 +1,15 @@
 """The GPU-resident prioritized replay buffer (Schaul et al. 2016, arXiv:1511.05952).
 
-:class:`PrioritizedReplayBuffer` owns every tensor that defines the buffer (packed storage
-rows, sum and min trees, slot generations, device counters) and calls the kernels of the
-chosen back end (:mod:`gper.ops`). Its methods check their input on the host from shapes,
-dtypes and devices only; checks that need values held on the GPU are done on the device
-(see ``strict``), so ``add``, ``sample`` and ``update_priorities`` never synchronise.
+:class:`PrioritizedReplayBuffer` is a façade over three objects: the packed rows
+(:class:`~gper.replay.storage.RowStorage`), the priority tree (:class:`~gper.replay.tree.PriorityTree`)
+and the sampling policy (:class:`~gper.replay.sampling.SamplingPolicy`). It checks input on the
+host from shapes, dtypes and devices only (checks that need device values are done on the
+device: see ``strict``), so ``add``, ``sample`` and ``update_priorities`` never synchronise, and
+it replays each call shape from a CUDA graph of its own (:mod:`gper.replay.graphs`).
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import warnings
 from collections.abc import Callable, Mapping
@@ -18,67 +18,25 @@ from typing import Any
 
 import torch
 
-from gper._device import canonical_device
+from gper._device import canonical_device, on_own_device
 from gper._triton import HAS_TRITON
-from gper.ops import BACKENDS, backend_module, reference
+from gper.ops import backend_module
 from gper.ops.layout import DEFAULT_ARITY, TreeLayout
-from gper.ops.state import (
-    C_CURSOR,
-    C_INVALID,
-    C_NONFINITE,
-    C_RNG,
-    C_SIZE,
-    C_STALE,
-    MODE_PROPORTIONAL,
-    MODE_STRATIFIED,
-    MODE_UNIFORM,
-    N_COUNTERS,
-    N_SCALARS,
-    S_BETA,
-    S_MAXP,
-)
-from gper.replay.batch import SampledBatch
-from gper.replay.graphs import GraphCache, SampleSlot, capture, capturing
-from gper.replay.storage import RowLayout
+from gper.ops.state import C_CURSOR, C_INVALID, C_NONFINITE, C_RNG, C_SIZE, C_STALE
+from gper.replay.batch import FlatSample, SampledBatch
+from gper.replay.checks import check_batch_size, check_beta_tensor, check_indices, check_td
+from gper.replay.config import ReplayConfig, check_unit
+from gper.replay.graphs import GraphCache, SampleSlots, capturing
+from gper.replay.sampling import SamplingPolicy
+from gper.replay.storage import RowLayout, RowStorage
+from gper.replay.tree import PriorityTree
 
-SAMPLING = ("proportional", "stratified", "rank", "uniform")
-WEIGHT_NORMS = ("global", "batch")
-_SAMPLE_SLOTS = 3  # captured sample outputs per batch size: a batch may still be alive while the next is drawn
-_MODES = {
-    "proportional": MODE_PROPORTIONAL,
-    "stratified": MODE_STRATIFIED,
-    "rank": MODE_PROPORTIONAL,
-    "uniform": MODE_UNIFORM,
-}
-
-
-def _on_own_device(method: Callable) -> Callable:
-    """Run ``method`` with the buffer's GPU current: Triton launches (and graph captures) go to the
-    current device, not to the device of the tensors passed, so a buffer on ``cuda:1`` needs it."""
-
-    @functools.wraps(method)
-    def wrapper(self: PrioritizedReplayBuffer, *args, **kwargs):
-        index = self._cuda_index
-        if index is None or torch.cuda.current_device() == index:
-            return method(self, *args, **kwargs)
-        with torch.cuda.device(index):
-            return method(self, *args, **kwargs)
-
-    return wrapper
+#: captured sample outputs per batch size: a batch may still be alive while the next is drawn
+_SAMPLE_SLOTS = 3
 
 
 class GperWarning(UserWarning):
     """Warnings from gper: CPU fallback, dropped invalid input found on the device."""
-
-
-def _check_unit(name: str, value: float, low_open: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
-    value = float(value)
-    ok = (0.0 < value if low_open else 0.0 <= value) and value <= 1.0
-    if not ok:
-        raise ValueError(f"{name} must be in {'(0, 1]' if low_open else '[0, 1]'}, got {value}")
-    return value
 
 
 class PrioritizedReplayBuffer:
@@ -132,37 +90,17 @@ class PrioritizedReplayBuffer:
         arity: int = DEFAULT_ARITY,
         cuda_graphs: bool = True,
     ) -> None:
-        if isinstance(capacity, bool) or not isinstance(capacity, int):
-            raise TypeError(f"capacity must be an int, got {type(capacity).__name__}")
-        if capacity < 1:
-            raise ValueError(f"capacity must be >= 1, got {capacity}")
-        self.alpha = _check_unit("alpha", alpha)
-        self.beta = _check_unit("beta", beta)
-        if isinstance(eps, bool) or not isinstance(eps, int | float) or not (0.0 < float(eps) < float("inf")):
-            raise ValueError(f"eps must be a positive finite float, got {eps!r}")
-        self.eps = float(eps)
-        if sampling not in SAMPLING:
-            raise ValueError(f"sampling must be one of {SAMPLING}, got {sampling!r}")
-        if weight_norm not in WEIGHT_NORMS:
-            raise ValueError(f"weight_norm must be one of {WEIGHT_NORMS}, got {weight_norm!r}")
-        if isinstance(backend, str) and backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
-            raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
-        if (
-            isinstance(rank_refresh_interval, bool)
-            or not isinstance(rank_refresh_interval, int)
-            or rank_refresh_interval < 1
-        ):
-            raise ValueError(f"rank_refresh_interval must be an int >= 1, got {rank_refresh_interval!r}")
-        self.sampling = sampling
-        self.weight_norm = weight_norm
-        self.seed = seed
+        cfg = ReplayConfig.check(
+            capacity, alpha, beta, eps, sampling, weight_norm, seed, rank_refresh_interval, arity, backend
+        )
+        self._cfg = cfg
+        self.alpha, self.beta, self.eps = cfg.alpha, cfg.beta, cfg.eps
+        self.sampling, self.weight_norm, self.seed = cfg.sampling, cfg.weight_norm, cfg.seed
+        self.rank_refresh_interval = cfg.rank_refresh_interval
         self.strict = bool(strict)
-        self.rank_refresh_interval = rank_refresh_interval
         self._backend_request = backend
-        self._rows_layout = RowLayout.build(spec)
-        self._tree_layout = TreeLayout.build(capacity, arity)
+        self._row_layout = RowLayout.build(spec)
+        self.nbytes_estimate = self._estimate_bytes(arity)  # checks arity too, before any allocation
         device = canonical_device(device)
         try:
             self._allocate(device)
@@ -176,77 +114,52 @@ class PrioritizedReplayBuffer:
                 GperWarning,
                 stacklevel=2,
             )
-            device = torch.device("cpu")
-            self._allocate(device)
+            self._allocate(torch.device("cpu"))
         self._size = 0  # host mirror: the host knows how many items it added
         self._beta_written: float | None = None
-        self._updates_since_refresh = 0
         self._invalid_reported = 0  # dropped entries already warned about
         self._graphs = GraphCache() if cuda_graphs and self.device.type == "cuda" else None
-        self._sample_slots: dict[int, list[SampleSlot]] = {}
+        self._sample_slots = SampleSlots(_SAMPLE_SLOTS)
+        self._flat = FlatSample(self._row_layout)
 
-    # ------------------------------------------------------------------ construction
-
-    @property
-    def nbytes_estimate(self) -> int:
-        """Bytes of memory the buffer holds (an upper bound, before its CUDA graphs' outputs)."""
-        lay = self._tree_layout
+    def _estimate_bytes(self, arity: int) -> int:
+        lay = TreeLayout.build(self._cfg.capacity, arity)
         cap = lay.capacity
-        trees = 2 * 4 * (lay.numel + 1)
-        generations, claims = 4 * cap, 8 * (cap + lay.arity)
+        trees, generations, claims = 2 * 4 * (lay.numel + 1), 4 * cap, 8 * (cap + lay.arity)
         keys = 4 * (cap + 1) if self.sampling == "rank" else 0
-        return cap * self._rows_layout.row_bytes + trees + generations + claims + keys
+        return cap * self._row_layout.row_bytes + trees + generations + claims + keys
 
     def _allocate(self, device: torch.device) -> None:
-        """Choose the back end for ``device`` and allocate every tensor there."""
-        cap, lay = self._tree_layout.capacity, self._tree_layout
+        """Choose the back end for ``device`` and build the storage, tree and policy there."""
         self.device = device
-        self._cuda_index = device.index if device.type == "cuda" else None
         if isinstance(self._backend_request, str):
-            self.backend = self._resolve_backend(self._backend_request, device)
-            self._ops = backend_module(self.backend)
+            self.backend = _resolve_backend(self._backend_request, device)
+            kernels = backend_module(self.backend)
         else:  # a kernel module of the caller's (kernel experiments: benchmarks/ablation.py)
-            self._ops = self._backend_request
-            self.backend = getattr(self._ops, "__name__", type(self._ops).__name__)
-        self._rows = torch.zeros(cap, self._rows_layout.row_bytes, dtype=torch.uint8, device=device)
-        self._tree = torch.zeros(lay.numel + 1, dtype=torch.float32, device=device)
-        self._mintree = torch.full((lay.numel + 1,), float("inf"), dtype=torch.float32, device=device)
-        self._gen = torch.zeros(cap, dtype=torch.int32, device=device)
-        self._owner = self._ops.make_scratch(lay, device)
-        self._counters = torch.zeros(N_COUNTERS, dtype=torch.int64, device=device)
-        self._scalars = torch.zeros(N_SCALARS, dtype=torch.float32, device=device)
-        self._scalars[S_MAXP] = 1.0  # new items enter at the max priority seen, 1 until then
-        self._key = torch.zeros(cap + 1, dtype=torch.float32, device=device) if self.sampling == "rank" else None
-        self._words = self._rows.view(torch.int32)
-        self._field_views = self._rows_layout.views(self._rows)
-        self._beta = self._scalars[S_BETA]
-
-    @staticmethod
-    def _resolve_backend(backend: str, device: torch.device) -> str:
-        interpret = os.environ.get("TRITON_INTERPRET") == "1"
-        if backend == "auto":
-            return "triton" if HAS_TRITON and device.type == "cuda" else "torch"
-        if backend == "triton":
-            if not HAS_TRITON:
-                raise ImportError("backend='triton' needs the triton package (pip install triton)")
-            if device.type != "cuda" and not interpret:
-                raise ValueError(f"backend='triton' runs on CUDA (or on CPU under TRITON_INTERPRET=1), not {device}")
-        return backend
+            kernels = self._backend_request
+            self.backend = getattr(kernels, "__name__", type(kernels).__name__)
+        cfg = self._cfg
+        # the three objects that hold the state: rows, tree (+ counters), sampling policy (+ rank keys)
+        self.rows = RowStorage(self._row_layout, cfg.capacity, device)
+        self.tree = PriorityTree(cfg.capacity, kernels, device, cfg.arity)
+        self.policy = SamplingPolicy.build(
+            cfg.sampling, cfg.weight_norm, cfg.capacity, device, cfg.rank_refresh_interval
+        )
 
     # ------------------------------------------------------------------ properties
 
     @property
     def capacity(self) -> int:
-        return self._tree_layout.capacity
+        return self._cfg.capacity
 
     @property
     def spec(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-        return self._rows_layout.spec()
+        return self._row_layout.spec()
 
     @property
     def storage(self) -> dict[str, torch.Tensor]:
         """Views ``[capacity, *shape]`` of every field's storage (read them; write through ``add``)."""
-        return dict(self._field_views)
+        return dict(self.rows.fields)
 
     def __len__(self) -> int:
         """Filled slots, as the host knows it (adds replayed from a CUDA graph show after :meth:`stats`)."""
@@ -258,9 +171,17 @@ class PrioritizedReplayBuffer:
             f"device={str(self.device)!r}, backend={self.backend!r}, fields={list(self.spec)})"
         )
 
-    # ------------------------------------------------------------------ add
+    def _graphed(self) -> bool:
+        return self._graphs is not None and not capturing()
 
-    @_on_own_device
+    def _call(self, key: tuple, args: tuple[torch.Tensor, ...], body: Callable, by_address: bool) -> tuple[Any, bool]:
+        """``body(*args)``: directly, or through a CUDA graph of the buffer's own; (result, replayed)."""
+        if not self._graphed():
+            return body(*args), False
+        run = self._graphs.run_by_address if by_address else self._graphs.run
+        return run(key, args, body)
+
+    @on_own_device
     def add(self, data: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """Append a batch of transitions at the current max priority, overwriting the oldest when full.
 
@@ -272,72 +193,42 @@ class PrioritizedReplayBuffer:
         Returns:
             [min(n, capacity)] int64 slots written, on the device.
         """
-        n = self._rows_layout.check_batch(data, self.device)
-        kept = min(n, self.capacity)
-        skip = n - kept
-        names = [f.name for f in self._rows_layout.fields]
-        args = tuple(data[name][skip:] if skip else data[name] for name in names)
-        if self._use_graphs():
-            key = ("add", n) + tuple((a.dtype, a.device.type) for a in args)
-            on_device = all(a.device == self.device for a in args)
-            run = self._graphs.run_by_address if on_device else self._graphs.run
-            pos, replayed = run(key, args, lambda *xs: self._add(xs, n, skip))
-            pos = pos.clone() if replayed else pos
-        else:
-            pos = self._add(args, n, skip)
+        n = self.rows.check_batch(data)
+        skip = n - min(n, self.capacity)
+        args = tuple(data[name][skip:] if skip else data[name] for name in self.rows.names)
+        key = ("add", n) + tuple((a.dtype, a.device.type) for a in args)
+        on_device = all(a.device == self.device for a in args)
+        pos, replayed = self._call(key, args, lambda *xs: self._add(xs, n, skip), by_address=on_device)
         self._size = min(self._size + n, self.capacity)
-        return pos
+        return pos.clone() if replayed else pos
 
     def _add(self, fields: tuple[torch.Tensor, ...], n: int, skip: int) -> torch.Tensor:
-        ops = self._ops
-        pos = ops.add_positions(self._counters, self.capacity, n - skip, skip)
-        for view, x in zip(self._field_views.values(), fields, strict=True):
-            view.index_copy_(0, pos, x.to(self.device, non_blocking=True))
-        rank = self.sampling == "rank"
-        if rank:
-            self._key[pos] = self._scalars[S_MAXP]
-        # in rank mode new items take rank 1 (probability weight 1 ** -alpha) until the next refresh
-        ops.add_commit(
-            self._tree,
-            self._mintree,
-            self._tree_layout,
-            self._gen,
-            self._counters,
-            self._scalars,
-            pos,
-            n,
-            1.0 if rank else None,
-        )
+        pos = self.tree.positions(n - skip, skip)
+        self.rows.write(pos, fields)
+        self.policy.on_add(self.tree, pos)
+        self.tree.commit(pos, n, self.policy.new_item_value)
         return pos
 
-    def _use_graphs(self) -> bool:
-        return self._graphs is not None and not capturing()
-
-    # ------------------------------------------------------------------ sample
-
-    def _set_beta(self, beta: float | torch.Tensor | None) -> torch.Tensor:
+    def _beta_tensor(self, beta: float | torch.Tensor | None) -> torch.Tensor:
         """The 0-d float32 device tensor the sampling kernel reads this call's beta from.
 
         A float32 tensor of the caller's is read where it is (no copy kernel) unless the call
         replays the buffer's own graph, whose kernel reads the buffer's scalar."""
+        own = self.tree.beta
         if isinstance(beta, torch.Tensor):
-            if beta.dim() != 0 or not beta.dtype.is_floating_point or beta.device != self.device:
-                raise ValueError(
-                    f"beta tensor must be a 0-d float tensor on {self.device}, got shape {tuple(beta.shape)} "
-                    f"{beta.dtype} on {beta.device}"
-                )
-            if beta.dtype == torch.float32 and not self._use_graphs():
+            check_beta_tensor(beta, self.device)
+            if beta.dtype == torch.float32 and not self._graphed():
                 return beta
-            self._beta.copy_(beta)
+            own.copy_(beta)
             self._beta_written = None
-            return self._beta
-        value = self.beta if beta is None else _check_unit("beta", beta)
+            return own
+        value = self.beta if beta is None else check_unit("beta", beta)
         if value != self._beta_written:
-            self._beta.fill_(value)
+            own.fill_(value)
             self._beta_written = value
-        return self._beta
+        return own
 
-    @_on_own_device
+    @on_own_device
     def sample(self, batch_size: int, beta: float | torch.Tensor | None = None) -> SampledBatch:
         """Draw ``batch_size`` transitions with replacement, with their IS weights.
 
@@ -350,97 +241,23 @@ class PrioritizedReplayBuffer:
         Returns:
             A :class:`SampledBatch` of fresh tensors on the device.
         """
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int):
-            raise TypeError(f"batch_size must be an int, got {type(batch_size).__name__}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        b = check_batch_size(batch_size)
         if self._size == 0:
             raise RuntimeError("sample(): the buffer is empty; add() transitions first")
-        beta_t = self._set_beta(beta)
-        if self._use_graphs():
-            return self._sample_graphed(batch_size)
-        return self._batch_of(self._split(self._sample(batch_size, beta_t), batch_size))
+        beta_t = self._beta_tensor(beta)
+        if not self._graphed():
+            return self._flat.batch(self._flat.split(self._sample(b, beta_t)))
+        out, replayed = self._sample_slots.run(b, lambda: self._sample(b, self.tree.beta), self._flat.with_fields)
+        return self._flat.batch(out, with_fields=True) if replayed else self._flat.batch(self._flat.split(out))
 
-    def _split(self, flat: torch.Tensor, b: int) -> dict[str, torch.Tensor]:
-        """The parts of a flat sample output: rows [B*W], indices [2B as int64], generations [B], weights [B]."""
-        w = self._rows_layout.words
-        return {
-            "rows": flat[: b * w].view(b, w),
-            "indices": flat[b * w : b * w + 2 * b].view(torch.int64),
-            "generations": flat[b * w + 2 * b : b * w + 3 * b],
-            "weights": flat[b * w + 3 * b :].view(torch.float32),
-        }
-
-    def _batch_of(self, parts: dict[str, torch.Tensor], with_fields: bool = False) -> SampledBatch:
-        """A batch over ``parts``; ``with_fields`` takes the field views from ``parts`` too (sample slots)."""
-        fields = {name: parts[name] for name in self.spec} if with_fields else None
-        return SampledBatch(
-            self._rows_layout, parts["rows"], parts["indices"], parts["weights"], parts["generations"], fields
-        )
-
-    def _sample_graphed(self, b: int) -> SampledBatch:
-        slots = self._sample_slots.setdefault(b, [])
-        for slot in slots:
-            if slot.free():
-                slot.graph.replay()
-                return self._batch_of(slot.tensors, with_fields=True)
-        flat = self._sample(b)  # this call's result; it also compiles the kernel before capture
-        if len(slots) < _SAMPLE_SLOTS:
-            graph = torch.cuda.CUDAGraph()
-            with capture(graph):
-                static = self._sample(b)
-            tensors = self._split(static, b)
-            tensors.update(self._rows_layout.views(tensors["rows"]))
-            slots.append(SampleSlot(graph, static, tensors))
-        return self._batch_of(self._split(flat, b))
-
-    def _sample(self, b: int, beta: torch.Tensor | None = None) -> torch.Tensor:
-        """Sample ``b`` draws into one flat int32 tensor (see :meth:`_split` for its parts);
-        ``beta`` is the 0-d float32 tensor the kernel reads (default the buffer's scalar)."""
-        flat = torch.empty(b * (self._rows_layout.words + 4), dtype=torch.int32, device=self.device)
-        out = self._split(flat, b)
-        self._ops.sample(
-            self._tree,
-            self._mintree,
-            self._tree_layout,
-            self._words,
-            self._gen,
-            self._counters,
-            self.seed,
-            b,
-            _MODES[self.sampling],
-            self._beta if beta is None else beta,
-            out["rows"],
-            out["indices"],
-            out["generations"],
-            out["weights"],
-        )
-        if self.weight_norm == "batch" and self.sampling != "uniform":
-            # w_i / max_j w_j = (p_i / min_j p_j) ** -beta over the batch
-            out["weights"].div_(out["weights"].amax())
+    def _sample(self, b: int, beta: torch.Tensor) -> torch.Tensor:
+        flat = self._flat.empty(b, self.device)
+        out = self._flat.split(flat)
+        self.tree.sample_into(self.rows.words, self.seed, self.policy.kernel_mode, beta, out)
+        self.policy.normalise(out)
         return flat
 
-    # ------------------------------------------------------------------ priorities
-
-    def _check_indices(self, indices: object, what: str) -> torch.Tensor:
-        if not isinstance(indices, torch.Tensor):
-            raise TypeError(f"{what}: indices must be a torch.Tensor, got {type(indices).__name__}")
-        if indices.dim() != 1:
-            raise ValueError(f"{what}: indices must be 1-D [B], got shape {tuple(indices.shape)}")
-        if indices.numel() == 0:
-            raise ValueError(f"{what}: empty batch of indices")
-        if indices.dtype not in (torch.int64, torch.int32):
-            raise TypeError(f"{what}: indices must be int64 or int32, got {indices.dtype}")
-        if indices.device != self.device:
-            raise ValueError(f"{what}: indices are on {indices.device}, expected {self.device}")
-        if self.device.type == "cpu" or self.strict:
-            lo, hi = int(indices.min()), int(indices.max())
-            if lo < 0 or hi >= self._size:
-                bad = lo if lo < 0 else hi
-                raise IndexError(f"{what}: index {bad} out of range [0, {self._size}) (filled slots)")
-        return indices.long()
-
-    @_on_own_device
+    @on_own_device
     def update_priorities(self, batch_or_indices: SampledBatch | torch.Tensor, td_errors: torch.Tensor) -> None:
         """Set priorities ``(|td| + eps) ** alpha`` for sampled slots.
 
@@ -450,52 +267,20 @@ class PrioritizedReplayBuffer:
             td_errors: [B] floating tensor on the buffer's device. NaN and ±Inf become the current
                 max priority and are counted (:meth:`stats`). For duplicate slots the last wins.
         """
-        if isinstance(batch_or_indices, SampledBatch):
-            indices, expected = batch_or_indices.indices, batch_or_indices.generations
-        else:
-            indices, expected = batch_or_indices, None
-        indices = self._check_indices(indices, "update_priorities()")
-        if not isinstance(td_errors, torch.Tensor):
-            raise TypeError(f"update_priorities(): td_errors must be a torch.Tensor, got {type(td_errors).__name__}")
-        if not td_errors.dtype.is_floating_point:
-            raise TypeError(f"update_priorities(): td_errors must be floating point, got {td_errors.dtype}")
-        if td_errors.shape != indices.shape:
-            raise ValueError(
-                f"update_priorities(): td_errors has shape {tuple(td_errors.shape)}, expected ({indices.numel()},) "
-                "to match the indices"
-            )
-        if td_errors.device != self.device:
-            raise ValueError(f"update_priorities(): td_errors are on {td_errors.device}, expected {self.device}")
+        batch = batch_or_indices if isinstance(batch_or_indices, SampledBatch) else None
+        raw = batch.indices if batch is not None else batch_or_indices
+        indices = check_indices(raw, self.device, self._size, self.strict, "update_priorities()")
+        td = check_td(td_errors, indices, self.device)
+        expected = batch.generations if batch is not None else None
         if expected is not None and (expected.shape != indices.shape or expected.device != self.device):
             raise ValueError("update_priorities(): the batch's generations do not match its indices")
-        td = td_errors.detach().float()
         args = (indices, td) if expected is None else (indices, td, expected)
-        if self._use_graphs():
-            self._graphs.run_by_address(("update", indices.numel(), expected is not None), args, self._update)
-        else:
-            self._update(*args)
-        if self.sampling == "rank":
-            self._updates_since_refresh += 1
-            if self._updates_since_refresh >= self.rank_refresh_interval:
-                self.refresh_ranks()
+        self._call(("update", indices.numel(), expected is not None), args, self._update, by_address=True)
+        if self.policy.rank is not None and self.policy.rank.count_update():
+            self.refresh_ranks()
 
     def _update(self, indices: torch.Tensor, td: torch.Tensor, expected: torch.Tensor | None = None) -> None:
-        rank = self.sampling == "rank"
-        self._ops.update(
-            self._key if rank else self._tree,
-            self._mintree,
-            self._tree_layout,
-            self._owner,
-            self._gen,
-            self._counters,
-            self._scalars,
-            indices.contiguous(),
-            td.contiguous(),
-            expected,
-            1.0 if rank else self.alpha,
-            self.eps,
-            leaf_only=rank,
-        )
+        self.policy.update(self.tree, indices, td, expected, self.alpha, self.eps)
 
     def priorities(self, indices: torch.Tensor) -> torch.Tensor:
         """Stored sampling priorities of ``indices`` ([B] float32, after alpha).
@@ -503,36 +288,20 @@ class PrioritizedReplayBuffer:
         In "rank" mode these are the rank weights ``rank ** -alpha`` from the last refresh. On
         CUDA without ``strict``, out-of-range entries come back as NaN instead of raising.
         """
-        indices = self._check_indices(indices, "priorities()")
-        ok = (indices >= 0) & (indices < self._counters[C_SIZE])
-        leaf = self._tree[self._tree_layout.leaf_offset + torch.where(ok, indices, 0)]
-        return torch.where(ok, leaf, float("nan"))
+        return self.tree.priorities(check_indices(indices, self.device, self._size, self.strict, "priorities()"))
 
-    @_on_own_device
+    @on_own_device
     def refresh_ranks(self) -> None:
         """Rank mode: re-sort the stored priorities and give slot of rank r the weight ``r ** -alpha``.
 
-        An argsort of the filled slots (O(N log N); about 1.5 ms at 2^25 on an H200, per
-        ``shared/research/algorithms.md`` section 5) plus a rebuild of the tree. Between refreshes
-        ranks are stale, as in the PER paper; new items count as rank 1. Called automatically
-        every ``rank_refresh_interval`` updates; inside a CUDA graph call it yourself.
+        An argsort of the filled slots (O(N log N); its cost is in ``docs/performance.md``) plus a
+        rebuild of the tree. Between refreshes ranks are stale, as in the PER paper; new items
+        count as rank 1. Called automatically every ``rank_refresh_interval`` updates; inside a
+        CUDA graph call it yourself.
         """
-        if self.sampling != "rank":
+        if self.policy.rank is None:
             raise RuntimeError("refresh_ranks() applies to sampling='rank' only")
-        n = self._size
-        self._updates_since_refresh = 0
-        if n == 0:
-            return
-        order = torch.argsort(self._key[:n], descending=True, stable=True)
-        rank = torch.empty(n, dtype=torch.float32, device=self.device)
-        rank[order] = torch.arange(1, n + 1, dtype=torch.float32, device=self.device)
-        weight = rank.pow(-self.alpha)
-        lo = self._tree_layout.leaf_offset
-        self._tree[lo : lo + n] = weight
-        self._mintree[lo : lo + n] = weight
-        reference.rebuild(self._tree, self._mintree, self._tree_layout)
-
-    # ------------------------------------------------------------------ device state
+        self.policy.rank.refresh(self.tree, self._size, self.alpha)
 
     def stats(self) -> dict[str, Any]:
         """Read the device counters (one host sync) and refresh the host's view of the size.
@@ -545,21 +314,12 @@ class PrioritizedReplayBuffer:
         Warns:
             GperWarning: when invalid indices were dropped since the last call.
         """
-        c = self._counters.tolist()
-        s = self._scalars.tolist()
-        lay = self._tree_layout
-        total = float(self._tree[lay.offsets[0] : lay.offsets[0] + lay.arity].double().sum())
+        c = self.tree.counters.tolist()
         self._size = int(c[C_SIZE])
-        out = {
-            "size": int(c[C_SIZE]),
-            "cursor": int(c[C_CURSOR]),
-            "max_priority": s[S_MAXP],
-            "total_priority": total,
-            "rng_offset": int(c[C_RNG]),
-            "invalid_indices": int(c[C_INVALID]),
-            "stale_updates": int(c[C_STALE]),
-            "nonfinite_td": int(c[C_NONFINITE]),
-        }
+        names = {"size": C_SIZE, "cursor": C_CURSOR, "rng_offset": C_RNG, "invalid_indices": C_INVALID}
+        names |= {"stale_updates": C_STALE, "nonfinite_td": C_NONFINITE}
+        out = {name: int(c[i]) for name, i in names.items()}
+        out |= {"max_priority": float(self.tree.max_priority()), "total_priority": float(self.tree.total())}
         new = out["invalid_indices"] - self._invalid_reported
         if new > 0:
             warnings.warn(
@@ -571,23 +331,12 @@ class PrioritizedReplayBuffer:
         self._invalid_reported = out["invalid_indices"]
         return out
 
-    # ------------------------------------------------------------------ checkpoint
+    def _tensors(self) -> dict[str, torch.Tensor]:
+        return {"rows": self.rows.rows} | self.tree.state_dict() | self.policy.state_dict()
 
     def _config(self) -> dict[str, Any]:
-        return {
-            "capacity": self.capacity,
-            "spec": {n: (list(shape), str(dtype)) for n, (shape, dtype) in self.spec.items()},
-            "alpha": self.alpha,
-            "beta": self.beta,
-            "eps": self.eps,
-            "sampling": self.sampling,
-            "weight_norm": self.weight_norm,
-            "arity": self._tree_layout.arity,
-            # where each field sits in a storage row: rows saved with another packing (an older
-            # gper ordered fields differently) are refused rather than read as scrambled fields
-            "row_layout": {f.name: f.offset for f in self._rows_layout.fields}
-            | {"row_bytes": self._rows_layout.row_bytes},
-        }
+        offsets = {f.name: f.offset for f in self._row_layout.fields}
+        return self._cfg.checkpoint(self.spec, offsets, self._row_layout.row_bytes)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything that defines the buffer: data, trees, generations, cursor, size, RNG state.
@@ -595,20 +344,9 @@ class PrioritizedReplayBuffer:
         The tensors are the buffer's own (not copies), as with ``nn.Module.state_dict``; save
         them with ``torch.save`` or copy them before changing the buffer.
         """
-        sd = {
-            "config": self._config(),
-            "seed": self.seed,
-            "rows": self._rows,
-            "tree": self._tree,
-            "mintree": self._mintree,
-            "gen": self._gen,
-            "counters": self._counters,
-            "scalars": self._scalars,
-            "host": {"size": self._size, "updates_since_refresh": self._updates_since_refresh},
-        }
-        if self._key is not None:
-            sd["key"] = self._key
-        return sd
+        rank = self.policy.rank
+        host = {"size": self._size, "updates_since_refresh": rank.updates_since_refresh if rank else 0}
+        return {"config": self._config(), "seed": self.seed} | self._tensors() | {"host": host}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a :meth:`state_dict` in place (tensors keep their addresses, so captured
@@ -622,23 +360,35 @@ class PrioritizedReplayBuffer:
         if theirs != mine:
             diff = sorted(k for k in mine if not isinstance(theirs, Mapping) or theirs.get(k) != mine[k])
             raise ValueError(f"load_state_dict(): configuration differs in {diff}")
-        names = ["rows", "tree", "mintree", "gen", "counters", "scalars"] + (["key"] if self._key is not None else [])
-        for name in names:
-            src, dst = state.get(name), getattr(self, f"_{name}")
+        own = self._tensors()
+        for name, dst in own.items():
+            src = state.get(name)
             if not isinstance(src, torch.Tensor) or src.shape != dst.shape or src.dtype != dst.dtype:
                 raise ValueError(f"load_state_dict(): {name!r} missing or of the wrong shape/dtype")
-        host = state.get("host")
-        seed = state.get("seed")
+        host, seed = state.get("host"), state.get("seed")
         if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
             raise ValueError(f"load_state_dict(): 'seed' missing or invalid: {seed!r}")
         if not isinstance(host, Mapping) or not {"size", "updates_since_refresh"} <= host.keys():
             raise ValueError("load_state_dict(): 'host' missing or incomplete")
-        for name in names:
-            getattr(self, f"_{name}").copy_(state[name])
+        for name, dst in own.items():
+            dst.copy_(state[name])
         self.seed = seed
         if self._graphs is not None:
             self._graphs.clear()  # graphs froze the old seed
             self._sample_slots.clear()
         self._size = int(host["size"])
-        self._updates_since_refresh = int(host["updates_since_refresh"])
+        if self.policy.rank is not None:
+            self.policy.rank.updates_since_refresh = int(host["updates_since_refresh"])
         self._beta_written = None
+
+
+def _resolve_backend(backend: str, device: torch.device) -> str:
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    if backend == "auto":
+        return "triton" if HAS_TRITON and device.type == "cuda" else "torch"
+    if backend == "triton":
+        if not HAS_TRITON:
+            raise ImportError("backend='triton' needs the triton package (pip install triton)")
+        if device.type != "cuda" and not interpret:
+            raise ValueError(f"backend='triton' runs on CUDA (or on CPU under TRITON_INTERPRET=1), not {device}")
+    return backend

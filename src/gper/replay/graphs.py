@@ -158,6 +158,45 @@ class SampleSlot:
         return _storage_uses(self.flat) == self._base_use and _refcounts(self.tensors) == self._base_refs
 
 
+class SampleSlots:
+    """Captured ``sample`` calls, up to ``per_key`` slots per key (the batch size).
+
+    A batch may still be alive while the next is drawn (the trainer keeps the last one for its
+    priority update), so each batch size gets a few slots: a call replays the first free one, or
+    runs eagerly (capturing a new slot while there are fewer than ``per_key``)."""
+
+    def __init__(self, per_key: int = 3) -> None:
+        self.per_key = per_key
+        self._slots: dict[Hashable, list[SampleSlot]] = {}
+
+    def run(
+        self,
+        key: Hashable,
+        body: Callable[[], torch.Tensor],
+        outputs: Callable[[torch.Tensor], dict[str, torch.Tensor]],
+    ) -> tuple[dict[str, torch.Tensor] | torch.Tensor, bool]:
+        """``(body(), False)`` run eagerly, or ``(a free slot's prebuilt outputs, True)`` after its replay.
+
+        ``body`` returns one flat tensor (every output is a view of it, so :meth:`SampleSlot.free`
+        can count all of them through one storage's use count); ``outputs`` splits it into named views.
+        """
+        slots = self._slots.setdefault(key, [])
+        for slot in slots:
+            if slot.free():
+                slot.graph.replay()
+                return slot.tensors, True
+        flat = body()  # this call's result; it also compiles the kernel before the capture
+        if len(slots) < self.per_key:
+            graph = torch.cuda.CUDAGraph()
+            with capture(graph):
+                static = body()
+            slots.append(SampleSlot(graph, static, outputs(static)))
+        return flat, False
+
+    def clear(self) -> None:
+        self._slots.clear()
+
+
 def _refcounts(tensors: dict[str, torch.Tensor]) -> list[int]:
     # one code path for the baseline and the check, so both count the same temporaries
     return [sys.getrefcount(t) for t in tensors.values()]

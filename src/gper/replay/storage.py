@@ -1,12 +1,14 @@
-"""What a transition holds, and how its fields are packed into one storage row.
+"""What a transition holds, how its fields are packed into one storage row, and the rows themselves.
 
 Every field of a slot lives in one row of a ``[capacity, row_bytes]`` uint8 tensor (row_bytes
 a multiple of 16), fields ordered by alignment (the largest power of two up to 16 dividing their
 byte size), so each stays aligned and a field of a multiple of 16 bytes starts 16-byte aligned.
 Sampling then gathers one contiguous row per draw, a single launch for all fields, and the row
-start is 16-byte aligned so the loads vectorise (measured 1.5x faster than separate arrays for ``obs`` and
-``next_obs``: ``shared/research/algorithms.md`` section 0). Users see each field as an ordinary
-strided view of shape ``[capacity, *shape]``.
+start is 16-byte aligned so the loads vectorise (``docs/design.md``, *Storage*). Users see each
+field as an ordinary strided view of shape ``[capacity, *shape]``.
+
+:class:`RowLayout` is the layout; :class:`RowStorage` owns the ``[capacity, row_bytes]`` rows,
+their field views, the checks of a batch to add, and its writes.
 """
 
 from __future__ import annotations
@@ -153,3 +155,37 @@ class RowLayout:
         if n == 0:
             raise ValueError("add(): empty batch (leading size 0)")
         return n
+
+
+class RowStorage:
+    """The packed rows of ``capacity`` slots on ``device``, laid out by ``layout``.
+
+    Attributes:
+        layout: the :class:`RowLayout`.
+        rows: [capacity, row_bytes] uint8, every field of a slot in one row.
+        words: the same memory as [capacity, row_bytes // 4] int32 (what the sampling kernel gathers).
+        fields: name -> view ``[capacity, *shape]`` of that field.
+    """
+
+    def __init__(self, layout: RowLayout, capacity: int, device: torch.device) -> None:
+        self.layout = layout
+        self.rows = torch.zeros(capacity, layout.row_bytes, dtype=torch.uint8, device=device)
+        self.words = self.rows.view(torch.int32)
+        self.fields = layout.views(self.rows)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.layout.fields)
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows.numel()
+
+    def check_batch(self, data: object) -> int:
+        """Validate a batch for :meth:`write` (see :meth:`RowLayout.check_batch`); its size ``n``."""
+        return self.layout.check_batch(data, self.rows.device)
+
+    def write(self, positions: torch.Tensor, values: tuple[torch.Tensor, ...]) -> None:
+        """Write ``values`` (one tensor per field, in :attr:`names` order) into rows ``positions``."""
+        for view, x in zip(self.fields.values(), values, strict=True):
+            view.index_copy_(0, positions, x.to(self.rows.device, non_blocking=True))

@@ -1,0 +1,59 @@
+"""Host-side checks of what callers pass to a buffer: from shapes, dtypes and devices only, so
+no check reads a device value (except where ``strict`` or the CPU make that free)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def check_batch_size(batch_size: object) -> int:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int):
+        raise TypeError(f"batch_size must be an int, got {type(batch_size).__name__}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    return batch_size
+
+
+def check_beta_tensor(beta: torch.Tensor, device: torch.device) -> None:
+    if beta.dim() != 0 or not beta.dtype.is_floating_point or beta.device != device:
+        raise ValueError(
+            f"beta tensor must be a 0-d float tensor on {device}, got shape {tuple(beta.shape)} "
+            f"{beta.dtype} on {beta.device}"
+        )
+
+
+def check_indices(indices: object, device: torch.device, size: int, strict: bool, what: str) -> torch.Tensor:
+    """``indices`` as int64 after checking type, shape and device; on the CPU (or with ``strict``)
+    also the range ``[0, size)``, which costs a host read of the indices."""
+    if not isinstance(indices, torch.Tensor):
+        raise TypeError(f"{what}: indices must be a torch.Tensor, got {type(indices).__name__}")
+    if indices.dim() != 1:
+        raise ValueError(f"{what}: indices must be 1-D [B], got shape {tuple(indices.shape)}")
+    if indices.numel() == 0:
+        raise ValueError(f"{what}: empty batch of indices")
+    if indices.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{what}: indices must be int64 or int32, got {indices.dtype}")
+    if indices.device != device:
+        raise ValueError(f"{what}: indices are on {indices.device}, expected {device}")
+    if device.type == "cpu" or strict:
+        lo, hi = int(indices.min()), int(indices.max())
+        if lo < 0 or hi >= size:
+            bad = lo if lo < 0 else hi
+            raise IndexError(f"{what}: index {bad} out of range [0, {size}) (filled slots)")
+    return indices.long()
+
+
+def check_td(td_errors: object, indices: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``td_errors`` [B] as detached float32, after checking it matches ``indices``."""
+    what = "update_priorities()"
+    if not isinstance(td_errors, torch.Tensor):
+        raise TypeError(f"{what}: td_errors must be a torch.Tensor, got {type(td_errors).__name__}")
+    if not td_errors.dtype.is_floating_point:
+        raise TypeError(f"{what}: td_errors must be floating point, got {td_errors.dtype}")
+    if td_errors.shape != indices.shape:
+        raise ValueError(
+            f"{what}: td_errors has shape {tuple(td_errors.shape)}, expected ({indices.numel()},) to match the indices"
+        )
+    if td_errors.device != device:
+        raise ValueError(f"{what}: td_errors are on {td_errors.device}, expected {device}")
+    return td_errors.detach().float()

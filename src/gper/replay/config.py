@@ -1,0 +1,93 @@
+"""The settings of a replay buffer, checked once, and their checkpoint form."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from gper.ops import BACKENDS
+from gper.ops.layout import DEFAULT_ARITY
+from gper.replay.sampling import SAMPLING, WEIGHT_NORMS
+
+
+def check_unit(name: str, value: object, low_open: bool = False) -> float:
+    """``value`` as a float in [0, 1] (``(0, 1]`` with ``low_open``), or a TypeError/ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+    value = float(value)
+    ok = (0.0 < value if low_open else 0.0 <= value) and value <= 1.0
+    if not ok:
+        raise ValueError(f"{name} must be in {'(0, 1]' if low_open else '[0, 1]'}, got {value}")
+    return value
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """The constructor arguments of :class:`~gper.PrioritizedReplayBuffer` that define its contents
+    (see its docstring); :meth:`check` validates them before anything is allocated."""
+
+    capacity: int
+    alpha: float = 0.6
+    beta: float = 0.4
+    eps: float = 1e-6
+    sampling: str = "proportional"
+    weight_norm: str = "global"
+    seed: int = 0
+    rank_refresh_interval: int = 100
+    arity: int = DEFAULT_ARITY
+
+    @staticmethod
+    def check(
+        capacity: object,
+        alpha: object,
+        beta: object,
+        eps: object,
+        sampling: object,
+        weight_norm: object,
+        seed: object,
+        rank_refresh_interval: object,
+        arity: object,
+        backend: object,
+    ) -> ReplayConfig:
+        """The checked settings, or a TypeError/ValueError naming the first bad one."""
+        if not _is_int(capacity):
+            raise TypeError(f"capacity must be an int, got {type(capacity).__name__}")
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        alpha, beta = check_unit("alpha", alpha), check_unit("beta", beta)
+        if isinstance(eps, bool) or not isinstance(eps, int | float) or not (0.0 < float(eps) < float("inf")):
+            raise ValueError(f"eps must be a positive finite float, got {eps!r}")
+        if sampling not in SAMPLING:
+            raise ValueError(f"sampling must be one of {SAMPLING}, got {sampling!r}")
+        if weight_norm not in WEIGHT_NORMS:
+            raise ValueError(f"weight_norm must be one of {WEIGHT_NORMS}, got {weight_norm!r}")
+        if not isinstance(backend, ModuleType) and backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if not _is_int(seed) or not 0 <= seed < 2**63:
+            raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
+        if not _is_int(rank_refresh_interval) or rank_refresh_interval < 1:
+            raise ValueError(f"rank_refresh_interval must be an int >= 1, got {rank_refresh_interval!r}")
+        return ReplayConfig(
+            capacity, alpha, beta, float(eps), sampling, weight_norm, seed, rank_refresh_interval, arity
+        )
+
+    def checkpoint(self, spec: dict, row_offsets: dict[str, int], row_bytes: int) -> dict[str, Any]:
+        """What a checkpoint records to refuse loading into a buffer of other settings."""
+        return {
+            "capacity": self.capacity,
+            "spec": {n: (list(shape), str(dtype)) for n, (shape, dtype) in spec.items()},
+            "alpha": self.alpha,
+            "beta": self.beta,
+            "eps": self.eps,
+            "sampling": self.sampling,
+            "weight_norm": self.weight_norm,
+            "arity": self.arity,
+            # where each field sits in a storage row: rows saved with another packing (an older
+            # gper ordered fields differently) are refused rather than read as scrambled fields
+            "row_layout": dict(row_offsets) | {"row_bytes": row_bytes},
+        }

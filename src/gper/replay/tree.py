@@ -1,0 +1,249 @@
+"""The priority tree: K-ary sum and min trees over the slots, with everything their kernels share.
+
+:class:`PriorityTree` owns the device state that defines where samples land: the sum tree (draws),
+the min tree (the smallest priority, for IS weights), each slot's generation (so a priority
+update can tell that its slot was overwritten since it was sampled), the update's claim buffer,
+and the int64 counters and float32 scalars of :mod:`gper.ops.state` (RNG offset, cursor, size,
+counts of dropped input, max priority, beta). Its methods call the kernels of one back end
+(:class:`gper.ops.ReplayKernels`) by keyword and never read a device value on the host.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+
+from gper.ops import ReplayKernels
+from gper.ops.layout import DEFAULT_ARITY, TreeLayout
+from gper.ops.state import C_CURSOR, C_SIZE, N_COUNTERS, N_SCALARS, S_BETA, S_MAXP
+
+#: the tensors of :meth:`PriorityTree.state_dict`, by checkpoint name
+STATE_NAMES = ("tree", "mintree", "gen", "counters", "scalars")
+
+
+class PriorityTree:
+    """Sum and min trees of ``capacity`` leaves on ``device``, driven by ``kernels``.
+
+    Args:
+        capacity: slots (leaves), any integer >= 1.
+        kernels: the back end (:func:`gper.ops.backend_module`), or any :class:`~gper.ops.ReplayKernels`.
+        device: where every tensor lives.
+        arity: children per node, a power of two.
+
+    Attributes:
+        layout: the :class:`~gper.ops.layout.TreeLayout`.
+        tree: [numel + 1] float32 sum tree (leaves last, one trash cell at the end).
+        mintree: [numel + 1] float32 min tree (+inf where nothing is stored).
+        gen: [capacity] int32 generation of each slot (bumped by every write).
+        claims: the update's claim buffer (all -1 between calls).
+        counters: [N_COUNTERS] int64 device counters; scalars: [N_SCALARS] float32 device scalars.
+    """
+
+    def __init__(self, capacity: int, kernels: ReplayKernels, device: torch.device, arity: int = DEFAULT_ARITY) -> None:
+        self.layout = lay = TreeLayout.build(capacity, arity)
+        self.kernels = kernels
+        self.device = torch.device(device)
+        self.tree = torch.zeros(lay.numel + 1, dtype=torch.float32, device=device)
+        self.mintree = torch.full((lay.numel + 1,), math.inf, dtype=torch.float32, device=device)
+        self.gen = torch.zeros(capacity, dtype=torch.int32, device=device)
+        self.claims = kernels.make_claims(lay, self.device)
+        self.counters = torch.zeros(N_COUNTERS, dtype=torch.int64, device=device)
+        self.scalars = torch.zeros(N_SCALARS, dtype=torch.float32, device=device)
+        self.scalars[S_MAXP] = 1.0  # new items enter at the max priority seen, 1 until then
+
+    @classmethod
+    def from_leaves(
+        cls,
+        leaves: torch.Tensor | list[float],
+        kernels: ReplayKernels,
+        arity: int = DEFAULT_ARITY,
+        size: int | None = None,
+        device: torch.device | str = "cpu",
+    ) -> PriorityTree:
+        """A tree whose leaves are ``leaves`` (0 = never drawn) and whose counters report ``size``
+        filled slots (default all): for tests and tools that drive the kernels directly."""
+        leaves = torch.as_tensor(leaves, dtype=torch.float32, device=device)
+        tree = cls(leaves.numel(), kernels, torch.device(device), arity)
+        lo = tree.layout.leaf_offset
+        tree.tree[lo : lo + leaves.numel()] = leaves
+        tree.mintree[lo : lo + leaves.numel()] = torch.where(leaves > 0, leaves, math.inf)
+        tree.rebuild()
+        tree.counters[C_SIZE] = leaves.numel() if size is None else size
+        return tree
+
+    # ---------------------------------------------------------------- reads (0-d device tensors)
+
+    @property
+    def capacity(self) -> int:
+        return self.layout.capacity
+
+    @property
+    def beta(self) -> torch.Tensor:
+        """The 0-d float32 device scalar the sampling kernel reads beta from by default."""
+        return self.scalars[S_BETA]
+
+    @property
+    def size(self) -> torch.Tensor:
+        """0-d int64: filled slots, on the device."""
+        return self.counters[C_SIZE]
+
+    @property
+    def cursor(self) -> torch.Tensor:
+        """0-d int64: the next slot to write, on the device."""
+        return self.counters[C_CURSOR]
+
+    def _top(self, tree: torch.Tensor) -> torch.Tensor:
+        off = self.layout.offsets[0]
+        return tree[off : off + self.layout.arity]
+
+    def total(self) -> torch.Tensor:
+        """0-d float64 device tensor: the sum of every stored priority (the root's mass)."""
+        return self._top(self.tree).double().sum()
+
+    def min(self) -> torch.Tensor:
+        """0-d float32 device tensor: the smallest stored priority (+inf when empty)."""
+        return self._top(self.mintree).amin()
+
+    def max_priority(self) -> torch.Tensor:
+        """0-d float32 device tensor: the running max priority (new items enter at it)."""
+        return self.scalars[S_MAXP]
+
+    def leaves(self) -> torch.Tensor:
+        """[capacity] view of the sum tree's leaves (the stored priorities)."""
+        lo = self.layout.leaf_offset
+        return self.tree[lo : lo + self.capacity]
+
+    def priorities(self, indices: torch.Tensor) -> torch.Tensor:
+        """Stored priorities of ``indices`` [B] int64; NaN for indices outside [0, size)."""
+        ok = (indices >= 0) & (indices < self.size)
+        leaf = self.tree[self.layout.leaf_offset + torch.where(ok, indices, 0)]
+        return torch.where(ok, leaf, float("nan"))
+
+    # ---------------------------------------------------------------- writes (device work only)
+
+    def positions(self, n: int, skip: int = 0) -> torch.Tensor:
+        """[n] int64 slots for ``n`` new items after skipping ``skip`` (a batch larger than the tree)."""
+        return self.kernels.add_positions(counters=self.counters, capacity=self.capacity, n=n, skip=skip)
+
+    def commit(self, positions: torch.Tensor, total: int, leaf_value: float | None = None) -> None:
+        """Slots ``positions`` (just written) enter at ``leaf_value`` (default: the max priority),
+        their generations advance, and cursor and size move on by ``total`` items."""
+        self.kernels.add_commit(
+            tree=self.tree,
+            mintree=self.mintree,
+            layout=self.layout,
+            gen=self.gen,
+            counters=self.counters,
+            scalars=self.scalars,
+            pos=positions,
+            total=total,
+            leaf_value=leaf_value,
+        )
+
+    def update(
+        self,
+        indices: torch.Tensor,
+        td: torch.Tensor,
+        expected_gen: torch.Tensor | None,
+        alpha: float,
+        eps: float,
+    ) -> None:
+        """Priorities ``(|td| + eps) ** alpha`` for ``indices`` (see :func:`gper.ops.reference.update`)."""
+        self.kernels.update(
+            tree=self.tree,
+            mintree=self.mintree,
+            layout=self.layout,
+            claims=self.claims,
+            gen=self.gen,
+            counters=self.counters,
+            scalars=self.scalars,
+            idx=indices.contiguous(),
+            td=td.contiguous(),
+            expected_gen=expected_gen,
+            alpha=alpha,
+            eps=eps,
+        )
+
+    def set_keys(
+        self, keys: torch.Tensor, indices: torch.Tensor, td: torch.Tensor, expected_gen: torch.Tensor | None, eps: float
+    ) -> None:
+        """Rank mode: sort keys ``|td| + eps`` into ``keys``, with the checks and counts of :meth:`update`."""
+        self.kernels.set_keys(
+            keys=keys,
+            layout=self.layout,
+            claims=self.claims,
+            gen=self.gen,
+            counters=self.counters,
+            scalars=self.scalars,
+            idx=indices.contiguous(),
+            td=td.contiguous(),
+            expected_gen=expected_gen,
+            eps=eps,
+        )
+
+    def set_leaves(self, values: torch.Tensor) -> None:
+        """Leaves ``0 .. len(values)`` of both trees become ``values``; then :meth:`rebuild`."""
+        lo, n = self.layout.leaf_offset, values.numel()
+        self.tree[lo : lo + n] = values
+        self.mintree[lo : lo + n] = values
+        self.rebuild()
+
+    def rebuild(self) -> None:
+        """Recompute every inner node of both trees from the leaves (O(capacity))."""
+        self.kernels.rebuild(tree=self.tree, mintree=self.mintree, layout=self.layout)
+
+    def sample_into(
+        self, rows: torch.Tensor, seed: int, mode: int, beta: torch.Tensor, out: Mapping[str, torch.Tensor]
+    ) -> None:
+        """Draw ``len(out["indices"])`` slots of ``rows`` into ``out`` (``rows``, ``indices``,
+        ``generations``, ``weights``) with IS exponent ``beta`` (0-d float32 device tensor)."""
+        self.kernels.sample(
+            tree=self.tree,
+            mintree=self.mintree,
+            layout=self.layout,
+            rows=rows,
+            gen=self.gen,
+            counters=self.counters,
+            seed=seed,
+            b=out["indices"].numel(),
+            mode=mode,
+            beta=beta,
+            out_rows=out["rows"],
+            out_idx=out["indices"],
+            out_gen=out["generations"],
+            out_w=out["weights"],
+        )
+
+    # ---------------------------------------------------------------- checkpoint
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self._tensors().values(), self.claims))
+
+    def _tensors(self) -> dict[str, torch.Tensor]:
+        return {
+            "tree": self.tree,
+            "mintree": self.mintree,
+            "gen": self.gen,
+            "counters": self.counters,
+            "scalars": self.scalars,
+        }
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The tree's own tensors (not copies), by :data:`STATE_NAMES`."""
+        return self._tensors()
+
+    def check_state(self, state: Mapping[str, object], what: str = "load_state_dict()") -> None:
+        """Raise ValueError unless ``state`` holds every tensor of :meth:`state_dict` with its shape and dtype."""
+        for name, dst in self._tensors().items():
+            src = state.get(name)
+            if not isinstance(src, torch.Tensor) or src.shape != dst.shape or src.dtype != dst.dtype:
+                raise ValueError(f"{what}: {name!r} missing or of the wrong shape/dtype")
+
+    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Copy a :meth:`state_dict` in place (addresses kept, so captured graphs stay valid)."""
+        self.check_state(state)
+        for name, dst in self._tensors().items():
+            dst.copy_(state[name])
