@@ -7,6 +7,7 @@ implement :class:`ReplayKernels`, the one contract callers use, always by keywor
 
 from __future__ import annotations
 
+import os
 from types import ModuleType
 from typing import Protocol
 
@@ -118,6 +119,27 @@ class ReplayKernels(Protocol):
         out_w: torch.Tensor,
     ) -> None:
         """``b`` draws: slots, their rows and generations, IS weights; the RNG counter advances."""
+
+
+def select_backend(request: str | ModuleType, device: torch.device) -> tuple[str, ReplayKernels]:
+    """The back end's name and kernels for ``request`` on ``device``.
+
+    ``auto`` is Triton on CUDA (when installed), torch elsewhere; ``triton`` also runs on CPU
+    tensors under ``TRITON_INTERPRET=1``. A module (kernel experiments) is used as it is.
+    """
+    if not isinstance(request, str):
+        return getattr(request, "__name__", type(request).__name__), request
+    from gper._triton import HAS_TRITON
+
+    name = request
+    if request == "auto":
+        name = "triton" if HAS_TRITON and device.type == "cuda" else "torch"
+    elif request == "triton":
+        if not HAS_TRITON:
+            raise ImportError("backend='triton' needs the triton package (pip install triton)")
+        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(f"backend='triton' runs on CUDA (or on CPU under TRITON_INTERPRET=1), not {device}")
+    return name, backend_module(name)
 
 
 def backend_module(name: str) -> ModuleType:

@@ -10,24 +10,22 @@ it replays each call shape from a CUDA graph of its own (:mod:`gper.replay.graph
 
 from __future__ import annotations
 
-import os
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
 import torch
 
 from gper._device import canonical_device, on_own_device
-from gper._triton import HAS_TRITON
-from gper.ops import backend_module
-from gper.ops.layout import DEFAULT_ARITY, TreeLayout
-from gper.ops.state import C_CURSOR, C_INVALID, C_NONFINITE, C_RNG, C_SIZE, C_STALE
+from gper.ops import select_backend
+from gper.ops.layout import DEFAULT_ARITY
 from gper.replay.batch import FlatSample, SampledBatch
-from gper.replay.checks import check_batch_size, check_beta_tensor, check_indices, check_td
-from gper.replay.config import ReplayConfig, check_unit
-from gper.replay.graphs import GraphCache, SampleSlots, capturing
-from gper.replay.sampling import SamplingPolicy
+from gper.replay.checkpoint import check_state
+from gper.replay.checks import check_batch_size, check_generations, check_indices, check_td
+from gper.replay.config import ReplayConfig
+from gper.replay.graphs import BufferGraphs
+from gper.replay.sampling import BetaInput, SamplingPolicy
 from gper.replay.storage import RowLayout, RowStorage
 from gper.replay.tree import PriorityTree
 
@@ -100,7 +98,8 @@ class PrioritizedReplayBuffer:
         self.strict = bool(strict)
         self._backend_request = backend
         self._row_layout = RowLayout.build(spec)
-        self.nbytes_estimate = self._estimate_bytes(arity)  # checks arity too, before any allocation
+        #: bytes of memory the buffer holds (an upper bound, before its CUDA graphs' outputs)
+        self.nbytes_estimate = cfg.estimate_bytes(self._row_layout.row_bytes)  # checks arity too
         device = canonical_device(device)
         try:
             self._allocate(device)
@@ -116,28 +115,15 @@ class PrioritizedReplayBuffer:
             )
             self._allocate(torch.device("cpu"))
         self._size = 0  # host mirror: the host knows how many items it added
-        self._beta_written: float | None = None
         self._invalid_reported = 0  # dropped entries already warned about
-        self._graphs = GraphCache() if cuda_graphs and self.device.type == "cuda" else None
-        self._sample_slots = SampleSlots(_SAMPLE_SLOTS)
+        self._beta = BetaInput(self.tree.beta, self.beta)
+        self._graphs = BufferGraphs(cuda_graphs and self.device.type == "cuda", _SAMPLE_SLOTS)
         self._flat = FlatSample(self._row_layout)
-
-    def _estimate_bytes(self, arity: int) -> int:
-        lay = TreeLayout.build(self._cfg.capacity, arity)
-        cap = lay.capacity
-        trees, generations, claims = 2 * 4 * (lay.numel + 1), 4 * cap, 8 * (cap + lay.arity)
-        keys = 4 * (cap + 1) if self.sampling == "rank" else 0
-        return cap * self._row_layout.row_bytes + trees + generations + claims + keys
 
     def _allocate(self, device: torch.device) -> None:
         """Choose the back end for ``device`` and build the storage, tree and policy there."""
         self.device = device
-        if isinstance(self._backend_request, str):
-            self.backend = _resolve_backend(self._backend_request, device)
-            kernels = backend_module(self.backend)
-        else:  # a kernel module of the caller's (kernel experiments: benchmarks/ablation.py)
-            kernels = self._backend_request
-            self.backend = getattr(kernels, "__name__", type(kernels).__name__)
+        self.backend, kernels = select_backend(self._backend_request, device)
         cfg = self._cfg
         # the three objects that hold the state: rows, tree (+ counters), sampling policy (+ rank keys)
         self.rows = RowStorage(self._row_layout, cfg.capacity, device)
@@ -145,8 +131,6 @@ class PrioritizedReplayBuffer:
         self.policy = SamplingPolicy.build(
             cfg.sampling, cfg.weight_norm, cfg.capacity, device, cfg.rank_refresh_interval
         )
-
-    # ------------------------------------------------------------------ properties
 
     @property
     def capacity(self) -> int:
@@ -171,16 +155,6 @@ class PrioritizedReplayBuffer:
             f"device={str(self.device)!r}, backend={self.backend!r}, fields={list(self.spec)})"
         )
 
-    def _graphed(self) -> bool:
-        return self._graphs is not None and not capturing()
-
-    def _call(self, key: tuple, args: tuple[torch.Tensor, ...], body: Callable, by_address: bool) -> tuple[Any, bool]:
-        """``body(*args)``: directly, or through a CUDA graph of the buffer's own; (result, replayed)."""
-        if not self._graphed():
-            return body(*args), False
-        run = self._graphs.run_by_address if by_address else self._graphs.run
-        return run(key, args, body)
-
     @on_own_device
     def add(self, data: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """Append a batch of transitions at the current max priority, overwriting the oldest when full.
@@ -198,7 +172,7 @@ class PrioritizedReplayBuffer:
         args = tuple(data[name][skip:] if skip else data[name] for name in self.rows.names)
         key = ("add", n) + tuple((a.dtype, a.device.type) for a in args)
         on_device = all(a.device == self.device for a in args)
-        pos, replayed = self._call(key, args, lambda *xs: self._add(xs, n, skip), by_address=on_device)
+        pos, replayed = self._graphs.call(key, args, lambda *xs: self._add(xs, n, skip), by_address=on_device)
         self._size = min(self._size + n, self.capacity)
         return pos.clone() if replayed else pos
 
@@ -208,25 +182,6 @@ class PrioritizedReplayBuffer:
         self.policy.on_add(self.tree, pos)
         self.tree.commit(pos, n, self.policy.new_item_value)
         return pos
-
-    def _beta_tensor(self, beta: float | torch.Tensor | None) -> torch.Tensor:
-        """The 0-d float32 device tensor the sampling kernel reads this call's beta from.
-
-        A float32 tensor of the caller's is read where it is (no copy kernel) unless the call
-        replays the buffer's own graph, whose kernel reads the buffer's scalar."""
-        own = self.tree.beta
-        if isinstance(beta, torch.Tensor):
-            check_beta_tensor(beta, self.device)
-            if beta.dtype == torch.float32 and not self._graphed():
-                return beta
-            own.copy_(beta)
-            self._beta_written = None
-            return own
-        value = self.beta if beta is None else check_unit("beta", beta)
-        if value != self._beta_written:
-            own.fill_(value)
-            self._beta_written = value
-        return own
 
     @on_own_device
     def sample(self, batch_size: int, beta: float | torch.Tensor | None = None) -> SampledBatch:
@@ -244,10 +199,10 @@ class PrioritizedReplayBuffer:
         b = check_batch_size(batch_size)
         if self._size == 0:
             raise RuntimeError("sample(): the buffer is empty; add() transitions first")
-        beta_t = self._beta_tensor(beta)
-        if not self._graphed():
+        beta_t = self._beta.tensor(beta, graphed=self._graphs.active)
+        if not self._graphs.active:
             return self._flat.batch(self._flat.split(self._sample(b, beta_t)))
-        out, replayed = self._sample_slots.run(b, lambda: self._sample(b, self.tree.beta), self._flat.with_fields)
+        out, replayed = self._graphs.samples.run(b, lambda: self._sample(b, self.tree.beta), self._flat.with_fields)
         return self._flat.batch(out, with_fields=True) if replayed else self._flat.batch(self._flat.split(out))
 
     def _sample(self, b: int, beta: torch.Tensor) -> torch.Tensor:
@@ -271,12 +226,10 @@ class PrioritizedReplayBuffer:
         raw = batch.indices if batch is not None else batch_or_indices
         indices = check_indices(raw, self.device, self._size, self.strict, "update_priorities()")
         td = check_td(td_errors, indices, self.device)
-        expected = batch.generations if batch is not None else None
-        if expected is not None and (expected.shape != indices.shape or expected.device != self.device):
-            raise ValueError("update_priorities(): the batch's generations do not match its indices")
+        expected = check_generations(batch.generations, indices) if batch is not None else None
         args = (indices, td) if expected is None else (indices, td, expected)
-        self._call(("update", indices.numel(), expected is not None), args, self._update, by_address=True)
-        if self.policy.rank is not None and self.policy.rank.count_update():
+        self._graphs.call(("update", indices.numel(), expected is not None), args, self._update, by_address=True)
+        if self.policy.count_update():  # rank mode's refresh schedule
             self.refresh_ranks()
 
     def _update(self, indices: torch.Tensor, td: torch.Tensor, expected: torch.Tensor | None = None) -> None:
@@ -314,20 +267,14 @@ class PrioritizedReplayBuffer:
         Warns:
             GperWarning: when invalid indices were dropped since the last call.
         """
-        c = self.tree.counters.tolist()
-        self._size = int(c[C_SIZE])
-        names = {"size": C_SIZE, "cursor": C_CURSOR, "rng_offset": C_RNG, "invalid_indices": C_INVALID}
-        names |= {"stale_updates": C_STALE, "nonfinite_td": C_NONFINITE}
-        out = {name: int(c[i]) for name, i in names.items()}
-        out |= {"max_priority": float(self.tree.max_priority()), "total_priority": float(self.tree.total())}
-        new = out["invalid_indices"] - self._invalid_reported
-        if new > 0:
-            warnings.warn(
-                f"gper: {new} update entries had indices outside [0, size) and were dropped "
-                "(pass strict=True to raise at the call instead)",
-                GperWarning,
-                stacklevel=2,
+        out = self.tree.read_counts()
+        self._size = out["size"]
+        if out["invalid_indices"] > self._invalid_reported:
+            new = out["invalid_indices"] - self._invalid_reported
+            msg = (
+                f"gper: {new} update entries had indices outside [0, size) and were dropped (pass strict=True to raise)"
             )
+            warnings.warn(msg, GperWarning, stacklevel=2)
         self._invalid_reported = out["invalid_indices"]
         return out
 
@@ -344,8 +291,7 @@ class PrioritizedReplayBuffer:
         The tensors are the buffer's own (not copies), as with ``nn.Module.state_dict``; save
         them with ``torch.save`` or copy them before changing the buffer.
         """
-        rank = self.policy.rank
-        host = {"size": self._size, "updates_since_refresh": rank.updates_since_refresh if rank else 0}
+        host = {"size": self._size, "updates_since_refresh": self.policy.updates_since_refresh}
         return {"config": self._config(), "seed": self.seed} | self._tensors() | {"host": host}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -355,40 +301,12 @@ class PrioritizedReplayBuffer:
         Raises:
             ValueError: the state comes from a buffer of another configuration, or is incomplete.
         """
-        mine = self._config()
-        theirs = state.get("config") if isinstance(state, Mapping) else None
-        if theirs != mine:
-            diff = sorted(k for k in mine if not isinstance(theirs, Mapping) or theirs.get(k) != mine[k])
-            raise ValueError(f"load_state_dict(): configuration differs in {diff}")
         own = self._tensors()
-        for name, dst in own.items():
-            src = state.get(name)
-            if not isinstance(src, torch.Tensor) or src.shape != dst.shape or src.dtype != dst.dtype:
-                raise ValueError(f"load_state_dict(): {name!r} missing or of the wrong shape/dtype")
-        host, seed = state.get("host"), state.get("seed")
-        if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
-            raise ValueError(f"load_state_dict(): 'seed' missing or invalid: {seed!r}")
-        if not isinstance(host, Mapping) or not {"size", "updates_since_refresh"} <= host.keys():
-            raise ValueError("load_state_dict(): 'host' missing or incomplete")
+        seed, host = check_state(state, self._config(), own)
         for name, dst in own.items():
             dst.copy_(state[name])
         self.seed = seed
-        if self._graphs is not None:
-            self._graphs.clear()  # graphs froze the old seed
-            self._sample_slots.clear()
+        self._graphs.clear()  # graphs froze the old seed
         self._size = int(host["size"])
-        if self.policy.rank is not None:
-            self.policy.rank.updates_since_refresh = int(host["updates_since_refresh"])
-        self._beta_written = None
-
-
-def _resolve_backend(backend: str, device: torch.device) -> str:
-    interpret = os.environ.get("TRITON_INTERPRET") == "1"
-    if backend == "auto":
-        return "triton" if HAS_TRITON and device.type == "cuda" else "torch"
-    if backend == "triton":
-        if not HAS_TRITON:
-            raise ImportError("backend='triton' needs the triton package (pip install triton)")
-        if device.type != "cuda" and not interpret:
-            raise ValueError(f"backend='triton' runs on CUDA (or on CPU under TRITON_INTERPRET=1), not {device}")
-    return backend
+        self.policy.updates_since_refresh = int(host["updates_since_refresh"])
+        self._beta.forget()

@@ -6,6 +6,17 @@ from __future__ import annotations
 import torch
 
 
+def check_unit(name: str, value: object, low_open: bool = False) -> float:
+    """``value`` as a float in [0, 1] (``(0, 1]`` with ``low_open``), or a TypeError/ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+    value = float(value)
+    ok = (0.0 < value if low_open else 0.0 <= value) and value <= 1.0
+    if not ok:
+        raise ValueError(f"{name} must be in {'(0, 1]' if low_open else '[0, 1]'}, got {value}")
+    return value
+
+
 def check_batch_size(batch_size: object) -> int:
     if isinstance(batch_size, bool) or not isinstance(batch_size, int):
         raise TypeError(f"batch_size must be an int, got {type(batch_size).__name__}")
@@ -41,6 +52,13 @@ def check_indices(indices: object, device: torch.device, size: int, strict: bool
             bad = lo if lo < 0 else hi
             raise IndexError(f"{what}: index {bad} out of range [0, {size}) (filled slots)")
     return indices.long()
+
+
+def check_generations(generations: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """A batch's generations, which must match its indices."""
+    if generations.shape != indices.shape or generations.device != indices.device:
+        raise ValueError("update_priorities(): the batch's generations do not match its indices")
+    return generations
 
 
 def check_td(td_errors: object, indices: torch.Tensor, device: torch.device) -> torch.Tensor:

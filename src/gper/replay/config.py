@@ -7,19 +7,10 @@ from types import ModuleType
 from typing import Any
 
 from gper.ops import BACKENDS
-from gper.ops.layout import DEFAULT_ARITY
-from gper.replay.sampling import SAMPLING, WEIGHT_NORMS
-
-
-def check_unit(name: str, value: object, low_open: bool = False) -> float:
-    """``value`` as a float in [0, 1] (``(0, 1]`` with ``low_open``), or a TypeError/ValueError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
-    value = float(value)
-    ok = (0.0 < value if low_open else 0.0 <= value) and value <= 1.0
-    if not ok:
-        raise ValueError(f"{name} must be in {'(0, 1]' if low_open else '[0, 1]'}, got {value}")
-    return value
+from gper.ops.layout import DEFAULT_ARITY, TreeLayout
+from gper.replay.checks import check_unit
+from gper.replay.sampling import SAMPLING, WEIGHT_NORMS, SamplingPolicy
+from gper.replay.tree import PriorityTree
 
 
 def _is_int(value: object) -> bool:
@@ -75,6 +66,12 @@ class ReplayConfig:
         return ReplayConfig(
             capacity, alpha, beta, float(eps), sampling, weight_norm, seed, rank_refresh_interval, arity
         )
+
+    def estimate_bytes(self, row_bytes: int) -> int:
+        """Device bytes of a buffer of these settings with rows of ``row_bytes`` (checks ``arity``)."""
+        layout = TreeLayout.build(self.capacity, self.arity)
+        tree = PriorityTree.estimate_bytes(layout)
+        return self.capacity * row_bytes + tree + SamplingPolicy.estimate_bytes(self.sampling, self.capacity)
 
     def checkpoint(self, spec: dict, row_offsets: dict[str, int], row_bytes: int) -> dict[str, Any]:
         """What a checkpoint records to refuse loading into a buffer of other settings."""

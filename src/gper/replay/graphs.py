@@ -197,6 +197,34 @@ class SampleSlots:
         self._slots.clear()
 
 
+class BufferGraphs:
+    """A buffer's own graphs: calls keyed by shape or by address (add, update) and sample slots.
+
+    Off on the CPU, with ``cuda_graphs=False``, and while the caller is capturing a graph of its
+    own (the buffer's kernels then land in the caller's graph)."""
+
+    def __init__(self, enabled: bool, sample_slots: int = 3) -> None:
+        self.enabled = enabled
+        self.calls = GraphCache()
+        self.samples = SampleSlots(sample_slots)
+
+    @property
+    def active(self) -> bool:
+        return self.enabled and not capturing()
+
+    def call(
+        self, key: Hashable, args: tuple[torch.Tensor, ...], body: Callable[..., object], by_address: bool
+    ) -> tuple[object, bool]:
+        """``(body(*args), False)`` directly, or through a graph: see :meth:`GraphCache.run_by_address`."""
+        if not self.active:
+            return body(*args), False
+        return (self.calls.run_by_address if by_address else self.calls.run)(key, args, body)
+
+    def clear(self) -> None:
+        self.calls.clear()
+        self.samples.clear()
+
+
 def _refcounts(tensors: dict[str, torch.Tensor]) -> list[int]:
     # one code path for the baseline and the check, so both count the same temporaries
     return [sys.getrefcount(t) for t in tensors.values()]

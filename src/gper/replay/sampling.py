@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from gper.ops.state import MODE_PROPORTIONAL, MODE_STRATIFIED, MODE_UNIFORM, S_MAXP
+from gper.replay.checks import check_beta_tensor, check_unit
 from gper.replay.tree import PriorityTree
 
 SAMPLING = ("proportional", "stratified", "rank", "uniform")
@@ -32,6 +33,36 @@ _KERNEL_MODES = {
     "rank": MODE_PROPORTIONAL,
     "uniform": MODE_UNIFORM,
 }
+
+
+class BetaInput:
+    """The IS exponent a sample reads, as a 0-d float32 device tensor.
+
+    A float32 tensor of the caller's is read where it is (no copy kernel) unless the call
+    replays the buffer's own graph, whose kernel reads the buffer's scalar; floats are written
+    into the scalar only when they change."""
+
+    def __init__(self, scalar: torch.Tensor, default: float) -> None:
+        self.scalar, self.default = scalar, default
+        self._written: float | None = None
+
+    def tensor(self, beta: float | torch.Tensor | None, graphed: bool) -> torch.Tensor:
+        if isinstance(beta, torch.Tensor):
+            check_beta_tensor(beta, self.scalar.device)
+            if beta.dtype == torch.float32 and not graphed:
+                return beta
+            self.scalar.copy_(beta)
+            self._written = None
+            return self.scalar
+        value = self.default if beta is None else check_unit("beta", beta)
+        if value != self._written:
+            self.scalar.fill_(value)
+            self._written = value
+        return self.scalar
+
+    def forget(self) -> None:
+        """The scalar was overwritten (a checkpoint load): write the next float again."""
+        self._written = None
 
 
 class RankKeys:
@@ -105,6 +136,19 @@ class SamplingPolicy:
         """The tree value of a new item: None (the running max priority), or 1 in rank mode (rank 1)."""
         return 1.0 if self.rank is not None else None
 
+    @property
+    def updates_since_refresh(self) -> int:
+        return self.rank.updates_since_refresh if self.rank is not None else 0
+
+    @updates_since_refresh.setter
+    def updates_since_refresh(self, value: int) -> None:
+        if self.rank is not None:
+            self.rank.updates_since_refresh = value
+
+    def count_update(self) -> bool:
+        """Count one ``update_priorities`` call; True when rank mode's refresh is due."""
+        return self.rank is not None and self.rank.count_update()
+
     def on_add(self, tree: PriorityTree, positions: torch.Tensor) -> None:
         if self.rank is not None:
             self.rank.on_add(tree, positions)
@@ -130,8 +174,10 @@ class SamplingPolicy:
             # w_i / max_j w_j = (p_i / min_j p_j) ** -beta over the batch
             out["weights"].div_(out["weights"].amax())
 
-    def nbytes(self) -> int:
-        return self.rank.keys.numel() * 4 if self.rank is not None else 0
+    @staticmethod
+    def estimate_bytes(mode: str, capacity: int) -> int:
+        """Device bytes a policy of ``mode`` holds: rank mode's keys."""
+        return 4 * (capacity + 1) if mode == "rank" else 0
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {"key": self.rank.keys} if self.rank is not None else {}

@@ -17,7 +17,18 @@ import torch
 
 from gper.ops import ReplayKernels
 from gper.ops.layout import DEFAULT_ARITY, TreeLayout
-from gper.ops.state import C_CURSOR, C_SIZE, N_COUNTERS, N_SCALARS, S_BETA, S_MAXP
+from gper.ops.state import (
+    C_CURSOR,
+    C_INVALID,
+    C_NONFINITE,
+    C_RNG,
+    C_SIZE,
+    C_STALE,
+    N_COUNTERS,
+    N_SCALARS,
+    S_BETA,
+    S_MAXP,
+)
 
 #: the tensors of :meth:`PriorityTree.state_dict`, by checkpoint name
 STATE_NAMES = ("tree", "mintree", "gen", "counters", "scalars")
@@ -121,6 +132,14 @@ class PriorityTree:
         leaf = self.tree[self.layout.leaf_offset + torch.where(ok, indices, 0)]
         return torch.where(ok, leaf, float("nan"))
 
+    def read_counts(self) -> dict[str, int | float]:
+        """The counters and scalars as host numbers: one host sync (not for hot paths)."""
+        c = self.counters.tolist()
+        names = {"size": C_SIZE, "cursor": C_CURSOR, "rng_offset": C_RNG, "invalid_indices": C_INVALID}
+        names |= {"stale_updates": C_STALE, "nonfinite_td": C_NONFINITE}
+        out: dict[str, int | float] = {name: int(c[i]) for name, i in names.items()}
+        return out | {"max_priority": float(self.max_priority()), "total_priority": float(self.total())}
+
     # ---------------------------------------------------------------- writes (device work only)
 
     def positions(self, n: int, skip: int = 0) -> torch.Tensor:
@@ -218,9 +237,10 @@ class PriorityTree:
 
     # ---------------------------------------------------------------- checkpoint
 
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self._tensors().values(), self.claims))
+    @staticmethod
+    def estimate_bytes(layout: TreeLayout) -> int:
+        """Device bytes of a tree of ``layout``: both trees, generations, claims (the larger back end's)."""
+        return 2 * 4 * (layout.numel + 1) + 4 * layout.capacity + 8 * (layout.capacity + layout.arity)
 
     def _tensors(self) -> dict[str, torch.Tensor]:
         return {
