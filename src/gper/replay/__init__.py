@@ -1,4 +1,12 @@
-"""The replay library: named state objects and the buffers built from them.
+"""The replay library: the buffer's state as named objects, and the buffer built from them.
+
+* :class:`PriorityTree` (``tree.py``): sum and min trees, generations, claims, device counters;
+* :class:`RowStorage` (``storage.py``): the packed rows of every field and their views;
+* :class:`SamplingPolicy` (``sampling.py``): proportional, stratified, rank or uniform, and the
+  IS-weight normalisation;
+* :class:`SampledBatch` (``batch.py``): what ``sample`` returns;
+* :class:`PrioritizedReplayBuffer` (``buffer.py``): the façade over them, with its own CUDA
+  graphs (``graphs.py``).
 
 Imports only :mod:`gper.ops` (the kernels) below it; nothing here knows of environments,
 trainers or benchmarks.
@@ -6,5 +14,16 @@ trainers or benchmarks.
 
 from gper.replay.batch import SampledBatch
 from gper.replay.buffer import GperWarning, PrioritizedReplayBuffer
+from gper.replay.sampling import SamplingPolicy
+from gper.replay.storage import RowLayout, RowStorage
+from gper.replay.tree import PriorityTree
 
-__all__ = ["GperWarning", "PrioritizedReplayBuffer", "SampledBatch"]
+__all__ = [
+    "GperWarning",
+    "PrioritizedReplayBuffer",
+    "PriorityTree",
+    "RowLayout",
+    "RowStorage",
+    "SampledBatch",
+    "SamplingPolicy",
+]
