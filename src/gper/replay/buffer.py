@@ -247,9 +247,9 @@ class PrioritizedReplayBuffer:
     def refresh_ranks(self) -> None:
         """Rank mode: re-sort the stored priorities and give slot of rank r the weight ``r ** -alpha``.
 
-        An argsort of the filled slots (O(N log N)) plus a dense rebuild of the tree. Between refreshes ranks are stale, as in the PER paper; new items
-        count as rank 1. Called automatically every ``rank_refresh_interval`` updates; inside a
-        CUDA graph call it yourself.
+        An argsort of the filled slots (O(N log N)) plus a dense rebuild of the tree. Between
+        refreshes ranks are stale, as in the PER paper; new items count as rank 1. Called
+        automatically every ``rank_refresh_interval`` updates; inside a CUDA graph call it yourself.
         """
         if self.policy.rank is None:
             raise RuntimeError("refresh_ranks() applies to sampling='rank' only")
