@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: children per node; 32 float32 children are one 128-byte load (measured fastest with 16,
-#: see ``benchmarks/results``).
+#: children per node: 32 float32 children are one 128-byte load, so a level of the descent
+#: is one aligned vector load per draw
 DEFAULT_ARITY = 32
 _ALIGN_BYTES = 128
 

@@ -1,11 +1,11 @@
 """CUDA graphs that the buffer captures for itself, so an eager call costs one replay.
 
-On the H200 machines a Python-launched Triton kernel cost 16.5-27.8 us of host time, a small
-torch op (a clone, a copy) 6-7 us, and replaying a captured graph 2.7-4.8 us (``benchmarks/results/
-host-overhead-*.txt`` and ``kernel-sweep-*.txt``). So the buffer captures each call shape once and replays it:
+Launching a Triton kernel from Python costs several times the host time of replaying a captured
+graph (``docs/performance.md`` has the figures, under "Eager calls"). So the buffer captures each call
+shape once and replays it:
 
 * :class:`GraphCache` holds captured calls. ``run`` copies the caller's inputs into static
-  tensors and replays; ``replay_in_place`` replays a graph captured directly on the caller's
+  tensors and replays; ``run_by_address`` replays a graph captured directly on the caller's
   tensors, which is valid exactly when this call's tensors sit at the same addresses (the graph
   then reads them where they are: no copies). Buffers reach that case in steady training loops,
   where PyTorch's caching allocator hands out the same blocks step after step.
