@@ -49,8 +49,9 @@ def _children(tree: torch.Tensor, layout: TreeLayout, level: int, parent: torch.
 
     A node's children are K contiguous entries, so the level is viewed as rows of K and whole
     rows are gathered (``index_select`` of 128-byte rows, far faster on the CPU than
-    ``torch.take`` of single entries: ``docs/performance.md`` has the figures). The rows past the level's last node lie in
-    its padding, which holds the neutral element (TreeLayout guarantees at least K of it)."""
+    ``torch.take`` of single entries: ``docs/performance.md`` has the figures). The rows past
+    the level's last node lie in its padding, which holds the neutral element (TreeLayout
+    guarantees at least K of it)."""
     k = layout.arity
     rows = layout.sizes[level - 1] if level > 0 else 1
     lo = layout.offsets[level]
