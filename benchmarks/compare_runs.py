@@ -52,7 +52,8 @@ def main() -> int:
         ratios.append(mn / mo)
         cap = int(k[2])
         cap_s = f"2^{cap.bit_length() - 1}" if cap & (cap - 1) == 0 else str(cap)
-        cells = [*k[:2], cap_s, *k[3:], f"{mo:.1f}", f"{mn:.1f}", f"{mn / mo:.3f}", f"{spread_o:.3f}", f"{spread_n:.3f}"]
+        cells = [*k[:2], cap_s, *k[3:], f"{mo:.1f}", f"{mn:.1f}", f"{mn / mo:.3f}"]
+        cells += [f"{spread_o:.3f}", f"{spread_n:.3f}"]
         lines.append("| " + " | ".join(cells) + " |")
     if ratios:
         lines += [
