@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from gper.dqn import PRESETS, Config, QNetwork, padded_width, plan_steps, resolve, setup, train
+from gper.dqn.report import format_phase_line
 from gper.training.episodes import EpisodeTracker
 from gper.training.phases import PhasedStep
 from gper.training.readback import AsyncReadback
 from gper.training.runlog import RunLog, plot_run, read_metrics
-from gper.training.timing import PhaseTimer, format_phase_line
+from gper.training.timing import PhaseTimer
 
 CPU = torch.device("cpu")
 
