@@ -24,14 +24,20 @@ the phases; the other steps replay the whole step as one graph. On the CPU the s
 eagerly and the phase times are host times.
 """
 
-from gper.dqn.agent import Agent, QNetwork, padded_width, replay_spec
+from gper.dqn.agent import Agent, LearnState
+from gper.dqn.batch_source import Batch, BatchSource, FixedBatch
 from gper.dqn.config import PRESETS, Config, pick_device, resolve
 from gper.dqn.loop import Results, build_env, build_replay, plan_steps, setup, train, trains_at
+from gper.dqn.network import QNetwork, padded_width, replay_spec
 
 __all__ = [
     "PRESETS",
     "Agent",
+    "Batch",
+    "BatchSource",
     "Config",
+    "FixedBatch",
+    "LearnState",
     "QNetwork",
     "Results",
     "build_env",

@@ -12,8 +12,9 @@ from typing import Any
 import torch
 
 import gper
-from gper.dqn.agent import Agent, padded_width, replay_spec
+from gper.dqn.agent import SUM_ABS_TD, SUM_LOSS, SUM_Q, Agent
 from gper.dqn.config import Config, pick_device, resolve
+from gper.dqn.network import padded_width, replay_spec
 from gper.dqn.report import _busy_fraction, format_phase_line
 from gper.envs import VecEnv, make_env
 from gper.training.readback import AsyncReadback
@@ -164,8 +165,7 @@ def _loop(
         if trains_at(cfg, it):
             agent.learn.run(timer if timed else None)
             host_train += 1
-            if cfg.tau >= 1.0 and host_train % cfg.target_every == 0:
-                agent.sync_target()
+            agent.update_target(host_train)
         it += 1
         if bar is not None and it % 64 == 0:
             bar.update(64 * n)
@@ -215,9 +215,9 @@ def _loop(
         if trained:
             metrics.update(
                 {
-                    "losses/td_loss": float(delta[0] / trained),
-                    "losses/q_values": float(delta[1] / trained),
-                    "losses/abs_td": float(delta[2] / trained),
+                    "losses/td_loss": float(delta[SUM_LOSS] / trained),
+                    "losses/q_values": float(delta[SUM_Q] / trained),
+                    "losses/abs_td": float(delta[SUM_ABS_TD] / trained),
                 }
             )
         metrics.update({f"timing/{name}_ms": ms for name, (ms, _) in phases.items()})
