@@ -27,8 +27,9 @@ eagerly and the phase times are host times.
 from gper.dqn.agent import Agent, LearnState
 from gper.dqn.batch_source import Batch, BatchSource, FixedBatch
 from gper.dqn.config import PRESETS, Config, pick_device, resolve
-from gper.dqn.loop import Results, build_env, build_replay, plan_steps, setup, train, trains_at
+from gper.dqn.loop import build_env, build_replay, plan_steps, setup, train, trains_at
 from gper.dqn.network import QNetwork, padded_width, replay_spec
+from gper.dqn.report import Results
 
 __all__ = [
     "PRESETS",
