@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 import gper
+from gper.dqn._extra import INSTALL, require
 from gper.dqn.agent import Agent
 from gper.dqn.config import Config, pick_device, resolve
 from gper.dqn.network import padded_width, replay_spec
@@ -104,12 +105,14 @@ def train(config: Config, log: Any = print) -> Results:
 
     ``log`` receives the human-readable lines (the progress bar's ``write`` in the command).
     """
+    # the bar's package is checked first, before anything is built
+    tqdm = require("tqdm.auto", "the progress bar", "or progress=False").tqdm if config.progress else None
     cfg, agent, notes = setup(config, log)
     runlog = _open_run_folder(cfg, agent.device)
     start_it, returns = _resume(cfg, agent, log)
     iterations = collect_iterations(cfg)
     report = RunReport(cfg, agent.device, runlog, returns, log)
-    train_steps, wall = _run_epochs(cfg, agent, report, start_it, iterations)
+    train_steps, wall = _run_epochs(cfg, agent, report, start_it, iterations, tqdm)
     # the end of the run: checkpoint, market evaluation, summary.json, plot
     if cfg.save:
         _save_checkpoint(cfg, agent, runlog, iterations, report.returns)
@@ -117,7 +120,8 @@ def train(config: Config, log: Any = print) -> Results:
     results = report.results(iterations * cfg.num_envs, train_steps, wall, evaluation, notes)
     runlog.write_json("summary.json", dataclasses.asdict(results))
     runlog.close()
-    plot_run(runlog.metrics_path, runlog.folder / "plot.png", title=cfg.env)
+    if plot_run(runlog.metrics_path, runlog.folder / "plot.png", title=cfg.env) is None:
+        log(f"gper train: no plot.png: the plot needs matplotlib: {INSTALL}")
     return results
 
 
@@ -140,14 +144,19 @@ def _resume(cfg: Config, agent: Agent, log: Any) -> tuple[int, list[float]]:
     return start_it, list(state["returns"])
 
 
-def _run_epochs(cfg: Config, agent: Agent, report: RunReport, start_it: int, iterations: int) -> tuple[int, float]:
-    """Collection iterations ``start_it`` to ``iterations``, in epochs of ``epoch_steps`` env steps;
-    return (training steps done in all, wall seconds)."""
+def _run_epochs(
+    cfg: Config, agent: Agent, report: RunReport, start_it: int, iterations: int, tqdm: Any
+) -> tuple[int, float]:
+    """Collection iterations ``start_it`` to ``iterations``, in epochs of ``epoch_steps`` env steps,
+    with a progress bar when ``tqdm`` (the class) is given; return (training steps done, wall seconds)."""
     n = cfg.num_envs
     epoch_its = max(1, cfg.epoch_steps // n)
     timer = PhaseTimer(agent.device)
     readback = AsyncReadback({"sums": agent.sums, "beta": agent.beta_t, **agent.episodes.snapshot()})
-    bar = _progress(cfg, iterations * n, start_it * n)
+    bar = None
+    if tqdm is not None:
+        desc = f"gper train {cfg.env}"
+        bar = tqdm(total=iterations * n, initial=start_it * n, unit="step", dynamic_ncols=True, desc=desc)
     t0 = time.perf_counter()
     train_steps = train_steps_before(cfg, start_it)
     report.start(t0, agent.sums.cpu(), train_steps)
@@ -216,14 +225,6 @@ def _save_checkpoint(cfg: Config, agent: Agent, runlog: RunLog, iterations: int,
         "config": dataclasses.asdict(cfg),
     }
     torch.save(checkpoint, runlog.folder / "checkpoint.pt")
-
-
-def _progress(cfg: Config, total: int, initial: int):
-    if not cfg.progress:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, desc=f"gper train {cfg.env}")
 
 
 def _evaluate(cfg: Config, agent: Agent, log: Any) -> dict[str, float]:
