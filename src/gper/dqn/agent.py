@@ -232,6 +232,8 @@ class Agent:
 
     def _per_update(self) -> None:
         s = self.learn_state
+        # from another batch source (a fixed batch) there is no priority update: its rows are not
+        # the replay's draws; beta is annealed all the same, so the step keeps its phases and work
         if self.from_replay:
             self.rb.update_priorities(s.batch, s.td)
         # anneal in place (two tiny kernels) rather than recomputing from the step counter
