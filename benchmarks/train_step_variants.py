@@ -3,7 +3,9 @@ and the kernels of one eager step from the profiler.
 
 The step is the trainer's (double-Q targets, Huber x IS weights, fused capturable Adam) on the
 51 -> 512 -> 512 -> 45 network at batch 16384, fed from a fixed batch; each variant changes one
-thing. Prints a table and writes ``benchmarks/results/train-step-variants-<gpu>-<stamp>.md``.
+thing. The last row of each precision is the trainer's own learn step (:class:`gper.dqn.Agent`,
+the market preset) fed the same way, through its public batch source (:class:`gper.dqn.FixedBatch`).
+Prints a table and writes ``benchmarks/results/train-step-variants-<gpu>-<stamp>.md``.
 
     python benchmarks/train_step_variants.py
 """
@@ -70,6 +72,32 @@ def make_step(batch: int, obs_dim: int, variant: dict, device: torch.device):
     return step
 
 
+def agent_step(batch: int, obs_dim: int, precision: str, device: torch.device):
+    """The trainer's learn step (market preset: no clipping, soft target update, loss sums) from a
+    fixed batch, warmed up and captured; returns the function that runs one step."""
+    from gper import PrioritizedReplayBuffer
+    from gper.dqn import Agent, Config, FixedBatch, padded_width, replay_spec, resolve
+
+    settings = dict(env="market", device=str(device), num_envs=1, hidden=(512, 512), precision=precision)
+    cfg = resolve(Config(**settings, batch_size=batch, learning_starts=batch, buffer_size=batch), device)
+    width = padded_width(obs_dim)
+    g = torch.Generator(device=device).manual_seed(0)
+    fixed = FixedBatch(
+        {
+            "obs": torch.randn(batch, width, device=device, generator=g),
+            "next_obs": torch.randn(batch, width, device=device, generator=g),
+            "action": torch.randint(0, 45, (batch,), device=device, generator=g),
+            "reward": torch.randn(batch, device=device, generator=g),
+            "done": torch.zeros(batch, device=device),
+        }
+    )
+    rb = PrioritizedReplayBuffer(batch, replay_spec(width), device=device)  # the agent's; never drawn from
+    agent = Agent.for_learning(obs_dim, 45, cfg, rb, total_train_steps=10**6, batch_source=lambda: fixed)
+    for _ in range(agent.learn.warmup + 1):
+        agent.learn.run()
+    return agent.learn.run
+
+
 VARIANTS = {
     "trainer (clip, soft target, stats)": {},
     "no grad clipping": {"clip": False},
@@ -112,6 +140,18 @@ def main() -> int:
                         step()
                     torch.cuda.synchronize()
                 print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25))
+        run = agent_step(args.batch, 51, precision, device)
+        t = time_fn(run, iters=200, repeats=5, device=device)
+        rows.append(
+            [
+                precision,
+                "gper.dqn.Agent learn step (market preset)",
+                f"{t.median_us / 1e3:.3f}",
+                f"{t.min_us / 1e3:.3f}",
+            ]
+        )
+        print(rows[-1])
+        del run
     headers = ["precision", "variant", "ms/step (median)", "ms/step (min)"]
     print_table(headers, rows, [False, False, True, True])
     out = Path(args.out)

@@ -17,7 +17,7 @@ import gper
 
 #: name -> (module with add_arguments and main, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("gper.training.command", "train DQN on the GPU with prioritized replay (default: cartpole)"),
+    "train": ("gper.dqn.command", "train DQN on the GPU with prioritized replay (default: cartpole)"),
     "bench": ("gper.bench.command", "time sample / update / add / step against the seeds' O(N) design"),
 }
 #: commands that parse their own flags (tyro); ``gper`` hands them the rest of the command line

@@ -1,17 +1,19 @@
 """``gper bench --train``: the DQN training step of :mod:`gper.dqn`, with and without replay.
 
 What is timed, for each precision (TF32, FP32, bf16 autocast), on the trainer's own step
-(:class:`gper.dqn.Agent`, the user's 51 -> 512 -> 512 -> 45 network by default; the agent pads
-the 51 inputs to 52 zero-filled columns, see :func:`gper.dqn.padded_width`):
+(:class:`gper.dqn.Agent`, built with :meth:`~gper.dqn.Agent.for_learning`; by default the reference
+network 51 -> 512 -> 512 -> 45, whose 51 inputs the agent pads to 52 zero-filled columns, see
+:func:`gper.dqn.padded_width`):
 
-* ``replay, one graph``: per_sample -> upload -> fwd_bwd -> (adam alongside per_update), replayed
-  as one CUDA graph back to back; CUDA events around the replays give GPU time per step, the host
-  clock around the same replays (plus one final sync) gives wall time per step.
-* ``fixed batch, one graph``: the same upload -> fwd_bwd -> adam fed from a fixed tensor batch
-  (IS weights 1, no sample, no priority update): the bare learning step, for the replay overhead.
+* ``replay, one graph``: per_sample -> upload -> fwd_bwd -> per_update (alongside adam) -> adam,
+  replayed as one CUDA graph back to back; CUDA events around the replays give GPU time per step,
+  the host clock around the same replays (plus one final sync) gives wall time per step.
+* ``fixed batch, one graph``: the same step fed from a fixed tensor batch through the agent's
+  batch source (:class:`gper.dqn.FixedBatch`: IS weights 1, no draw, no priority update; beta is
+  still annealed alongside adam): the bare learning step, for the replay overhead.
 * ``replay, by phase``: one graph per phase with CUDA events between them, as the trainer's
-  timed steps run: the per-phase times (here per_update runs after adam, not alongside it, so
-  the phase times can add up to more than the one-graph step).
+  timed steps run: the per-phase times (here per_update runs in turn, before adam, not alongside
+  it, so the phase times can add up to more than the one-graph step).
 * ``replay, eager`` (TF32 only): every phase as plain launches (no graphs).
 
 It also counts the step's floating-point work and memory traffic (:func:`step_flops`,
@@ -21,12 +23,10 @@ step runs. The replay is filled with random transitions before timing.
 
 from __future__ import annotations
 
-import copy
 import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
@@ -102,12 +102,6 @@ def step_bytes(obs_dim: int, hidden: tuple[int, ...], n_actions: int, batch: int
     return forwards * per_forward + 2 * per_forward + rows + params * 4 * 8
 
 
-class _FixedBatch(dict):
-    """A tensor batch shaped like a :class:`gper.SampledBatch` (fields by name, ``weights``)."""
-
-    weights: torch.Tensor
-
-
 def _fill(rb: gper.PrioritizedReplayBuffer, obs_dim: int, n_actions: int, device: torch.device) -> None:
     gen = torch.Generator(device=device).manual_seed(0)
     chunk = 2**20
@@ -131,21 +125,6 @@ def _fill(rb: gper.PrioritizedReplayBuffer, obs_dim: int, n_actions: int, device
         rb.update_priorities(part, torch.pow(10.0, -3 + 5 * torch.rand(part.numel(), device=device, generator=gen)))
 
 
-class _Shape:
-    """What :class:`gper.dqn.Agent` needs of an environment when it only learns."""
-
-    graph_safe = True
-
-    def __init__(self, obs_dim: int, n_actions: int, device: torch.device) -> None:
-        self.obs_dim, self.n_actions, self.num_envs, self.device = obs_dim, n_actions, 1, device
-
-    def reset(self, seed: int | None = None) -> torch.Tensor:
-        return torch.zeros(1, self.obs_dim, device=self.device)
-
-    def state_dict(self) -> dict:
-        return {}
-
-
 def _time_steps(run, steps: int, repeats: int, device: torch.device) -> tuple[float, float]:
     """(median GPU ms per step from events, median wall ms per step from the host clock)."""
     gpu, wall = [], []
@@ -167,9 +146,9 @@ def _time_steps(run, steps: int, repeats: int, device: torch.device) -> tuple[fl
     return statistics.median(gpu), statistics.median(wall)
 
 
-def _agent(cfg: TrainBenchConfig, precision: str, rb, graphs: bool):
+def _agent(cfg: TrainBenchConfig, precision: str, rb, graphs: bool, batch_source=None):
     """The trainer's agent with the market preset's learning settings (learning rate, no clipping,
-    soft target updates), on the bench's network, batch and replay."""
+    soft target updates), on the bench's network, batch and replay; it learns only."""
     from gper.dqn import Agent, Config, resolve
 
     dqn_cfg = resolve(
@@ -189,28 +168,27 @@ def _agent(cfg: TrainBenchConfig, precision: str, rb, graphs: bool):
         ),
         torch.device("cuda"),  # the GPU preset's settings also when the bench runs on the CPU
     )
-    return Agent(dqn_cfg, _Shape(cfg.obs_dim, cfg.n_actions, cfg.device), rb, total_train_steps=10**6)
-
-
-def _fixed_step(agent, cfg: TrainBenchConfig):
-    """The agent's upload -> fwd_bwd -> adam fed from a fixed batch, sharing its network and optimizer."""
-    from gper.training.phases import PhasedStep
-
-    fixed = copy.copy(agent)
-    fixed.s = SimpleNamespace()
-    gen = torch.Generator(device=cfg.device).manual_seed(1)
-    width = agent.obs_width  # the agent's padded input, as the replay's rows hold it
-    batch = _FixedBatch(
-        obs=torch.randn(cfg.batch, width, device=cfg.device, generator=gen),
-        next_obs=torch.randn(cfg.batch, width, device=cfg.device, generator=gen),
-        action=torch.randint(0, cfg.n_actions, (cfg.batch,), device=cfg.device, generator=gen),
-        reward=torch.randn(cfg.batch, device=cfg.device, generator=gen),
-        done=torch.zeros(cfg.batch, device=cfg.device),
+    return Agent.for_learning(
+        cfg.obs_dim, cfg.n_actions, dqn_cfg, rb, total_train_steps=10**6, batch_source=batch_source
     )
-    batch.weights = torch.ones(cfg.batch, device=cfg.device)
-    fixed.s.batch = batch
-    phases = {"upload": fixed._upload, "fwd_bwd": fixed._fwd_bwd, "adam": fixed._adam}
-    return PhasedStep(phases, cfg.device, use_graphs=cfg.device.type == "cuda", state=fixed.s)
+
+
+def _fixed_agent(cfg: TrainBenchConfig, precision: str, rb):
+    """The same agent fed from one fixed batch of random rows, as wide as the replay's (padded) rows."""
+    from gper.dqn import FixedBatch, padded_width
+
+    gen = torch.Generator(device=cfg.device).manual_seed(1)
+    width = padded_width(cfg.obs_dim)
+    batch = FixedBatch(
+        {
+            "obs": torch.randn(cfg.batch, width, device=cfg.device, generator=gen),
+            "next_obs": torch.randn(cfg.batch, width, device=cfg.device, generator=gen),
+            "action": torch.randint(0, cfg.n_actions, (cfg.batch,), device=cfg.device, generator=gen),
+            "reward": torch.randn(cfg.batch, device=cfg.device, generator=gen),
+            "done": torch.zeros(cfg.batch, device=cfg.device),
+        }
+    )
+    return _agent(cfg, precision, rb, graphs=True, batch_source=lambda: batch)
 
 
 def run_train_bench(cfg: TrainBenchConfig, log=print) -> list[dict]:
@@ -245,10 +223,10 @@ def run_train_bench(cfg: TrainBenchConfig, log=print) -> list[dict]:
                 agent.learn.run(timer)
             synchronize(device)
             phases = {name: m for name, (m, _) in timer.summary().items()}
-            fixed = _fixed_step(agent, cfg)
-            for _ in range(fixed.warmup + 2):
-                fixed.run()
-            fixed_ms, fixed_wall = _time_steps(fixed.run, cfg.steps, cfg.repeats, device)
+            fixed = _fixed_agent(cfg, precision, rb)
+            for _ in range(fixed.learn.warmup + 2):
+                fixed.learn.run()
+            fixed_ms, fixed_wall = _time_steps(fixed.learn.run, cfg.steps, cfg.repeats, device)
             base = dict(precision=precision, gflop=round(gflop, 2), floor_ms=round(floor_ms, 4))
             phase_sum = sum(phases.values())
             rows.append(

@@ -1,3 +1,5 @@
-"""The parts of the DQN trainer (:mod:`gper.dqn`) that are not DQN: running a step as CUDA
-graphs with per-phase timing, device-side episode bookkeeping, asynchronous readback, the run
-folder (metrics, plot, checkpoint) and the command line."""
+"""The runtime a reinforcement-learning trainer is built from, with no algorithm in it: a step of
+named phases run eagerly or as CUDA graphs (:mod:`~gper.training.phases`) with per-phase timing
+(:mod:`~gper.training.timing`), finished episodes recorded on the device
+(:mod:`~gper.training.episodes`), asynchronous copies to the host (:mod:`~gper.training.readback`)
+and the run folder: metrics and plot (:mod:`~gper.training.runlog`)."""

@@ -1,22 +1,24 @@
 """A step made of named phases, run eagerly, as one CUDA graph, or as one CUDA graph per phase.
 
-The training step (sample -> upload -> fwd_bwd -> adam -> per_update) is captured twice after a
-few eager warm-up steps: once whole, the graph replayed on ordinary steps, and once phase by
-phase, replayed with CUDA events between the phases on the steps that are timed. Both captures
+A training step (for example sample -> upload -> fwd_bwd -> per_update -> adam) is captured twice
+after a few eager warm-up steps: once whole, the graph replayed on ordinary steps, and once phase
+by phase, replayed with CUDA events between the phases on the steps that are timed. Both captures
 read and write the same parameters, optimizer state and replay buffer, so either can run any
 step. Each phase is a function of no arguments that leaves its outputs where the next phase
-finds them (attributes of a shared namespace); the tensors a phase-by-phase capture made are
-kept alive here, because the later graphs were captured reading them.
+finds them (attributes of a shared state object, such as a dataclass); the tensors a
+phase-by-phase capture made are kept alive here, because the later graphs were captured reading
+them.
 
 Phases named in ``concurrent`` run, in the one-graph step, on a side stream forked where they
-appear and joined at the end of the step, so the phases after them run alongside (the trainer
-updates priorities while Adam steps: neither reads what the other writes). Eagerly and phase by
-phase they run in order, so the timed steps measure each phase alone.
+appear and joined at the end of the step, so the phases after them run alongside (a priority
+update while Adam steps: neither reads what the other writes). Eagerly and phase by phase they
+run in order, so the timed steps measure each phase alone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
 from collections.abc import Callable
 
@@ -35,7 +37,8 @@ class PhasedStep:
         use_graphs: capture CUDA graphs (ignored on the CPU).
         warmup: eager steps before capture, on a side stream as PyTorch's capture guide asks
             (lazy initialisation of cuBLAS workspaces and optimizer state happens there).
-        state: the namespace the phases share; kept alive with everything captured in it.
+        state: the object whose attributes the phases share (a dataclass or a namespace); what
+            its attributes hold when the phases are captured is kept alive.
         concurrent: phases that the one-graph step runs on a side stream, alongside the phases
             after them; they must not touch what those read or write.
     """
@@ -107,13 +110,13 @@ class PhasedStep:
         pool = torch.cuda.graph_pool_handle()
         for name, fn in self.phases.items():
             graph = torch.cuda.CUDAGraph()
-            with warnings.catch_warnings():  # a phase may launch nothing (the trainer's upload)
+            with warnings.catch_warnings():  # a phase may launch nothing (a step's upload of views)
                 warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
                 with capture(graph, pool=pool):
                     fn()
             self._by_phase.append((name, graph))
         if self._state is not None:
-            self._kept.append(dict(vars(self._state)))  # the phase graphs read these addresses
+            self._kept.append(_attributes(self._state))  # the phase graphs read these addresses
         whole = torch.cuda.CUDAGraph()
         side = torch.cuda.Stream(self.device)
         with capture(whole):
@@ -128,3 +131,10 @@ class PhasedStep:
             if self.concurrent:
                 main.wait_stream(side)  # joins it before the step ends
         self._whole = whole
+
+
+def _attributes(state: object) -> dict[str, object]:
+    """What ``state``'s attributes hold now: its ``__dict__``, or a slotted dataclass's fields."""
+    if hasattr(state, "__dict__"):
+        return dict(vars(state))
+    return {f.name: getattr(state, f.name) for f in dataclasses.fields(state)}

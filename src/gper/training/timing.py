@@ -12,9 +12,6 @@ from collections import defaultdict
 
 import torch
 
-# the phase names of the user's original design (DESIGN.md section 6), in print order
-PHASE_ORDER = ("per_sample", "upload", "fwd_bwd", "adam", "per_update")
-
 
 class PhaseTimer:
     """Collects the durations of named phases over many steps; :meth:`summary` averages them."""
@@ -62,22 +59,3 @@ class PhaseTimer:
                 self._pool.extend(stamp for _, stamp in record)
         self._records = []
         return {name: (total[name] / count[name], count[name]) for name in total}
-
-
-def format_phase_line(summary: dict[str, tuple[float, int]], device: torch.device) -> str:
-    """The user's line: ``GPU phase timing (178 batches avg): per_sample=0.02ms ... total=1.04ms``,
-    followed by the data-collection phase (``collect``) on its own."""
-    kind = "GPU" if torch.device(device).type == "cuda" else "CPU"
-    learn = [name for name in PHASE_ORDER if name in summary]
-    parts = []
-    if learn:
-        n = max(summary[name][1] for name in learn)
-        fields = " ".join(f"{name}={summary[name][0]:.2f}ms" for name in learn)
-        total = sum(summary[name][0] for name in learn)
-        parts.append(f"{kind} phase timing ({n} batches avg): {fields} total={total:.2f}ms")
-    elif "collect" in summary:
-        parts.append(f"{kind} phase timing: no training steps yet (learning starts later)")
-    if "collect" in summary:
-        ms, n = summary["collect"]
-        parts.append(f"collect={ms:.3f}ms ({n} collections avg)")
-    return " | ".join(parts) if parts else f"{kind} phase timing: no steps timed"

@@ -12,13 +12,19 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from gper.dqn._extra import MissingExtra, require
+from gper.dqn.config import Config
+from gper.dqn.loop import train
+
 
 def main(argv: list[str]) -> int:
-    import tyro
-    from tqdm.auto import tqdm
-
-    from gper.dqn import Config, train
-
+    """Parse ``argv`` (the flags after ``gper train``), train, print the summary; the exit status."""
+    try:
+        tyro = require("tyro")
+        tqdm = require("tqdm.auto").tqdm
+    except MissingExtra as err:
+        print(err)
+        return 2
     config = tyro.cli(
         Config,
         args=argv,

@@ -1,0 +1,62 @@
+"""DQN with prioritized replay, with the whole loop on the GPU.
+
+    gper train                                   # cartpole, built-in defaults, GPU if there is one
+    gper train --env market --seed 3             # the futures-style task on synthetic prices
+    gper train --env gym:LunarLander-v3          # any Gymnasium id with discrete actions (CPU env)
+
+    from gper.dqn import Config, train
+    results = train(Config(env="cartpole", total_steps=100_000))
+
+The package, in reading order: :mod:`~gper.dqn.config` (``Config``, the per-environment
+``PRESETS``), :mod:`~gper.dqn.network` (the Q-network, the replay's rows),
+:mod:`~gper.dqn.batch_source` (where a learn step's batch comes from), :mod:`~gper.dqn.agent`
+(the collect and learn steps), :mod:`~gper.dqn.loop` (``setup``, ``train``, the epochs),
+:mod:`~gper.dqn.report` (what an epoch and a run report), :mod:`~gper.dqn.command` (``gper train``).
+
+What runs where, on a GPU:
+
+- **collect** (one CUDA graph when the environment allows it): Q-network forward on the current
+  observations, epsilon-greedy actions (epsilon computed on the device from a device step
+  counter), environment step, :meth:`~gper.PrioritizedReplayBuffer.add`, episode bookkeeping.
+- **learn** (one CUDA graph): ``per_sample`` (draw, gather, IS weights) -> ``upload`` (the batch
+  as network inputs) -> ``fwd_bwd`` (double-Q targets, Huber loss times IS weights, backward;
+  loss and TD statistics summed on the device) -> ``per_update`` (priorities from the TD errors,
+  beta annealed on the device; on a side stream, alongside the next phase) -> ``adam``
+  (capturable Adam, soft target update). A hard target update (tau = 1) is one device copy
+  launched from the host loop between steps.
+- once an epoch: the sums and finished episodes are copied to pinned host memory and read (the
+  epoch's one synchronisation), one line of per-phase GPU times is printed, metrics are written.
+
+Every ``time_every``-th step runs phase by phase (one graph per phase) with CUDA events between
+the phases; the other steps replay the whole step as one graph. On the CPU the same code runs
+eagerly and the phase times are host times.
+"""
+
+from gper.dqn.agent import Agent, LearnState
+from gper.dqn.batch_source import Batch, BatchSource, FixedBatch
+from gper.dqn.config import PRESETS, Config, pick_device, resolve
+from gper.dqn.loop import build_env, build_replay, plan_steps, setup, train, trains_at
+from gper.dqn.network import QNetwork, padded_width, replay_spec
+from gper.dqn.report import Results
+
+__all__ = [
+    "PRESETS",
+    "Agent",
+    "Batch",
+    "BatchSource",
+    "Config",
+    "FixedBatch",
+    "LearnState",
+    "QNetwork",
+    "Results",
+    "build_env",
+    "build_replay",
+    "padded_width",
+    "pick_device",
+    "plan_steps",
+    "replay_spec",
+    "resolve",
+    "setup",
+    "train",
+    "trains_at",
+]

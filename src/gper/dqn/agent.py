@@ -1,0 +1,297 @@
+"""The :class:`Agent`: networks, optimizer, replay and the two steps built from them.
+
+The learn step runs five phases in this order, each a method of the agent; :class:`LearnState`
+holds what they pass each other:
+
+    per_sample -> upload -> fwd_bwd -> per_update -> adam
+
+- ``per_sample``: a batch from the batch source (by default drawn from the replay with the
+  annealed beta: draw, gather, IS weights).
+- ``upload``: the batch's fields as the network's inputs (strided views of the sampled rows).
+- ``fwd_bwd``: double-Q targets, Huber loss times IS weights, backward; the loss sums on the device.
+- ``per_update``: priorities from the TD errors, then the beta anneal. In the one-graph step it
+  runs on a side stream alongside ``adam`` (neither reads what the other writes).
+- ``adam``: optional global-norm clipping, capturable Adam, the soft target update (tau < 1).
+
+The hard target update (tau = 1) runs from the host loop between steps: :meth:`Agent.update_target`.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import gper
+from gper.dqn.batch_source import Batch, BatchSource
+from gper.dqn.config import Config
+from gper.dqn.network import QNetwork, padded_width
+from gper.envs import Step, VecEnv
+from gper.training.episodes import EpisodeTracker
+from gper.training.phases import PhasedStep
+
+
+@dataclass
+class LearnState:
+    """What the learning phases pass each other; each field says which phase writes it.
+
+    A phase-by-phase CUDA graph capture keeps these tensors alive (see
+    :class:`~gper.training.phases.PhasedStep`): the later phases' graphs read their addresses."""
+
+    batch: Batch | None = None
+    """per_sample: the batch of this step"""
+    x: torch.Tensor | None = None
+    """upload: observations [B, obs_width]"""
+    next_x: torch.Tensor | None = None
+    """upload: next observations [B, obs_width]"""
+    action: torch.Tensor | None = None
+    """upload: int64 actions [B]"""
+    reward: torch.Tensor | None = None
+    """upload: rewards [B]"""
+    done: torch.Tensor | None = None
+    """upload: 1.0 where the episode terminated [B]"""
+    weights: torch.Tensor | None = None
+    """upload: IS weights [B]"""
+    td: torch.Tensor | None = None
+    """fwd_bwd: TD errors q - y, detached [B]; per_update turns them into priorities"""
+    grads: list[torch.Tensor | None] = field(default_factory=list)
+    """fwd_bwd: the online network's gradients, which adam reads"""
+
+
+#: slots of :attr:`Agent.sums`, the float64 sums over training steps that fwd_bwd adds to
+SUM_LOSS, SUM_Q, SUM_ABS_TD = 0, 1, 2
+N_SUMS = 3
+
+
+class _NoEnv(VecEnv):
+    """The environment of an agent that only learns (:meth:`Agent.for_learning`): the network's
+    sizes and one zero observation; stepping it is an error."""
+
+    name = "none"
+
+    def __init__(self, obs_dim: int, n_actions: int, device: torch.device) -> None:
+        self.obs_dim, self.n_actions, self.num_envs, self.device = obs_dim, n_actions, 1, device
+
+    def reset(self, seed: int | None = None) -> torch.Tensor:
+        return torch.zeros(1, self.obs_dim, device=self.device)
+
+    def step(self, actions: torch.Tensor) -> Step:
+        raise RuntimeError("this agent only learns (Agent.for_learning): it has no environment to collect from")
+
+
+# ---------------------------------------------------------------------------------------- agent
+
+
+class Agent:
+    """Networks, optimizer, replay and the two steps (collect, learn) built from them.
+
+    The device counters ``counters = [env steps, training steps]`` and the device scalar ``beta_t``
+    drive epsilon and beta, so the captured steps need nothing from the host. The device sums
+    ``sums`` (slots ``SUM_LOSS``, ``SUM_Q``, ``SUM_ABS_TD``: loss, mean Q, mean |TD|) over training
+    steps are read once an epoch.
+
+    Args:
+        cfg: resolved settings (:func:`gper.dqn.resolve`).
+        env: the environments the collect step steps.
+        rb: the replay the collect step adds to.
+        total_train_steps: training steps of the run; beta reaches 1 at the last one.
+        batch_source: where each learn step's batch comes from; default :meth:`sample_replay`.
+            With another source the per_update phase anneals beta but updates no priorities: its
+            batch is not a draw from the replay.
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        env: VecEnv,
+        rb: gper.PrioritizedReplayBuffer,
+        total_train_steps: int,
+        batch_source: BatchSource | None = None,
+    ) -> None:
+        self.cfg, self.env, self.rb = cfg, env, rb
+        device = self.device = env.device
+        cuda = device.type == "cuda"
+        self.obs_width = padded_width(env.obs_dim)
+        self.qnet = QNetwork(self.obs_width, env.n_actions, cfg.hidden).to(device)
+        self.target = copy.deepcopy(self.qnet).requires_grad_(False)
+        self.optimizer = torch.optim.Adam(
+            self.qnet.parameters(), lr=cfg.learning_rate, capturable=cuda, fused=True if cuda else None
+        )
+        self.counters = torch.zeros(2, dtype=torch.float64, device=device)
+        self.sums = torch.zeros(N_SUMS, dtype=torch.float64, device=device)
+        self.beta_t = torch.full((), cfg.beta, dtype=torch.float32, device=device)
+        self.episodes = EpisodeTracker(env.num_envs, device)
+        # observations padded with zero columns to obs_width (see padded_width)
+        self.obs = self.pad(env.reset(seed=cfg.seed))
+        self.next_obs = torch.zeros_like(self.obs)
+        self.total_train_steps = max(1, total_train_steps)
+        self.autocast = cuda and cfg.precision == "bf16"
+        self.batch_source: BatchSource = self.sample_replay if batch_source is None else batch_source
+        self.from_replay = batch_source is None
+        graphs = cfg.cuda_graphs and cuda
+        self.collect = PhasedStep({"collect": self._collect}, device, graphs and env.graph_safe)
+        self.learn_state = LearnState()
+        learn = {
+            "per_sample": self._sample,
+            "upload": self._upload,
+            "fwd_bwd": self._fwd_bwd,
+            "per_update": self._per_update,
+            "adam": self._adam,
+        }
+        # the priority update needs only the TD errors: in the one-graph step it runs alongside Adam
+        self.learn = PhasedStep(learn, device, graphs, state=self.learn_state, concurrent=("per_update",))
+
+    @classmethod
+    def for_learning(
+        cls,
+        obs_dim: int,
+        n_actions: int,
+        cfg: Config,
+        rb: gper.PrioritizedReplayBuffer,
+        *,
+        total_train_steps: int,
+        batch_source: BatchSource | None = None,
+    ) -> Agent:
+        """An agent that only learns, on ``rb.device``: a network from ``obs_dim`` (padded, see
+        :func:`padded_width`) inputs to ``n_actions`` Q-values, and no environment (its collect step
+        raises). For benchmarks and tests of the learn step."""
+        return cls(cfg, _NoEnv(obs_dim, n_actions, rb.device), rb, total_train_steps, batch_source)
+
+    def pad(self, obs: torch.Tensor) -> torch.Tensor:
+        """``obs`` [n, obs_dim] with zero columns up to ``obs_width`` (a new tensor)."""
+        return F.pad(obs, (0, self.obs_width - obs.shape[1]))
+
+    # ---- collect: one env step of every environment, into the replay buffer
+
+    def epsilon(self, env_steps: torch.Tensor | float) -> torch.Tensor | float:
+        """Exploration rate after ``env_steps``: linear from eps_start to eps_end, then flat.
+        Works on the device counter (inside the collect graph) and on a host number alike."""
+        cfg = self.cfg
+        frac = env_steps / (cfg.exploration_fraction * cfg.total_steps)
+        frac = frac.clamp(max=1.0) if isinstance(frac, torch.Tensor) else min(frac, 1.0)
+        return cfg.eps_start + (cfg.eps_end - cfg.eps_start) * frac
+
+    def _collect(self) -> None:
+        env, n = self.env, self.env.num_envs
+        with torch.no_grad():
+            greedy = self.qnet(self.obs).argmax(dim=1)
+        explore = torch.rand(n, device=self.device) < self.epsilon(self.counters[0])
+        random_action = torch.randint(0, env.n_actions, (n,), device=self.device)
+        action = torch.where(explore, random_action, greedy)
+        step = env.step(action)
+        done = step.terminated.to(torch.float32)
+        d = env.obs_dim
+        self.next_obs[:, :d] = step.next_obs
+        self.rb.add({"obs": self.obs, "next_obs": self.next_obs, "action": action, "reward": step.reward, "done": done})
+        self.counters[0] += n
+        self.episodes.record(step.reward.to(torch.float64), step.terminated | step.truncated, self.counters[0])
+        self.obs[:, :d] = step.obs
+
+    # ---- learn: the five phases of one training step, in the order they run
+
+    def sample_replay(self) -> gper.SampledBatch:
+        """The default batch source: ``batch_size`` transitions drawn from the replay with the annealed beta."""
+        return self.rb.sample(self.cfg.batch_size, beta=self.beta_t)
+
+    def _sample(self) -> None:
+        self.learn_state.batch = self.batch_source()
+
+    def _upload(self) -> None:
+        # the batch's fields as the learner reads them: strided views of the sampled rows (obs
+        # and next_obs start 16-byte aligned, so the matmuls read them in place): no kernel
+        s = self.learn_state
+        b = s.batch
+        s.x, s.next_x = b["obs"], b["next_obs"]
+        s.action, s.reward, s.done, s.weights = b["action"], b["reward"], b["done"], b.weights
+
+    def _fwd_bwd(self) -> None:
+        s, cfg = self.learn_state, self.cfg
+        self.optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            q = self.qnet(s.x).float().gather(1, s.action.unsqueeze(1)).squeeze(1)
+            with torch.no_grad():
+                next_target = self.target(s.next_x).float()
+                if cfg.double_q:
+                    next_action = self.qnet(s.next_x).argmax(dim=1, keepdim=True)
+                    next_q = next_target.gather(1, next_action).squeeze(1)
+                else:
+                    next_q = next_target.max(dim=1).values
+                y = s.reward + cfg.gamma * (1.0 - s.done) * next_q
+        loss = (F.huber_loss(q, y, reduction="none", delta=1.0) * s.weights).mean()
+        loss.backward()
+        # only detached values outlive the step: a kept autograd graph would hold AccumulateGrad
+        # nodes of an earlier step, whose stream then no longer matches a capture's
+        s.td = (q - y).detach()
+        self.sums += torch.stack((loss.detach(), q.detach().mean(), s.td.abs().mean()))  # SUM_LOSS, SUM_Q, SUM_ABS_TD
+        # the adam phase reads these: a phase-by-phase capture must keep them alive (see PhasedStep)
+        s.grads = [p.grad for p in self.qnet.parameters()]
+
+    def _per_update(self) -> None:
+        s = self.learn_state
+        # from another batch source (a fixed batch) there is no priority update: its rows are not
+        # the replay's draws; beta is annealed all the same, so the step keeps its phases and work
+        if self.from_replay:
+            self.rb.update_priorities(s.batch, s.td)
+        # anneal in place (two tiny kernels) rather than recomputing from the step counter
+        self.beta_t.add_((1.0 - self.cfg.beta) / self.total_train_steps).clamp_(max=1.0)
+
+    def _adam(self) -> None:
+        if self.cfg.max_grad_norm > 0:  # tensor ops only (no .item()): capturable
+            nn.utils.clip_grad_norm_(self.qnet.parameters(), self.cfg.max_grad_norm, foreach=True)
+        self.optimizer.step()
+        self.counters[1] += 1
+        if self.cfg.tau < 1.0:  # the soft target update, inside the captured step (see update_target)
+            with torch.no_grad():
+                torch._foreach_lerp_(list(self.target.parameters()), list(self.qnet.parameters()), self.cfg.tau)
+
+    # ---- target network
+
+    def update_target(self, train_step: int) -> None:
+        """The target update due after training step ``train_step`` (counted from 1), called by the
+        host loop after every learn step. With tau = 1 it copies the online network every
+        ``target_every`` steps (device work only: the host knows the count, nothing is read back);
+        with tau < 1 it does nothing, because the soft update runs in the learn step's adam phase."""
+        if self.cfg.tau >= 1.0 and train_step % self.cfg.target_every == 0:
+            self.sync_target()
+
+    def sync_target(self) -> None:
+        """Hard target update: copy the online network's parameters. Device work only."""
+        with torch.no_grad():
+            torch._foreach_copy_(list(self.target.parameters()), list(self.qnet.parameters()))
+
+    def greedy(self, obs: torch.Tensor) -> torch.Tensor:
+        """Greedy actions for ``obs`` (evaluation)."""
+        with torch.no_grad():
+            return self.qnet(self.pad(obs)).argmax(dim=1)
+
+    # ---- checkpoint
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "qnet": self.qnet.state_dict(),
+            "target": self.target.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "replay": self.rb.state_dict(),
+            "counters": self.counters,
+            "sums": self.sums,
+            "beta": self.beta_t,
+            "episodes": self.episodes.state_dict(),
+            "obs": self.obs,
+            "env": self.env.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.qnet.load_state_dict(state["qnet"])
+        self.target.load_state_dict(state["target"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.rb.load_state_dict(state["replay"])
+        self.counters.copy_(state["counters"])
+        self.sums.copy_(state["sums"])
+        self.beta_t.copy_(state["beta"])
+        self.episodes.load_state_dict(state["episodes"])
+        self.obs.copy_(state["obs"])
+        self.env.load_state_dict(state["env"])

@@ -1,0 +1,221 @@
+"""The settings of a training run: :class:`Config`, the per-environment :data:`PRESETS` that its
+``None`` fields stand for, the device pick and the checks (:func:`resolve`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from gper._device import canonical_device
+
+
+@dataclass
+class Config:
+    """Settings of one training run; ``None`` means the environment's preset (:data:`PRESETS`),
+    smaller on the CPU."""
+
+    env: str = "cartpole"
+    """environment: cartpole, market, or gym:<ID> (a Gymnasium id with discrete actions, stepped on the CPU)"""
+    data: str | None = None
+    """market: CSV of bars (timestamp, open, high, low, close, volume); default synthetic prices"""
+    seed: int = 1
+    """seed of torch, the environments and the replay buffer"""
+    total_steps: int | None = None
+    """environment steps to train for (all environments together)"""
+    num_envs: int | None = None
+    """environments stepped together"""
+    device: str = "auto"
+    """cuda, cuda:N, cpu, or auto (the GPU if there is one and the replay fits, else the CPU)"""
+    backend: Literal["auto", "triton", "torch"] = "auto"
+    """replay kernels: triton on CUDA, torch on the CPU, when auto"""
+    hidden: tuple[int, ...] | None = None
+    """hidden layer sizes of the Q-network (the reference network 51 -> 512 -> 512 -> 45 uses 512 512)"""
+    buffer_size: int | None = None
+    """replay capacity in transitions"""
+    batch_size: int | None = None
+    """transitions per training step"""
+    learning_rate: float | None = None
+    """Adam's learning rate"""
+    max_grad_norm: float | None = None
+    """clip the gradient's global norm to this before each Adam step (0: no clipping)"""
+    gamma: float = 0.99
+    """discount factor"""
+    tau: float | None = None
+    """target network: 1.0 copies the online network every target_every training steps; below 1,
+    a soft update with this rate after every training step"""
+    target_every: int | None = None
+    """training steps between hard target updates (tau = 1)"""
+    double_q: bool = True
+    """double-Q targets: the online network picks the next action, the target network values it"""
+    sampling: Literal["proportional", "stratified", "rank", "uniform"] = "proportional"
+    """replay sampling; uniform turns prioritization off (IS weights all 1); rank re-sorts once an epoch"""
+    alpha: float = 0.6
+    """priority exponent"""
+    beta: float = 0.4
+    """IS-weight exponent at the start, annealed linearly to 1 at the last training step"""
+    eps_start: float = 1.0
+    """epsilon-greedy: exploration rate at the start"""
+    eps_end: float | None = None
+    """epsilon-greedy: final exploration rate"""
+    exploration_fraction: float | None = None
+    """fraction of total_steps over which epsilon decays linearly to eps_end"""
+    learning_starts: int | None = None
+    """environment steps of pure collection before training starts"""
+    train_every: int = 1
+    """collection steps (of num_envs env steps each) per training step"""
+    precision: Literal["tf32", "fp32", "bf16"] = "tf32"
+    """matmul precision on CUDA: TF32 tensor cores, full FP32, or bf16 autocast"""
+    cuda_graphs: bool = True
+    """replay the collection and training steps from CUDA graphs"""
+    time_every: int = 10
+    """time every N-th step phase by phase with CUDA events (0: no phase timing)"""
+    epoch_steps: int | None = None
+    """environment steps per epoch (one readback, one timing line, one metrics flush)"""
+    run_dir: str = "runs"
+    """folder under which each run gets its own folder"""
+    run_name: str | None = None
+    """the run's folder name (default: <env>__s<seed>__<time>)"""
+    save: bool = True
+    """write checkpoint.pt (network, optimizer, replay, counters) at the end"""
+    resume: str | None = None
+    """checkpoint.pt to continue from (same settings); trains on up to total_steps"""
+    progress: bool = True
+    """show a progress bar"""
+    solve_return: float | None = None
+    """report when the mean return of the last 100 episodes first reaches this (cartpole: 475)"""
+    episode_len: int = 256
+    """market: bars per training episode"""
+    bars: int | None = None
+    """market, synthetic prices: bars to train on"""
+    test_bars: int | None = None
+    """market, synthetic prices: bars of the held-out test series the greedy policy is scored on"""
+    cost_bps: float = 1.0
+    """market: transaction cost in basis points of the traded position"""
+
+
+# per environment, then per device type: the defaults that None stands for
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "cartpole": {
+        "cuda": dict(
+            total_steps=300_000,  # long enough to reach 475 (docs/training.md, "Results on the H200")
+            num_envs=4,
+            hidden=(256, 256),
+            buffer_size=100_000,
+            batch_size=256,
+            learning_rate=5e-4,
+            max_grad_norm=10.0,
+            tau=1.0,
+            target_every=200,
+            eps_end=0.01,
+            exploration_fraction=0.1,
+            learning_starts=5_000,
+            epoch_steps=10_000,
+            solve_return=475.0,
+        ),
+        # cartpole is small: the same on the CPU, but shorter (enough there too: docs/training.md)
+        "cpu": dict(total_steps=200_000),
+    },
+    "market": {
+        "cuda": dict(
+            total_steps=2_000_000,
+            num_envs=256,
+            hidden=(512, 512),
+            buffer_size=2**21,
+            batch_size=4096,
+            learning_rate=1e-4,
+            max_grad_norm=0.0,
+            tau=0.005,
+            target_every=1,
+            eps_end=0.05,
+            exploration_fraction=0.3,
+            learning_starts=50_000,
+            epoch_steps=100_000,
+            solve_return=None,
+            bars=400_000,
+            test_bars=50_000,
+        ),
+        "cpu": dict(
+            total_steps=300_000,
+            num_envs=16,
+            hidden=(128, 128),
+            buffer_size=2**17,
+            batch_size=256,
+            learning_starts=10_000,
+            epoch_steps=20_000,
+            bars=100_000,
+            test_bars=20_000,
+        ),
+    },
+    "gym": {
+        "cuda": dict(
+            total_steps=500_000,
+            num_envs=4,
+            hidden=(256, 256),
+            buffer_size=200_000,
+            batch_size=128,
+            learning_rate=2.5e-4,
+            max_grad_norm=10.0,
+            tau=1.0,
+            target_every=500,
+            eps_end=0.05,
+            exploration_fraction=0.2,
+            learning_starts=10_000,
+            epoch_steps=10_000,
+            solve_return=None,
+        ),
+        "cpu": {},
+    },
+}
+
+
+def pick_device(request: str) -> torch.device:
+    """``auto`` -> the current CUDA device when there is one, else the CPU; ``cuda`` -> ``cuda:N``."""
+    return canonical_device(request)
+
+
+def resolve(config: Config, device: torch.device) -> Config:
+    """``config`` with every ``None`` replaced by the preset of its environment on ``device``."""
+    family = "gym" if config.env.startswith("gym:") else config.env
+    if family not in PRESETS:
+        raise ValueError(f"unknown environment {config.env!r}: expected cartpole, market or gym:<ID>")
+    preset = dict(PRESETS[family]["cuda"])
+    if device.type != "cuda":
+        preset.update(PRESETS[family]["cpu"])
+    filled = {
+        f.name: preset[f.name]
+        for f in dataclasses.fields(config)
+        if getattr(config, f.name) is None and f.name in preset
+    }
+    cfg = dataclasses.replace(config, **filled)
+    cfg.hidden = tuple(int(h) for h in cfg.hidden)
+    _check(cfg)
+    return cfg
+
+
+def _check(cfg: Config) -> None:
+    positive = ("total_steps", "num_envs", "buffer_size", "batch_size", "target_every", "train_every", "epoch_steps")
+    for name in positive:
+        value = getattr(cfg, name)
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    if not cfg.hidden or any(h < 1 for h in cfg.hidden):
+        raise ValueError(f"hidden must be one or more sizes >= 1, got {cfg.hidden!r}")
+    for name, low, high in (("gamma", 0, 1), ("tau", 0, 1), ("eps_start", 0, 1), ("eps_end", 0, 1)):
+        value = getattr(cfg, name)
+        if not low <= value <= high:
+            raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
+    if cfg.tau == 0:
+        raise ValueError("tau must be > 0 (1.0 for hard target updates)")
+    if not 0 < cfg.exploration_fraction <= 1:
+        raise ValueError(f"exploration_fraction must be in (0, 1], got {cfg.exploration_fraction}")
+    if cfg.max_grad_norm < 0:
+        raise ValueError(f"max_grad_norm must be >= 0, got {cfg.max_grad_norm}")
+    if cfg.learning_rate <= 0:
+        raise ValueError(f"learning_rate must be > 0, got {cfg.learning_rate}")
+    if cfg.learning_starts < cfg.batch_size or cfg.learning_starts < 0:
+        raise ValueError(f"learning_starts ({cfg.learning_starts}) must be >= batch_size ({cfg.batch_size})")
+    if cfg.time_every < 0:
+        raise ValueError(f"time_every must be >= 0, got {cfg.time_every}")

@@ -1,0 +1,218 @@
+"""What a run reports: once an epoch, from the host copy of the device values, the episodes, the
+100-episode windows (the best one, the solve point), the metrics and two log lines; at the end,
+the :class:`Results`.
+
+The phase line has this format (the reference log line of the learn step's phases; one line):
+
+    GPU phase timing (178 batches avg): per_sample=0.02ms upload=0.01ms fwd_bwd=0.90ms adam=0.10ms
+    per_update=0.01ms total=1.04ms | collect=0.050ms (40 collections avg)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from gper.dqn.agent import SUM_ABS_TD, SUM_LOSS, SUM_Q
+from gper.dqn.config import Config
+from gper.training.runlog import RunLog
+
+#: the learn step's phases in the order the phase line prints them (they run per_sample, upload,
+#: fwd_bwd, per_update, adam: see gper.dqn.agent)
+PHASE_ORDER = ("per_sample", "upload", "fwd_bwd", "adam", "per_update")
+
+#: the metric each device sum is reported as, per training step
+LOSS_METRICS = {SUM_LOSS: "losses/td_loss", SUM_Q: "losses/q_values", SUM_ABS_TD: "losses/abs_td"}
+
+
+@dataclass
+class Results:
+    """What :func:`gper.dqn.train` returns (also written to the run folder's ``summary.json``)."""
+
+    run_dir: str
+    device: str
+    env_steps: int
+    train_steps: int
+    wall_s: float
+    episodes: int
+    mean_return_last100: float
+    best_mean_return_last100: float | None
+    solved_at_step: int | None
+    """first env step at which the mean of the last 100 episodes reached ``solve_return``"""
+    solved_at_s: float | None
+    """wall seconds from the start to the end of the epoch in which it was reached"""
+    phase_ms: dict[str, float]
+    """mean ms per phase over the last epoch that was timed"""
+    evaluation: dict[str, float] | None = None
+    """market: greedy test P&L on held-out prices against buy-and-hold and flat"""
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+
+def mean_last100(returns: list[float]) -> float:
+    """The mean of the last 100 returns (fewer when there are fewer; NaN when there are none)."""
+    return sum(returns[-100:]) / len(returns[-100:]) if returns else float("nan")
+
+
+class RunReport:
+    """What one run reports: at each epoch's end (:meth:`end_epoch`) and at its end (:meth:`results`).
+
+    Args:
+        cfg: the run's settings.
+        device: where the run trains (the phase line says GPU or CPU).
+        runlog: the run folder the episodes and metrics go to.
+        returns: the returns of the episodes finished so far (a resumed run's history); grows.
+        log: receives the human-readable lines.
+    """
+
+    def __init__(
+        self, cfg: Config, device: torch.device, runlog: RunLog, returns: list[float], log: Callable[[str], object]
+    ) -> None:
+        self.cfg, self.device, self.runlog, self.returns, self.log = cfg, device, runlog, returns, log
+        self.best = -math.inf
+        self.solved_at: tuple[int, float] | None = None
+        """(env step, wall seconds) of the first 100-episode window at ``solve_return``"""
+        self.last_phase: dict[str, float] = {}
+        """mean ms per phase of the last epoch that was timed"""
+
+    def start(self, t0: float, sums: torch.Tensor, train_steps: int) -> None:
+        """The loop starts at ``t0`` (``time.perf_counter``) from the host copy of the device
+        ``sums`` and ``train_steps`` training steps done: the first epoch's deltas start there."""
+        self.t0 = self._t_epoch = t0
+        self._sums, self._train_steps = sums, train_steps
+
+    def end_epoch(
+        self,
+        host: dict[str, torch.Tensor],
+        episodes: list[tuple[float, int, int]],
+        lost: int,
+        *,
+        env_step: int,
+        iterations: int,
+        train_steps: int,
+        epsilon: float,
+        phases: dict[str, tuple[float, int]],
+        now: float,
+    ) -> dict[str, float]:
+        """Report the epoch that ends at ``env_step`` after ``iterations`` collection iterations,
+        with ``train_steps`` training steps done in all; return its metrics.
+
+        ``host``: the readback of the device sums and beta; ``episodes``, ``lost``: what
+        :meth:`~gper.training.episodes.EpisodeTracker.drain` returned; ``phases``: the
+        :meth:`~gper.training.timing.PhaseTimer.summary` of the epoch; ``now``: its end."""
+        wall, self._t_epoch = now - self._t_epoch, now
+        self._record_episodes(episodes, lost)
+        self._windows(episodes, now)
+        if phases:
+            self.last_phase = {name: ms for name, (ms, _) in phases.items()}
+        trained, self._train_steps = train_steps - self._train_steps, train_steps
+        metrics = self._metrics(host, iterations, trained, epsilon, phases, wall)
+        self.runlog.log(env_step, **metrics)
+        self.runlog.flush()
+        busy = busy_fraction(phases, iterations, trained, wall, self.device.type == "cuda")
+        self.log(format_phase_line(phases, self.device))
+        self.log(
+            f"step {env_step:>9d}  return(last100) {metrics['charts/mean_return_last100']:8.2f}  "
+            f"episodes {len(self.returns):6d}  env steps/s {metrics['charts/SPS']:9.0f}  "
+            f"train steps/s {metrics['charts/train_steps_per_s']:8.0f}  "
+            f"wall {now - self.t0:7.1f}s" + (f"  busy {busy:.0%}" if busy is not None else "")
+        )
+        return metrics
+
+    def results(
+        self,
+        env_steps: int,
+        train_steps: int,
+        wall: float,
+        evaluation: dict[str, float] | None,
+        notes: list[str],
+    ) -> Results:
+        """The :class:`Results` of the run, ``wall`` seconds long."""
+        returns, best, solved = self.returns, self.best, self.solved_at
+        return Results(
+            run_dir=str(self.runlog.folder),
+            device=str(self.device),
+            env_steps=env_steps,
+            train_steps=train_steps,
+            wall_s=wall,
+            episodes=len(returns),
+            mean_return_last100=mean_last100(returns),
+            best_mean_return_last100=best if returns and best > -math.inf else None,
+            solved_at_step=solved[0] if solved else None,
+            solved_at_s=solved[1] if solved else None,
+            phase_ms=self.last_phase,
+            evaluation=evaluation,
+            notes=notes,
+        )
+
+    def _record_episodes(self, episodes: list[tuple[float, int, int]], lost: int) -> None:
+        if lost:
+            self.log(f"gper train: {lost} finished episodes were not recorded (more than the ring holds in one epoch)")
+        for ret, length, step in episodes:
+            self.returns.append(ret)
+            self.runlog.log(step, **{"charts/episodic_return": ret, "charts/episodic_length": length})
+
+    def _windows(self, episodes: list[tuple[float, int, int]], now: float) -> None:
+        """Every 100-episode window that ends in this epoch: the best one, and the first at solve_return."""
+        returns, goal = self.returns, self.cfg.solve_return
+        first_new = len(returns) - len(episodes)
+        for k in range(max(100, first_new + 1), len(returns) + 1):
+            window = sum(returns[k - 100 : k]) / 100
+            self.best = max(self.best, window)
+            if self.solved_at is None and goal is not None and window >= goal:
+                self.solved_at = (episodes[k - 1 - first_new][2], now - self.t0)
+
+    def _metrics(
+        self,
+        host: dict[str, torch.Tensor],
+        iterations: int,
+        trained: int,
+        epsilon: float,
+        phases: dict[str, tuple[float, int]],
+        wall: float,
+    ) -> dict[str, float]:
+        sums = host["sums"].clone()
+        delta, self._sums = sums - self._sums, sums
+        metrics = {
+            "charts/SPS": iterations * self.cfg.num_envs / wall,
+            "charts/train_steps_per_s": trained / wall,
+            "charts/epsilon": epsilon,
+            "charts/beta": float(host["beta"]),
+            "charts/mean_return_last100": mean_last100(self.returns),
+        }
+        if trained:
+            metrics.update({name: float(delta[slot] / trained) for slot, name in LOSS_METRICS.items()})
+        metrics.update({f"timing/{name}_ms": ms for name, (ms, _) in phases.items()})
+        return metrics
+
+
+def busy_fraction(
+    phases: dict[str, tuple[float, int]], collects: int, trains: int, wall: float, cuda: bool
+) -> float | None:
+    """Mean GPU phase times times step counts over the epoch's wall time: how busy the GPU was."""
+    if "collect" not in phases or wall <= 0 or not cuda:
+        return None
+    learn = sum(phases[name][0] for name in PHASE_ORDER if name in phases)
+    return (phases["collect"][0] * collects + learn * trains) / 1e3 / wall
+
+
+def format_phase_line(summary: dict[str, tuple[float, int]], device: torch.device) -> str:
+    """The phase line (see the module docstring): the learn step's mean phase times, then the
+    data-collection phase (``collect``) on its own."""
+    kind = "GPU" if torch.device(device).type == "cuda" else "CPU"
+    learn = [name for name in PHASE_ORDER if name in summary]
+    parts = []
+    if learn:
+        n = max(summary[name][1] for name in learn)
+        fields = " ".join(f"{name}={summary[name][0]:.2f}ms" for name in learn)
+        total = sum(summary[name][0] for name in learn)
+        parts.append(f"{kind} phase timing ({n} batches avg): {fields} total={total:.2f}ms")
+    elif "collect" in summary:
+        parts.append(f"{kind} phase timing: no training steps yet (learning starts later)")
+    if "collect" in summary:
+        ms, n = summary["collect"]
+        parts.append(f"collect={ms:.3f}ms ({n} collections avg)")
+    return " | ".join(parts) if parts else f"{kind} phase timing: no steps timed"

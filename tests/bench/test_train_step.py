@@ -1,0 +1,27 @@
+"""``gper bench --train`` on the CPU: the trainer's learn step with replay, from a fixed batch, by phase, eager."""
+
+from __future__ import annotations
+
+import torch
+
+from gper.bench.train_step import TrainBenchConfig, run_train_bench, step_flops
+
+CPU = torch.device("cpu")
+
+
+def test_bench_train_on_cpu(tmp_path):
+    rows = run_train_bench(
+        TrainBenchConfig(
+            device=CPU, capacity=1024, batch=64, hidden=(16,), precisions=("fp32",), steps=3, repeats=1, out=tmp_path
+        ),
+        log=lambda _: None,
+    )
+    modes = [r["mode"] for r in rows]
+    assert modes == ["replay, one graph", "fixed batch, one graph", "replay, by phase", "replay, eager"]
+    assert all(r["ms_per_step"] > 0 for r in rows)
+    assert (
+        len(list(tmp_path.glob("train-step-cpu-*.csv"))) == 1 and len(list(tmp_path.glob("train-step-cpu-*.md"))) == 1
+    )
+    # 51 -> 512 -> 512 -> 45 at 16384: 3 forwards + a backward of about 2 forwards, 2 FLOPs per MAC
+    macs = 51 * 512 + 512 * 512 + 512 * 45
+    assert step_flops(51, (512, 512), 45, 16384) == 2 * 16384 * (3 * macs + 2 * macs - 51 * 512)

@@ -1,0 +1,33 @@
+"""``gper train``: the command line, its error exit, and the line it prints for a missing package."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from gper.cli import main
+
+
+def test_train_command_line(tmp_path, capsys):
+    argv = ["train", "--device", "cpu", "--total-steps", "300", "--learning-starts", "100", "--batch-size", "16"]
+    argv += ["--buffer-size", "500", "--epoch-steps", "100", "--hidden", "8", "--progress", "False"]
+    argv += ["--run-dir", str(tmp_path), "--run-name", "cli"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "gper train: done" in out and '"env_steps": 300' in out
+    assert (tmp_path / "cli" / "plot.png").exists()
+
+
+def test_train_command_line_reports_bad_settings(capsys):
+    assert main(["train", "--device", "cpu", "--batch-size", "0", "--progress", "False"]) == 2
+    assert "batch_size must be an integer >= 1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("package", ["tyro", "tqdm"])
+def test_train_command_without_a_package_names_the_extra(package, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, package, None)  # import <package> raises ImportError
+    assert main(["train", "--device", "cpu", "--run-dir", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == f"gper train needs {package}: pip install 'gper[train]'\n" and captured.err == ""
+    assert not any(tmp_path.iterdir())  # nothing ran
