@@ -1,8 +1,9 @@
 """Where does the time of a sample or an update go? Times them with parts of them removed.
 
 Developer tool. Each variant is a copy of ``gper.ops.triton_ops`` with one part cut out of its
-source (the trees it leaves are wrong: these are timings, not implementations), swapped into a
-buffer at 2^25 and timed as one CUDA graph per update.
+source (the trees it leaves are wrong: these are timings, not implementations). A buffer at 2^25
+is built on each variant (``PrioritizedReplayBuffer(..., backend=variant)``), filled, and its
+update or sample timed as one CUDA graph; each buffer is freed before the next.
 
     python benchmarks/ablation.py
 """
@@ -11,6 +12,7 @@ buffer at 2^25 and timed as one CUDA graph per update.
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
 import sys
@@ -81,29 +83,44 @@ def timed_graph(fn):
     return time_graph(fn, iters=200, repeats=7).median_us
 
 
+def filled(mod, cap):
+    """A buffer at ``cap`` on kernel module ``mod``, filled with the same random rows for every variant."""
+    spec = {"obs": ((51,), torch.float32), "next_obs": ((51,), torch.float32)}
+    rb = gper.PrioritizedReplayBuffer(cap, spec, device="cuda", cuda_graphs=False, backend=mod)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for _ in range(cap >> 21):
+        rows = {k: torch.randn(1 << 21, 51, device="cuda", generator=gen) for k in ("obs", "next_obs")}
+        rb.add(rows)
+    return rb
+
+
+def free():
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
 def main():
     cap, b = 1 << 25, 16384
-    spec = {"obs": ((51,), torch.float32), "next_obs": ((51,), torch.float32)}
-    rb = gper.PrioritizedReplayBuffer(cap, spec, device="cuda", cuda_graphs=False)
-    for _ in range(cap >> 21):
-        rb.add({"obs": torch.randn(1 << 21, 51, device="cuda"), "next_obs": torch.randn(1 << 21, 51, device="cuda")})
     td = torch.rand(b, device="cuda")
-    batch = rb.sample(b)
     lines = [f"# ablation, {torch.cuda.get_device_name()}, capacity 2^25, B={b}, graph replay medians (us)"]
     variants = {"baseline": triton_ops} | {k: variant(k, v) for k, v in CUTS.items()}
     variants["all three cut"] = variant("all", [c for cuts in CUTS.values() for c in cuts])
     for name, mod in variants.items():
-        rb._ops = mod
+        rb = filled(mod, cap)
+        batch = rb.sample(b)
         t_batch = timed_graph(lambda: rb.update_priorities(batch, td))
         t_raw = timed_graph(lambda: rb.update_priorities(batch.indices, td))
         lines.append(f"{name:32s} with generation check {t_batch:6.2f}   raw indices {t_raw:6.2f}")
         print(lines[-1], flush=True)
+        rb = batch = None  # freed before the next variant is built
+        free()
     lines.append("# sample ablation (proportional, gather of the 432-byte row, weights)")
     for name, mod in ({"baseline": triton_ops} | {k: variant(k, v) for k, v in SAMPLE_CUTS.items()}).items():
-        rb._ops = mod
+        rb = filled(mod, cap)
         lines.append(f"{name:32s} sample {timed_graph(lambda: rb.sample(b)):6.2f}")
         print(lines[-1], flush=True)
-    rb._ops = triton_ops
+        rb = None
+        free()
     out = os.environ.get("OUT") or "benchmarks/results"
     with open(os.path.join(out, "ablation-2e25.txt"), "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -1,8 +1,10 @@
 # ruff: noqa: B023, E501  (closures are timed at once; long f-strings are table rows)
 """Sweep launch shapes of gper's Triton kernels on the GPU and time sample / update / add / step.
 
-Developer tool for tuning ``gper.ops.triton_ops`` (``gper bench`` is the user-facing benchmark).
-Prints one line per variant and writes them to ``$OUT`` or ``benchmarks/results``.
+Developer tool for tuning ``gper.ops.triton_ops`` (``gper bench replay`` is the user-facing benchmark).
+Launch shapes are set through ``triton_ops.launch_config`` (graphs captured inside keep them);
+everything outside those blocks runs with the shipped shapes (``triton_ops.LAUNCH``). Prints one
+line per variant and writes them to ``$OUT`` or ``benchmarks/results``.
 
     python benchmarks/kernel_sweep.py --capacity 25 --batch 16384
 """
@@ -22,6 +24,7 @@ import gper
 from gper.bench.timing import capture_graph, time_fn
 from gper.bench.workload import SPEC, random_transitions
 from gper.ops import triton_ops
+from gper.ops.state import N_COUNTERS
 
 DEV = "cuda"
 
@@ -80,7 +83,7 @@ def main():
     g0 = graph(lambda: x.add_(1))
     emit(f"host: replay of a 1-kernel graph {wall(g0.replay):.2f} us")
 
-    counters = rb._counters
+    counters = torch.zeros(N_COUNTERS, dtype=torch.int64, device="cuda")  # a bare launch's own cursor and size
     emit(f"host: triton add_positions launch {wall(lambda: triton_ops.add_positions(counters, cap, 256, 0)):.2f} us")
     for cg in (False, True):
         r2 = gper.PrioritizedReplayBuffer(1 << 16, SPEC, device="cuda", cuda_graphs=cg)
@@ -96,21 +99,20 @@ def main():
     for b in args.batch:
         td = torch.randn(b, device="cuda")
         new = batch(b)
-        sb = [4, 8, 16, 32] if not args.quick else [16]
-        sw = [1, 2, 4] if not args.quick else [4]
+        shipped = triton_ops.LAUNCH
+        sb = [4, 8, 16, 32] if not args.quick else [shipped.sample_block]
+        sw = [1, 2, 4] if not args.quick else [shipped.sample_warps]
         for blk, nw in itertools.product(sb, sw):
-            triton_ops._SAMPLE_BLOCK, triton_ops._SAMPLE_WARPS = blk, nw
-            g = graph(lambda: rb.sample(b))
+            with triton_ops.launch_config(sample_block=blk, sample_warps=nw):
+                g = graph(lambda: rb.sample(b))
             emit(f"B={b} sample block={blk} warps={nw}: graph {events(g.replay):.2f} us")
-        triton_ops._SAMPLE_BLOCK, triton_ops._SAMPLE_WARPS = 16, 4
         for ublk, blk, nw in itertools.product([64, 128, 256], [16, 32, 64], [1, 2, 4]):
-            if args.quick and (ublk, nw) != (256, 4):
+            if args.quick and (ublk, nw) != (shipped.update_block, shipped.level_warps):
                 continue
-            triton_ops._UPDATE_BLOCK, triton_ops._LEVEL_BLOCK, triton_ops._LEVEL_WARPS = ublk, blk, nw
             smp = rb.sample(b)
-            g = graph(lambda: rb.update_priorities(smp, td))
+            with triton_ops.launch_config(update_block=ublk, level_block=blk, level_warps=nw):
+                g = graph(lambda: rb.update_priorities(smp, td))
             emit(f"B={b} update update_block={ublk} level_block={blk} warps={nw}: graph {events(g.replay):.2f} us")
-        triton_ops._UPDATE_BLOCK, triton_ops._LEVEL_BLOCK, triton_ops._LEVEL_WARPS = 256, 32, 4
 
         def step():
             s = rb.sample(b)

@@ -1,31 +1,54 @@
-"""The command line of ``gper bench``: its flags, their defaults per device, and ``main``.
+"""The command line of ``gper bench``: its subcommands, their flags, their defaults per device, and ``main``.
 
 Examples::
 
-    gper bench                  # full sweep (GPU: 2^16..2^25, batches 256..16384)
-    gper bench --quick          # a smoke run
-    gper bench --train          # the DQN training step with replay vs from a fixed batch
-    gper bench --capacities 20 25 --batches 16384 --impls gper seeds --no-graph
+    gper bench replay               # gper vs the O(N) baselines (GPU: 2^16..2^25, batches 256..16384)
+    gper bench replay --quick       # a smoke run
+    gper bench replay --capacities 20 25 --batches 16384 --impls gper cumsum --no-graph
+    gper bench peers --device cpu --threads 1           # gper vs TorchRL, cpprb, flashbax
+    gper bench exactness --peers gper cpprb --budget-s 60
+    gper bench train-step           # the DQN training step with replay vs from a fixed batch
+
+``gper bench [flags]`` is ``gper bench replay [flags]``, and ``gper bench --train [flags]`` is
+``gper bench train-step [flags]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from gper.bench.replay import IMPLS, BenchConfig, run
-from gper.bench.workload import OPS
+from gper._device import canonical_device
+from gper.bench.peers import canonical_name
+from gper.bench.report import DEFAULT_OUT
 
-# (capacities as log2, batches, repeats, ms per repeat) by device and --quick
-DEFAULTS = {
+#: subcommand -> one-line help
+SUBCOMMANDS = {
+    "replay": "time sample / update / add / step against the O(N) cumsum baseline and torch.multinomial",
+    "peers": "time gper against TorchRL, cpprb, flashbax and the O(N) baselines on the reference workload",
+    "exactness": "check each peer's sampler: every slot reachable, a 1e-6 leaf, 8 distinct leaves",
+    "train-step": "time the DQN training step with replay against the same step from a fixed batch",
+}
+# replay: (capacities as log2, batches, repeats, ms per repeat) by device and --quick
+REPLAY_DEFAULTS = {
     ("cuda", False): ((16, 18, 20, 22, 24, 25), (256, 4096, 16384), 5, 20.0),
     ("cuda", True): ((16, 20, 25), (256, 16384), 3, 10.0),
     ("cpu", False): ((10, 14, 16), (256, 4096), 5, 10.0),
     ("cpu", True): ((10, 12), (256,), 2, 5.0),
 }
+# peers: (capacities as log2, batches, repeats) by device and --quick
+PEERS_DEFAULTS = {
+    ("cuda", False): ((16, 20, 24, 25), (256, 16384), 7),
+    ("cuda", True): ((16, 20), (256, 16384), 3),
+    ("cpu", False): ((16, 20), (256, 16384), 5),
+    ("cpu", True): ((12, 16), (256,), 2),
+}
+OUT_HELP = f"results directory (default {DEFAULT_OUT})"
 
 
 def parse_sizes(tokens: list[str], log2_below: int | None) -> list[int]:
@@ -45,17 +68,49 @@ def parse_sizes(tokens: list[str], log2_below: int | None) -> list[int]:
     return out
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags of ``gper bench``."""
-    p.add_argument(
-        "--capacities",
-        nargs="+",
-        metavar="N",
-        help="buffer sizes: log2 sizes (numbers up to 40), 2^k or "
-        "plain ints, space or comma separated (default on CUDA: 16 18 20 22 24 25; on CPU: 10 14 16)",
-    )
-    p.add_argument(
-        "--batches", nargs="+", metavar="B", help="batch sizes (default on CUDA: 256 4096 16384; on CPU: 256 4096)"
+def _sizes(args: argparse.Namespace, prog: str) -> tuple[list[int] | None, list[int] | None]:
+    """(``--capacities``, ``--batches``) as sizes, None where not given."""
+    try:
+        caps = parse_sizes(args.capacities, 40) if args.capacities else None
+        batches = parse_sizes(args.batches, None) if args.batches else None
+    except argparse.ArgumentTypeError as e:
+        raise SystemExit(f"{prog}: {e}") from None
+    return caps, batches
+
+
+def _device(request: str | None, prog: str) -> torch.device:
+    try:
+        return canonical_device(request)
+    except (ValueError, RuntimeError) as e:
+        raise SystemExit(f"{prog}: --device: {e}") from None
+
+
+def _count(text: str) -> int:
+    """``"2^30"``, ``"1e9"`` or ``"1000"`` as a number of draws."""
+    t = text.replace("**", "^")
+    try:
+        return 2 ** int(t[2:]) if t.startswith("2^") else int(float(t))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a count: {text!r}") from None
+
+
+def _add_sizes(p: argparse.ArgumentParser, capacities: str, batches: str) -> None:
+    p.add_argument("--capacities", nargs="+", metavar="N", help=capacities)
+    p.add_argument("--batches", nargs="+", metavar="B", help=batches)
+
+
+# ----------------------------------------------------------------------------------------------
+# gper bench replay
+
+
+def add_replay_arguments(p: argparse.ArgumentParser) -> None:
+    from gper.bench.buffer_sweep import IMPLS, OPS
+
+    _add_sizes(
+        p,
+        "buffer sizes: log2 sizes (numbers up to 40), 2^k or plain ints, space or comma separated "
+        "(default on CUDA: 16 18 20 22 24 25; on CPU: 10 14 16)",
+        "batch sizes (default on CUDA: 256 4096 16384; on CPU: 256 4096)",
     )
     p.add_argument("--device", help="cuda, cuda:1 or cpu (default: cuda when available)")
     p.add_argument(
@@ -69,49 +124,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--repeats", type=int, help="timed repeats per measurement; the median is reported (default 5)")
     p.add_argument("--iters", type=int, help="calls per repeat (default: enough for a repeat of 10-20 ms)")
-    p.add_argument("--impls", nargs="+", choices=tuple(IMPLS), default=list(IMPLS), help="what to time (default all)")
-    p.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS), help="which calls to time (default all)")
-    p.add_argument("--out", default="benchmarks/results", help="results directory (default benchmarks/results)")
-    p.add_argument("--quick", action="store_true", help="fewer sizes and repeats: a smoke run")
-    t = p.add_argument_group("training step (--train)")
-    t.add_argument(
-        "--train",
-        action="store_true",
-        help="time the DQN training step with replay against the same step from a fixed batch "
-        "(first of --capacities and --batches; default on CUDA 2^24 and 16384, on CPU 2^14 and 256)",
-    )
-    t.add_argument("--hidden", nargs="+", type=int, help="hidden sizes (default on CUDA 512 512, on CPU 64 64)")
-    t.add_argument(
-        "--precisions",
+    p.add_argument(
+        "--impls",
         nargs="+",
-        choices=("tf32", "fp32", "bf16"),
-        help="matmul precisions (default on CUDA tf32 fp32 bf16; on CPU fp32)",
+        type=canonical_name,
+        choices=tuple(IMPLS),
+        default=list(IMPLS),
+        help="what to time (default all; seeds is the old name of cumsum)",
     )
-    t.add_argument("--steps", type=int, help="training steps per timed repeat (default on CUDA 200, on CPU 10)")
+    p.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS), help="which calls to time (default all)")
+    p.add_argument("--out", default=str(DEFAULT_OUT), help=OUT_HELP)
+    p.add_argument("--quick", action="store_true", help="fewer sizes and repeats: a smoke run")
 
 
-def config_from_args(args: argparse.Namespace) -> BenchConfig:
-    if args.device is None:
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    else:
-        device = torch.device(args.device)
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise SystemExit("gper bench: --device cuda, but torch sees no CUDA GPU")
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    caps, batches, repeats, target_ms = DEFAULTS[("cuda" if device.type == "cuda" else "cpu", args.quick)]
+def replay_config(args: argparse.Namespace):
+    from gper.bench.buffer_sweep import OPS, BenchConfig
+
+    prog = "gper bench replay"
+    device = _device(args.device, prog)
+    caps, batches, repeats, target_ms = REPLAY_DEFAULTS[("cuda" if device.type == "cuda" else "cpu", args.quick)]
     graph = device.type == "cuda" if args.graph is None else args.graph
     if graph and device.type != "cuda":
-        print("gper bench: --graph needs CUDA; timing eager calls only", file=sys.stderr)
+        print(f"{prog}: --graph needs CUDA; timing eager calls only", file=sys.stderr)
         graph = False
-    try:
-        capacities = parse_sizes(args.capacities, 40) if args.capacities else [2**k for k in caps]
-        batch_sizes = parse_sizes(args.batches, None) if args.batches else list(batches)
-    except argparse.ArgumentTypeError as e:
-        raise SystemExit(f"gper bench: {e}") from None
+    capacities, batch_sizes = _sizes(args, prog)
     return BenchConfig(
-        capacities=capacities,
-        batches=batch_sizes,
+        capacities=capacities or [2**k for k in caps],
+        batches=batch_sizes or list(batches),
         device=device,
         backend=args.backend,
         graph=graph,
@@ -125,38 +164,253 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     )
 
 
-def train_config_from_args(args: argparse.Namespace):
+def run_replay(args: argparse.Namespace) -> int:
+    """Exit status 1 if any call failed (gper's, or a baseline's other than a refusal)."""
+    from gper.bench.buffer_sweep import run
+
+    result = run(replay_config(args))
+    return 1 if any(r.status == "error" for r in result.rows) else 0
+
+
+# ----------------------------------------------------------------------------------------------
+# gper bench train-step
+
+
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
+    _add_sizes(
+        p,
+        "replay size: the first of these (log2 up to 40, 2^k or plain ints; default on CUDA 2^24, on CPU 2^14)",
+        "batch size: the first of these (default on CUDA 16384, on CPU 256)",
+    )
+    p.add_argument("--device", help="cuda, cuda:1 or cpu (default: cuda when available)")
+    p.add_argument("--hidden", nargs="+", type=int, help="hidden sizes (default on CUDA 512 512, on CPU 64 64)")
+    p.add_argument(
+        "--precisions",
+        nargs="+",
+        choices=("tf32", "fp32", "bf16"),
+        help="matmul precisions (default on CUDA tf32 fp32 bf16; on CPU fp32)",
+    )
+    p.add_argument("--steps", type=int, help="training steps per timed repeat (default on CUDA 200, on CPU 10)")
+    p.add_argument("--repeats", type=int, help="timed repeats; the median is reported (default on CUDA 5, on CPU 3)")
+    p.add_argument("--out", default=str(DEFAULT_OUT), help=OUT_HELP)
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="accepted so that `gper bench --train --quick` runs; changes nothing (use --steps and --repeats)",
+    )
+
+
+def train_config(args: argparse.Namespace):
     from gper.bench.train_step import TrainBenchConfig
 
-    cfg = config_from_args(args)
-    cuda = cfg.device.type == "cuda"
-    try:
-        capacity = parse_sizes(args.capacities, 40)[0] if args.capacities else (2**24 if cuda else 2**14)
-        batch = parse_sizes(args.batches, None)[0] if args.batches else (16384 if cuda else 256)
-    except argparse.ArgumentTypeError as e:
-        raise SystemExit(f"gper bench: {e}") from None
+    prog = "gper bench train-step"
+    device = _device(args.device, prog)
+    cuda = device.type == "cuda"
+    caps, batches = _sizes(args, prog)
+    capacity = caps[0] if caps else (2**24 if cuda else 2**14)
+    batch = batches[0] if batches else (16384 if cuda else 256)
     if batch > capacity:
-        raise SystemExit(f"gper bench: batch {batch} is larger than the replay ({capacity})")
+        raise SystemExit(f"{prog}: batch {batch} is larger than the replay ({capacity})")
     if args.precisions and not cuda and set(args.precisions) != {"fp32"}:
-        raise SystemExit("gper bench: --precisions tf32/bf16 need CUDA")
+        raise SystemExit(f"{prog}: --precisions tf32/bf16 need CUDA")
     return TrainBenchConfig(
-        device=cfg.device,
+        device=device,
         capacity=capacity,
         batch=batch,
         hidden=tuple(args.hidden) if args.hidden else ((512, 512) if cuda else (64, 64)),
         precisions=tuple(args.precisions) if args.precisions else (("tf32", "fp32", "bf16") if cuda else ("fp32",)),
         steps=args.steps or (200 if cuda else 10),
         repeats=args.repeats or (5 if cuda else 3),
-        out=cfg.out,
+        out=Path(args.out),
     )
 
 
-def main(args: argparse.Namespace) -> int:
-    """Run ``gper bench``; exit status 1 if any gper call failed."""
-    if args.train:
-        from gper.bench.train_step import run_train_bench
+def run_train(args: argparse.Namespace) -> int:
+    from gper.bench.train_step import run_train_bench
 
-        run_train_bench(train_config_from_args(args))
-        return 0
-    result = run(config_from_args(args))
-    return 1 if any(r.status == "error" for r in result.rows) else 0
+    run_train_bench(train_config(args))
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------
+# gper bench peers
+
+
+def add_peers_arguments(p: argparse.ArgumentParser) -> None:
+    from gper.bench.peers_sweep import OPS, PEERS
+
+    p.add_argument("--device", help="cuda, cuda:1 or cpu (default: cuda when available)")
+    _add_sizes(
+        p,
+        "log2 sizes (or 2^k, or slot counts above 40); default CUDA: 16 20 24 25, CPU: 16 20",
+        "batch sizes (default 256 16384)",
+    )
+    p.add_argument(
+        "--peers",
+        nargs="+",
+        type=canonical_name,
+        choices=PEERS,
+        default=list(PEERS),
+        help="what to time (default all; seeds is the old name of cumsum)",
+    )
+    p.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS), help="which calls to time (default all)")
+    p.add_argument("--repeats", type=int, help="timed repeats per cell, the median is reported (default CUDA 7, CPU 5)")
+    p.add_argument("--warmup", type=int, default=3, help="warm-up calls per cell (default 3)")
+    p.add_argument("--target-ms", type=float, default=20.0, help="length of a repeat (default 20 ms)")
+    p.add_argument("--max-call-s", type=float, default=2.0, help="skip a cell whose single call takes longer (2 s)")
+    p.add_argument("--max-cell-s", type=float, default=4.0, help="fewer repeats past this many seconds per cell (4)")
+    p.add_argument("--max-fill-s", type=float, default=180.0, help="skip a capacity whose fill would take longer")
+    p.add_argument("--worker-timeout-s", type=float, default=1500.0, help="limit for each JAX peer's subprocess")
+    p.add_argument(
+        "--deadline-s",
+        type=float,
+        help="start no fill or cell after this many seconds: the rest is recorded as skipped and the report "
+        "is written (for a machine lent for a fixed time)",
+    )
+    p.add_argument("--out", default=str(DEFAULT_OUT), help=OUT_HELP)
+    p.add_argument("--no-plot", action="store_true", help="do not draw the PNG")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--threads",
+        type=int,
+        help="torch's intra-op threads (default: torch's choice); 1 keeps a busy shared CPU from stalling "
+        "torch's parallel kernels",
+    )
+    p.add_argument("--quick", action="store_true", help="a smoke run: fewer sizes and repeats")
+
+
+def peers_config(args: argparse.Namespace):
+    from gper.bench.peers_sweep import OPS, PeersConfig
+
+    prog = "gper bench peers"
+    device = _device(args.device, prog)
+    caps, batches, repeats = PEERS_DEFAULTS[("cuda" if device.type == "cuda" else "cpu", args.quick)]
+    capacities, batch_sizes = _sizes(args, prog)
+    return PeersConfig(
+        capacities=capacities or [2**k for k in caps],
+        batches=batch_sizes or list(batches),
+        device=device,
+        peers=list(dict.fromkeys(args.peers)),
+        ops=[op for op in OPS if op in args.ops],
+        repeats=args.repeats or repeats,
+        warmup=args.warmup,
+        target_ms=args.target_ms,
+        max_call_s=args.max_call_s,
+        max_cell_s=args.max_cell_s,
+        max_fill_s=args.max_fill_s,
+        worker_timeout_s=args.worker_timeout_s,
+        deadline=None if args.deadline_s is None else time.monotonic() + args.deadline_s,
+        out=Path(args.out),
+        plot=not args.no_plot,
+        seed=args.seed,
+        command=getattr(args, "command_line", ""),
+    )
+
+
+def run_peers(args: argparse.Namespace) -> int:
+    """Exit status 1 if any of gper's cells failed."""
+    from gper.bench.peers_sweep import run
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rows, _ = run(peers_config(args))
+    return 1 if any(r.status == "error" and r.impl.startswith("gper") for r in rows) else 0
+
+
+# ----------------------------------------------------------------------------------------------
+# gper bench exactness
+
+
+def add_exactness_arguments(p: argparse.ArgumentParser) -> None:
+    from gper.bench.checks import CHECKS
+    from gper.bench.exactness import PEERS
+
+    p.add_argument("--device", help="cuda or cpu (default: cuda when available)")
+    p.add_argument(
+        "--peers",
+        nargs="+",
+        type=canonical_name,
+        choices=PEERS,
+        default=list(PEERS),
+        help="whose samplers (default all; seeds is the old name of cumsum)",
+    )
+    p.add_argument("--checks", nargs="+", choices=CHECKS, default=list(CHECKS))
+    p.add_argument("--reach-log2", type=int, help="slots of the reach check (default CUDA 25, CPU 22)")
+    p.add_argument("--reach-per-slot", type=float, default=1.0, help="draws per slot in the reach check (1)")
+    p.add_argument("--tiny-draws", type=_count, help="draws of the tiny-leaf check (default CUDA 2^32, CPU 2^30)")
+    p.add_argument("--distinct-draws", type=_count, help="draws of the distinct check (default CUDA 2^26, CPU 2^24)")
+    p.add_argument("--batch", type=_count, default=1 << 20, help="draws per call (default 2^20)")
+    p.add_argument("--budget-s", type=float, help="seconds of drawing per check and peer (default CUDA 10, CPU 60)")
+    p.add_argument("--deadline-s", type=float, help="start no check after this many seconds (report what ran)")
+    p.add_argument("--out", default=str(DEFAULT_OUT), help=OUT_HELP)
+
+
+def exactness_config(args: argparse.Namespace):
+    from gper.bench.checks import ExactConfig
+
+    device = _device(args.device, "gper bench exactness")
+    cuda = device.type == "cuda"
+    return ExactConfig(
+        device=device,
+        peers=list(dict.fromkeys(args.peers)),
+        reach_log2=args.reach_log2 or (25 if cuda else 22),
+        reach_per_slot=args.reach_per_slot,
+        tiny_draws=int(args.tiny_draws or (2**32 if cuda else 2**30)),
+        distinct_draws=int(args.distinct_draws or (2**26 if cuda else 2**24)),
+        batch=args.batch,
+        budget_s=args.budget_s or (10.0 if cuda else 60.0),
+        out=Path(args.out),
+        checks=tuple(dict.fromkeys(args.checks)),
+        deadline=None if args.deadline_s is None else time.monotonic() + args.deadline_s,
+        command=getattr(args, "command_line", ""),
+    )
+
+
+def run_exactness(args: argparse.Namespace) -> int:
+    """Exit status 1 if a check of gper's could not run."""
+    from gper.bench.exactness import run
+
+    results = run(exactness_config(args))
+    return 1 if any(r.verdict.startswith("error") for r in results if r.peer.startswith("gper")) else 0
+
+
+# ----------------------------------------------------------------------------------------------
+# dispatch
+
+_PARTS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
+    "replay": (add_replay_arguments, run_replay),
+    "peers": (add_peers_arguments, run_peers),
+    "exactness": (add_exactness_arguments, run_exactness),
+    "train-step": (add_train_arguments, run_train),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gper bench",
+        description="Benchmarks of gper. Without a subcommand, `gper bench [flags]` runs `gper bench replay "
+        "[flags]`, and `gper bench --train [flags]` runs `gper bench train-step [flags]`.",
+    )
+    sub = parser.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", required=True)
+    for name, help_text in SUBCOMMANDS.items():
+        add, run = _PARTS[name]
+        p = sub.add_parser(name, help=help_text, description=f"gper bench {name}: {help_text}")
+        add(p)
+        p.set_defaults(_run=run)
+    return parser
+
+
+def resolve_aliases(argv: list[str]) -> list[str]:
+    """``[flags]`` -> ``["replay", *flags]``; ``["--train", *flags]`` -> ``["train-step", *flags]``."""
+    if argv and (argv[0] in SUBCOMMANDS or argv[0] in ("-h", "--help")):
+        return argv
+    if "--train" in argv:
+        return ["train-step", *(a for a in argv if a != "--train")]
+    return ["replay", *argv]
+
+
+def main(argv: list[str]) -> int:
+    """Run ``gper bench`` with the rest of the command line; the subcommand's exit status."""
+    args = build_parser().parse_args(resolve_aliases(list(argv)))
+    args.command_line = " ".join(["gper", "bench", *argv])
+    return int(args._run(args) or 0)

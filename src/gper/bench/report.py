@@ -20,6 +20,8 @@ import torch
 
 import gper
 
+#: where result files go unless ``--out`` says otherwise (relative to the working directory)
+DEFAULT_OUT = Path("benchmarks/results")
 #: set this to the commit when the tree being run has no ``.git`` (e.g. a copy on another machine)
 COMMIT_ENV = "GPER_BENCH_COMMIT"
 
@@ -153,21 +155,33 @@ def print_table(
 
 
 class ResultFiles:
-    """``bench-<device>-<stamp>.csv``, appended to as rows arrive, and ``.md`` written at the end.
+    """``<prefix>-<device>-<stamp>.csv`` and ``.md`` in ``out``, and other files of the same stem.
+
+    The CSV is written as rows arrive (:meth:`append` adds rows, :meth:`rewrite` writes all of
+    them again), so a run cut short keeps what it measured; the Markdown is written at the end.
 
     Args:
         out: the results directory (created if missing).
         env: :func:`environment` of the run (its ``slug`` and ``stamp`` name the files).
-        columns: the CSV's columns.
+        columns: the CSV's columns; None for a run that writes no CSV.
         prefix: first word of the file names.
     """
 
-    def __init__(self, out: Path, env: dict[str, str], columns: Sequence[str], prefix: str = "bench") -> None:
+    def __init__(self, out: Path, env: dict[str, str], columns: Sequence[str] | None, prefix: str = "bench") -> None:
         out.mkdir(parents=True, exist_ok=True)
-        stem = f"{prefix}-{env['slug']}-{env['stamp']}"
-        self.csv_path = out / f"{stem}.csv"
-        self.md_path = out / f"{stem}.md"
-        self.columns = list(columns)
+        self.stem = f"{prefix}-{env['slug']}-{env['stamp']}"
+        self.out = out
+        self.csv_path = out / f"{self.stem}.csv" if columns is not None else None
+        self.md_path = out / f"{self.stem}.md"
+        self.columns = list(columns or ())
+        if self.csv_path is not None:
+            self._write_header()
+
+    def path(self, suffix: str) -> Path:
+        """Another file of this run: ``path(".png")``."""
+        return self.out / f"{self.stem}{suffix}"
+
+    def _write_header(self) -> None:
         with open(self.csv_path, "w", newline="", encoding="utf-8") as f:
             csv.writer(f).writerow(self.columns)
 
@@ -177,6 +191,11 @@ class ResultFiles:
             writer = csv.DictWriter(f, fieldnames=self.columns)
             for row in rows:
                 writer.writerow({k: "" if row.get(k) is None else row[k] for k in self.columns})
+
+    def rewrite(self, rows: Sequence[dict[str, object]]) -> None:
+        """Write the CSV again with these rows only (for a run whose rows change order as they arrive)."""
+        self._write_header()
+        self.append(rows)
 
     def write_markdown(self, text: str) -> None:
         self.md_path.write_text(text, encoding="utf-8")

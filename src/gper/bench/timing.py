@@ -1,4 +1,4 @@
-"""Timing helpers shared by gper's benchmarks: eager calls and CUDA-graph replays.
+"""Timing helpers shared by gper's benchmarks: eager calls, CUDA-graph replays, JAX calls, training steps.
 
 How we time (as ``triton.testing.do_bench`` does, and as the notes on timing GPU work advise):
 warm up first so compilation and allocation stay out of the numbers; on CUDA, record events on the
@@ -6,6 +6,11 @@ current stream around ``iters`` back-to-back calls (no synchronisation inside th
 by ``iters``, repeat, and report the median of the repeats. On the CPU, ``time.perf_counter``
 takes the events' place. The caches stay warm between calls: what a buffer that fits in L2
 costs is what it costs in a training loop that samples from it every step.
+
+The family: :func:`time_fn` (eager calls; CUDA events or the host clock), :func:`time_graph`
+(replays of one captured graph), :func:`time_sync` (wall time closed by a caller's sync, for
+work that CUDA events cannot see, as JAX's) and :func:`time_steps` (device and wall time of
+whole training steps).
 """
 
 from __future__ import annotations
@@ -188,3 +193,52 @@ def time_graph(
         )
     finally:
         graph.reset()
+
+
+def time_sync(
+    fn: Callable[[], object], sync: Callable[[object], None], warmup: int, iters: int, repeats: int
+) -> Timing:
+    """Median over ``repeats`` of the wall time of ``iters`` calls, closed by ``sync(last result)``.
+
+    For JAX, whose calls return before the device is done: CUDA events on torch's stream would
+    not see XLA's work, and a ``block_until_ready`` on the last result of a chain of calls that
+    each consume the previous state waits for all of them.
+    """
+    out = None
+    for _ in range(warmup):
+        out = fn()
+    sync(out)
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            out = fn()
+        sync(out)
+        samples.append((time.perf_counter() - t0) * 1e6 / iters)
+    return Timing(statistics.median(samples), min(samples), max(samples), iters, repeats, tuple(samples))
+
+
+def time_steps(run: Callable[[], object], steps: int, repeats: int, device: torch.device) -> tuple[float, float]:
+    """(median device ms per step, median wall ms per step) over ``repeats`` of ``steps`` calls of ``run``.
+
+    Each repeat starts from an idle device. The device time comes from CUDA events around the
+    calls (the host clock on the CPU); the wall time from the host clock around the same calls
+    and the wait for the last one.
+    """
+    gpu, wall = [], []
+    for _ in range(repeats):
+        synchronize(device)
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            run()
+        if device.type == "cuda":
+            end.record()
+            end.synchronize()
+            gpu.append(start.elapsed_time(end) / steps)
+        else:
+            gpu.append((time.perf_counter() - t0) * 1e3 / steps)
+        wall.append((time.perf_counter() - t0) * 1e3 / steps)
+    return statistics.median(gpu), statistics.median(wall)

@@ -23,8 +23,6 @@ step runs. The replay is filled with random transitions before timing.
 
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +31,7 @@ import torch
 import gper
 from gper.bench.report import ResultFiles, environment, format_markdown, header_line, print_table
 from gper.bench.timing import synchronize
+from gper.bench.timing import time_steps as _time_steps
 
 #: dense peak rates of an H100/H200 SXM (NVIDIA's datasheet), used for the floor on those GPUs
 PEAK_TFLOPS = {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4}
@@ -123,27 +122,6 @@ def _fill(rb: gper.PrioritizedReplayBuffer, obs_dim: int, n_actions: int, device
     for lo in range(0, rb.capacity, chunk):
         part = idx[lo : lo + chunk]
         rb.update_priorities(part, torch.pow(10.0, -3 + 5 * torch.rand(part.numel(), device=device, generator=gen)))
-
-
-def _time_steps(run, steps: int, repeats: int, device: torch.device) -> tuple[float, float]:
-    """(median GPU ms per step from events, median wall ms per step from the host clock)."""
-    gpu, wall = [], []
-    for _ in range(repeats):
-        synchronize(device)
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            run()
-        if device.type == "cuda":
-            end.record()
-            end.synchronize()
-            gpu.append(start.elapsed_time(end) / steps)
-        else:
-            gpu.append((time.perf_counter() - t0) * 1e3 / steps)
-        wall.append((time.perf_counter() - t0) * 1e3 / steps)
-    return statistics.median(gpu), statistics.median(wall)
 
 
 def _agent(cfg: TrainBenchConfig, precision: str, rb, graphs: bool, batch_source=None):
