@@ -233,7 +233,10 @@ def check_tree(pt: PriorityTree, leaves: list[float], what=""):
         off, n, end = lay.offsets[level], lay.sizes[level], ends[level]
         below = lay.depth - 1 - level
         assert_verbose_allclose(
-            tree[off : off + n], want_sum[off : off + n], rtol=sum_rtol(k, below, leaf), what=f"{what} sum level {level}"
+            tree[off : off + n],
+            want_sum[off : off + n],
+            rtol=sum_rtol(k, below, leaf),
+            what=f"{what} sum level {level}",
         )
         assert_verbose_allclose(
             mintree[off : off + n], want_min[off : off + n], rtol=leaf, what=f"{what} min level {level}"
