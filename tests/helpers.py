@@ -292,3 +292,12 @@ def parity_script(backend: str, capacity: int, arity: int, sampling: str, weight
         rb.update_priorities(batch, dyadic_td(k, sign))
     seen.append(rb.sample(256))
     return rb, seen
+
+
+def filled_wide_buffer(capacity: int, device: torch.device | str = "cuda", **kw) -> gper.PrioritizedReplayBuffer:
+    """A full buffer of :data:`WIDE_SPEC` of random transitions (added 2^20 at a time)."""
+    rb = gper.PrioritizedReplayBuffer(capacity, WIDE_SPEC, device=device, **kw)
+    chunk = 1 << 20
+    for start in range(0, capacity, chunk):
+        rb.add(wide_transitions(min(chunk, capacity - start), device))
+    return rb
