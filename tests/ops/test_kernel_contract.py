@@ -15,9 +15,10 @@ from gper._triton import HAS_TRITON
 from gper.ops import BACKENDS, ReplayKernels, backend_module, reference, select_backend
 from gper.ops.state import MODE_PROPORTIONAL, MODE_STRATIFIED
 from gper.replay.tree import PriorityTree
-from helpers import TRITON_ON_CPU, sample_fresh
+from helpers import EPS_DYADIC, TRITON_ON_CPU, dyadic_td, sample_fresh
 
 needs_interpreter = pytest.mark.skipif(not TRITON_ON_CPU, reason="needs triton under TRITON_INTERPRET=1")
+needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
 
 #: the functions of the contract, as the Protocol declares them
 CONTRACT = sorted(
@@ -112,7 +113,7 @@ def test_a_module_is_passed_through_as_it_is():
     assert name == "my_kernels" and kernels is custom
 
 
-@needs_interpreter
+@needs_triton
 def test_launch_config_applies_inside_the_block_and_is_restored_after():
     from gper.ops import triton_ops
 
@@ -127,7 +128,7 @@ def test_launch_config_applies_inside_the_block_and_is_restored_after():
     assert triton_ops.LAUNCH == before, "an exception inside the block restores the shapes too"
 
 
-@needs_interpreter
+@needs_triton
 def test_launch_config_refuses_unknown_names_and_changes_nothing():
     from gper.ops import triton_ops
 
@@ -138,16 +139,20 @@ def test_launch_config_refuses_unknown_names_and_changes_nothing():
     assert triton_ops.LAUNCH == before
 
 
-@needs_interpreter
+@needs_triton
 @pytest.mark.parametrize("mode", [MODE_PROPORTIONAL, MODE_STRATIFIED])
-def test_launch_shapes_do_not_change_results(mode):
-    """Other block sizes split the same work over more programs: the same draws and the same tree."""
+def test_launch_shapes_do_not_change_results(device, mode):
+    """Other block sizes split the same work over more programs: the same draws and the same tree
+    (dyadic priorities, so no sum depends on the order a launch shape adds in)."""
+    if device.type == "cpu" and not TRITON_ON_CPU:
+        pytest.skip("Triton on CPU tensors needs TRITON_INTERPRET=1")
     from gper.ops import triton_ops
 
     def run():
-        t = PriorityTree.from_leaves([float(1 + i % 5) for i in range(100)], triton_ops, arity=4)
-        idx = torch.arange(200) % 37
-        t.update(idx, torch.arange(200, dtype=torch.float32), None, 0.5, 0.1)
+        t = PriorityTree.from_leaves([float(1 + i % 5) for i in range(100)], triton_ops, arity=4, device=device)
+        idx = torch.arange(200, device=device) % 37
+        td = dyadic_td(torch.arange(200) % 5 * 2 - 2).to(device)
+        t.update(idx, td, None, 0.5, EPS_DYADIC)
         return (*sample_fresh(t, 150, mode, seed=4), t.tree.clone(), t.mintree.clone(), t.counters.clone())
 
     default = run()
