@@ -17,22 +17,30 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
+from gper._triton import HAS_TRITON  # noqa: E402
 from helpers import TRITON_ON_CPU  # noqa: E402
 
-#: back ends the CPU tests run on: torch always, Triton when its kernels can run on CPU tensors
-BACKEND_PARAMS = [
-    pytest.param("torch", id="torch"),
-    pytest.param(
-        "triton",
-        id="triton",
-        marks=pytest.mark.skipif(not TRITON_ON_CPU, reason="Triton on CPU tensors needs triton and TRITON_INTERPRET=1"),
-    ),
-]
+#: back ends a test runs on: torch always; Triton where its kernels can run (see :func:`backend`)
+BACKEND_PARAMS = [pytest.param("torch", id="torch"), pytest.param("triton", id="triton")]
+
+
+def _triton_runs(request) -> bool:
+    """Triton runs compiled on CUDA tensors (a test that also takes ``device``, on ``cuda``), and
+    on CPU tensors only under the interpreter."""
+    if "device" in request.fixturenames and request.getfixturevalue("device").type == "cuda":
+        return HAS_TRITON
+    return TRITON_ON_CPU
 
 
 @pytest.fixture(params=BACKEND_PARAMS)
 def backend(request) -> str:
-    """Back end name, "torch" or "triton" (interpreted: every tensor stays on the CPU)."""
+    """Back end name, "torch" or "triton".
+
+    Without the ``device`` fixture every tensor stays on the CPU and Triton runs interpreted (skipped
+    without triton or ``TRITON_INTERPRET=1``); with it, on ``cuda``, both back ends run on the GPU.
+    """
+    if request.param == "triton" and not _triton_runs(request):
+        pytest.skip("Triton needs triton, and on CPU tensors TRITON_INTERPRET=1")
     return request.param
 
 
@@ -44,7 +52,8 @@ DEVICE_PARAMS = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", 
 def device(request) -> torch.device:
     """The device a test runs on: ``cpu``, and ``cuda`` (marked ``gpu``, so skipped without a GPU).
 
-    On CUDA the buffer picks the Triton back end by itself; on the CPU, the torch one."""
+    On CUDA the buffer picks the Triton back end by itself; on the CPU, the torch one. A test that
+    takes ``backend`` too runs each back end on each device."""
     return torch.device(request.param)
 
 

@@ -1,5 +1,6 @@
-"""Test helpers: verbose asserts, small buffers, state snapshots, and a harness that drives the
-kernels of either back end directly on hand-written trees."""
+"""Test helpers: verbose asserts, small buffers and their data, state snapshots, tree checks, and
+what it takes to drive the kernels of either back end directly on hand-made trees
+(:meth:`gper.replay.tree.PriorityTree.from_leaves` plus :func:`slot_rows` and :func:`sample_fresh`)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ import torch
 
 import gper
 from gper._triton import HAS_TRITON
-from gper.ops.layout import TreeLayout
-from gper.ops.reference import rebuild
-from gper.ops.state import N_COUNTERS, N_SCALARS
+from gper.ops import reference
+from gper.ops.state import C_TICKET, N_COUNTERS
+from gper.replay.tree import PriorityTree
 
 #: the Triton kernels can run here on CPU tensors (conftest switches the interpreter on without CUDA)
 TRITON_ON_CPU = HAS_TRITON and os.environ.get("TRITON_INTERPRET") == "1"
@@ -21,6 +22,15 @@ TRITON_ON_CPU = HAS_TRITON and os.environ.get("TRITON_INTERPRET") == "1"
 SPEC = {
     "obs": ((3,), torch.float32),
     "action": ((), torch.int64),
+    "done": ((), torch.bool),
+}
+
+#: a DQN-sized transition (51-float observations), for the GPU tests' larger buffers
+WIDE_SPEC = {
+    "obs": ((51,), torch.float32),
+    "action": ((), torch.int64),
+    "reward": ((), torch.float32),
+    "next_obs": ((51,), torch.float32),
     "done": ((), torch.bool),
 }
 
@@ -33,9 +43,10 @@ def assert_verbose_allclose(
 ):
     """Like ``torch.testing.assert_close`` but names the first mismatching index and its values.
 
-    NaN equals NaN and an infinity equals the same infinity.
+    NaN equals NaN and an infinity equals the same infinity. Either side may be on any device
+    (both are compared on the CPU).
     """
-    actual, expected = torch.as_tensor(actual), torch.as_tensor(expected)
+    actual, expected = torch.as_tensor(actual).cpu(), torch.as_tensor(expected).cpu()
     assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
     a, e = actual.double(), expected.double()
     same = (a == e) | (a.isnan() & e.isnan())
@@ -52,8 +63,8 @@ def assert_verbose_allclose(
 
 
 def assert_verbose_equal(actual: torch.Tensor, expected: torch.Tensor, what=""):
-    """Exact equality of values and dtypes (NaN equals NaN), reporting the first mismatch."""
-    actual, expected = torch.as_tensor(actual), torch.as_tensor(expected)
+    """Exact equality of values and dtypes (NaN equals NaN), reporting the first mismatch (any devices)."""
+    actual, expected = torch.as_tensor(actual).cpu(), torch.as_tensor(expected).cpu()
     assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
     if actual.dtype.is_floating_point:
         assert_verbose_allclose(actual, expected, what=what)
@@ -69,9 +80,9 @@ def assert_verbose_equal(actual: torch.Tensor, expected: torch.Tensor, what=""):
         )
 
 
-def transitions(n: int, start: int = 0) -> dict[str, torch.Tensor]:
+def transitions(n: int, start: int = 0, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
     """``n`` transitions of :data:`SPEC` whose contents identify them: item ``k`` has action ``start + k``."""
-    k = torch.arange(start, start + n)
+    k = torch.arange(start, start + n, device=device)
     return {
         "obs": torch.stack([k * 1.0, k * 0.5, -k * 1.0], 1).float(),
         "action": k.long(),
@@ -79,8 +90,23 @@ def transitions(n: int, start: int = 0) -> dict[str, torch.Tensor]:
     }
 
 
-def make_buffer(capacity: int, backend: str = "torch", **kw) -> gper.PrioritizedReplayBuffer:
-    return gper.PrioritizedReplayBuffer(capacity, SPEC, device="cpu", backend=backend, **kw)
+def wide_transitions(n: int, device: torch.device | str, generator: torch.Generator | None = None):
+    """``n`` random transitions of :data:`WIDE_SPEC` on ``device`` (never zeros: they hide bugs)."""
+    kw = {"device": device, "generator": generator}
+    return {
+        "obs": torch.randn(n, 51, **kw),
+        "action": torch.randint(0, 18, (n,), **kw),
+        "reward": torch.randn(n, **kw),
+        "next_obs": torch.randn(n, 51, **kw),
+        "done": torch.rand(n, **kw) < 0.05,
+    }
+
+
+def make_buffer(
+    capacity: int, backend: str = "torch", device: torch.device | str = "cpu", **kw
+) -> gper.PrioritizedReplayBuffer:
+    """A buffer of :data:`SPEC` on ``device`` (the CPU unless a test takes the ``device`` fixture)."""
+    return gper.PrioritizedReplayBuffer(capacity, SPEC, device=device, backend=backend, **kw)
 
 
 def dyadic_td(k: torch.Tensor, sign: torch.Tensor | None = None) -> torch.Tensor:
@@ -117,105 +143,87 @@ def assert_unchanged(rb: gper.PrioritizedReplayBuffer, before: dict):
             assert after[k] == before[k], f"{k}: {after[k]!r} != {before[k]!r}"
 
 
-class RawTree:
-    """A hand-made tree pair plus the rest of what the kernels take, to drive ``ops`` directly.
+def slot_rows(capacity: int, words: int = 4, device: torch.device | str = "cpu") -> torch.Tensor:
+    """[capacity, words] int32 storage rows where row ``k`` holds ``k`` in every word, so a gathered
+    row names the slot it came from."""
+    return torch.arange(capacity, dtype=torch.int32, device=device)[:, None].repeat(1, words).contiguous()
 
-    Args:
-        leaves: [capacity] leaf priorities (0 = never drawn; the min tree stores +inf there).
-        arity: K.
-        size: filled slots the counters report (default: all).
+
+def sample_fresh(
+    tree: PriorityTree, b: int, mode: int, seed: int = 0, beta: float = 0.5, rows: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``tree.sample_into`` new output tensors (rows default to :func:`slot_rows`).
+
+    Returns:
+        (indices, weights, rows, generations) of the ``b`` draws.
     """
+    dev = tree.device
+    rows = slot_rows(tree.capacity, device=dev) if rows is None else rows
+    out = {
+        "rows": torch.empty(b, rows.shape[1], dtype=torch.int32, device=dev),
+        "indices": torch.empty(b, dtype=torch.int64, device=dev),
+        "generations": torch.empty(b, dtype=torch.int32, device=dev),
+        "weights": torch.empty(b, dtype=torch.float32, device=dev),
+    }
+    tree.sample_into(rows, seed, mode, torch.tensor(beta, dtype=torch.float32, device=dev), out)
+    return out["indices"], out["weights"], out["rows"], out["generations"]
 
-    def __init__(self, leaves, arity: int, size: int | None = None, words: int = 4):
-        leaves = torch.as_tensor(leaves, dtype=torch.float32)
-        cap = leaves.numel()
-        self.layout = lay = TreeLayout.build(cap, arity)
-        self.tree = torch.zeros(lay.numel + 1)
-        self.mintree = torch.full((lay.numel + 1,), math.inf)
-        self.tree[lay.leaf_offset : lay.leaf_offset + cap] = leaves
-        self.mintree[lay.leaf_offset : lay.leaf_offset + cap] = torch.where(leaves > 0, leaves, math.inf)
-        rebuild(self.tree, self.mintree, lay)
-        # row k holds k in every word, so a gathered row names the slot it came from
-        self.rows = torch.arange(cap, dtype=torch.int32)[:, None].repeat(1, words).contiguous()
-        self.gen = torch.zeros(cap, dtype=torch.int32)
-        self.scratch = {}  # per back end: the update's claim scratch (all -1 between calls)
-        self.counters = torch.zeros(N_COUNTERS, dtype=torch.int64)
-        self.counters[2] = cap if size is None else size  # C_SIZE
-        self.scalars = torch.zeros(N_SCALARS, dtype=torch.float32)
-        self.scalars[0] = 1.0  # S_MAXP
 
-    def sample(self, ops, b: int, mode: int, seed: int = 0, beta: float = 0.5):
-        """Run ``ops.sample``; returns (indices, weights, rows, generations)."""
-        out_rows = torch.empty(b, self.rows.shape[1], dtype=torch.int32)
-        out_idx = torch.empty(b, dtype=torch.int64)
-        out_gen = torch.empty(b, dtype=torch.int32)
-        out_w = torch.empty(b, dtype=torch.float32)
-        ops.sample(
-            self.tree,
-            self.mintree,
-            self.layout,
-            self.rows,
-            self.gen,
-            self.counters,
-            seed,
-            b,
-            mode,
-            torch.tensor(beta),
-            out_rows,
-            out_idx,
-            out_gen,
-            out_w,
-        )
-        return out_idx, out_w, out_rows, out_gen
+def assert_at_rest(tree: PriorityTree, what: str = "") -> None:
+    """The scratch the kernels share between calls is back to its resting state: every claim -1,
+    the last-program election tickets (``C_TICKET`` and after) 0."""
+    assert bool((tree.claims == -1).all()), f"{what}: update claims not reset"
+    tickets = tree.counters[C_TICKET:].tolist()
+    assert tickets == [0] * (N_COUNTERS - C_TICKET), f"{what}: election tickets not reset: {tickets}"
 
-    def update(self, ops, idx, td, expected_gen=None, alpha: float = 1.0, eps: float = 0.5):
-        """Run ``ops.update``; with the defaults, ``td = 2^k - 0.5`` gives priority exactly ``2^k`` (both back ends)."""
-        if ops.__name__ not in self.scratch:
-            self.scratch[ops.__name__] = ops.make_scratch(self.layout, self.tree.device)
-        ops.update(
-            self.tree,
-            self.mintree,
-            self.layout,
-            self.scratch[ops.__name__],
-            self.gen,
-            self.counters,
-            self.scalars,
-            torch.as_tensor(idx, dtype=torch.int64),
-            torch.as_tensor(td, dtype=torch.float32),
-            expected_gen,
-            alpha,
-            eps,
-        )
+
+def tree_error(tree: PriorityTree) -> float:
+    """Largest relative difference between the stored sum tree and one rebuilt from its leaves
+    (the min tree must equal its rebuild exactly)."""
+    rebuilt, rebuilt_min = tree.tree.clone(), tree.mintree.clone()
+    reference.rebuild(tree=rebuilt, mintree=rebuilt_min, layout=tree.layout)
+    rel = (rebuilt - tree.tree).abs() / rebuilt.abs().clamp_min(1e-30)
+    assert torch.equal(rebuilt_min, tree.mintree), "min tree differs from its rebuild"
+    return float(rel.max())
 
 
 #: a stored priority against the oracle's float64 ``(|td| + eps) ** alpha``: the float32 rounding of
 #: ``|td| + eps`` (scaled by alpha) plus float32 ``pow`` (torch, within 2 ulps) or
 #: ``exp2(alpha * log2(x))`` (Triton, whose error grows with |log2 x|: about 8 ulps at x = 2^20)
 LEAF_RTOL = 1e-6
+#: the same on CUDA, where Triton's ``exp2``/``log2`` are the hardware approximations
+#: (``ex2.approx``/``lg2.approx``, about 2^-22 each): within ~1e-6 of x, so 1e-5 with margin
+CUDA_LEAF_RTOL = 1e-5
 
 
-def sum_rtol(arity: int, levels: int = 1) -> float:
+def leaf_rtol(device: torch.device | str) -> float:
+    """:data:`LEAF_RTOL` on the CPU, :data:`CUDA_LEAF_RTOL` on CUDA."""
+    return CUDA_LEAF_RTOL if torch.device(device).type == "cuda" else LEAF_RTOL
+
+
+def sum_rtol(arity: int, levels: int = 1, leaf: float = LEAF_RTOL) -> float:
     """Relative tolerance of a float32 node against the exact sum of the oracle leaves below it.
 
     A float32 sum of K non-negative float32 numbers, in any order, is within (K - 1) * 2^-24
     (relative) of the exact sum: each of the K - 1 additions rounds by at most half an ulp of a
     partial sum no larger than the total. ``levels`` stacked sums add up their errors (to first
-    order), on top of the leaves' own :data:`LEAF_RTOL`.
+    order), on top of the leaves' own error ``leaf`` (:data:`LEAF_RTOL`).
     """
-    return levels * (arity - 1) * 2.0**-24 + LEAF_RTOL
+    return levels * (arity - 1) * 2.0**-24 + leaf
 
 
-def check_tree(tree: torch.Tensor, mintree: torch.Tensor, layout: TreeLayout, leaves: list[float], what=""):
-    """Every invariant of a tree pair whose leaves should be ``leaves`` (oracle priorities, 0 = empty).
+def check_tree(pt: PriorityTree, leaves: list[float], what=""):
+    """Every invariant of a priority tree whose leaves should be ``leaves`` (oracle priorities, 0 = empty).
 
-    * leaves equal the oracle's to float32 rounding;
+    * leaves equal the oracle's to float32 rounding (:func:`leaf_rtol` of the tree's device);
     * every inner node is the sum (min tree: exactly the min) of its K children as stored;
     * padding is 0 in the sum tree and +inf in the min tree;
     * each level, and the root, equals the oracle's exact tree.
     """
     from oracle import build_trees
 
-    k, lay = layout.arity, layout
+    tree, mintree, lay = pt.tree.cpu(), pt.mintree.cpu(), pt.layout
+    k, leaf = lay.arity, leaf_rtol(pt.device)
     assert tree.numel() == mintree.numel() == lay.numel + 1
     want_sum, want_min = build_trees(leaves, lay)
     want_sum = torch.tensor(want_sum, dtype=torch.float64)
@@ -225,10 +233,13 @@ def check_tree(tree: torch.Tensor, mintree: torch.Tensor, layout: TreeLayout, le
         off, n, end = lay.offsets[level], lay.sizes[level], ends[level]
         below = lay.depth - 1 - level
         assert_verbose_allclose(
-            tree[off : off + n], want_sum[off : off + n], rtol=sum_rtol(k, below), what=f"{what} sum level {level}"
+            tree[off : off + n],
+            want_sum[off : off + n],
+            rtol=sum_rtol(k, below, leaf),
+            what=f"{what} sum level {level}",
         )
         assert_verbose_allclose(
-            mintree[off : off + n], want_min[off : off + n], rtol=LEAF_RTOL, what=f"{what} min level {level}"
+            mintree[off : off + n], want_min[off : off + n], rtol=leaf, what=f"{what} min level {level}"
         )
         assert_verbose_equal(tree[off + n : end], torch.zeros(end - off - n), what=f"{what} sum padding {level}")
         assert_verbose_equal(
@@ -244,4 +255,49 @@ def check_tree(tree: torch.Tensor, mintree: torch.Tensor, layout: TreeLayout, le
             assert_verbose_equal(mintree[off : off + n], cmin.amin(1), what=f"{what} min node != min of children")
     top = tree[lay.offsets[0] : lay.offsets[0] + lay.sizes[0]].double().sum()
     exact = math.fsum(leaves)
-    assert abs(float(top) - exact) <= sum_rtol(k, lay.depth) * exact, f"{what} root {float(top)} != {exact}"
+    assert abs(float(top) - exact) <= sum_rtol(k, lay.depth, leaf) * exact, f"{what} root {float(top)} != {exact}"
+
+
+#: alpha of :func:`parity_script`: with dyadic TD errors and even exponents its priorities are exact
+PARITY_ALPHA = 0.5
+
+
+def parity_script(backend: str, capacity: int, arity: int, sampling: str, weight_norm: str = "global"):
+    """Adds (wrapping), samples, updates with stale entries and duplicates, all with dyadic
+    priorities; returns the buffer and every batch it drew (the back ends must draw the same)."""
+    g = torch.Generator().manual_seed(capacity + arity)
+    rb = make_buffer(
+        capacity,
+        backend,
+        arity=arity,
+        alpha=PARITY_ALPHA,
+        eps=EPS_DYADIC,
+        sampling=sampling,
+        weight_norm=weight_norm,
+        seed=11,
+        rank_refresh_interval=2,
+    )
+    seen = []
+    added = 0
+    for step, (n, b) in enumerate([(capacity // 2 + 1, 64), (capacity, 256), (3, 33)]):
+        rb.add(transitions(n, added))
+        added += n
+        batch = rb.sample(b, beta=[0.4, 1.0, 0.0][step])
+        seen.append(batch)
+        if step == 1:
+            rb.add(transitions(capacity // 5 + 1, added))  # some entries go stale
+            added += capacity // 5 + 1
+        k = torch.randint(-1, 4, (b,), generator=g) * 2
+        sign = torch.randint(0, 2, (b,), generator=g) * 2 - 1
+        rb.update_priorities(batch, dyadic_td(k, sign))
+    seen.append(rb.sample(256))
+    return rb, seen
+
+
+def filled_wide_buffer(capacity: int, device: torch.device | str = "cuda", **kw) -> gper.PrioritizedReplayBuffer:
+    """A full buffer of :data:`WIDE_SPEC` of random transitions (added 2^20 at a time)."""
+    rb = gper.PrioritizedReplayBuffer(capacity, WIDE_SPEC, device=device, **kw)
+    chunk = 1 << 20
+    for start in range(0, capacity, chunk):
+        rb.add(wide_transitions(min(chunk, capacity - start), device))
+    return rb

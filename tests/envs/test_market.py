@@ -258,9 +258,8 @@ def test_bad_arguments():
         MarketEnv(tiny_prices(), 2, "cpu").step(torch.zeros(2, dtype=torch.int32))
 
 
-@pytest.mark.gpu
-def test_runs_on_cuda():
-    env = MarketEnv(synthetic_prices(2000, 0), 64, "cuda", seed=0, episode_len=32)
+def test_runs_on_any_device(device):
+    env = MarketEnv(synthetic_prices(2000, 0), 64, device, seed=0, episode_len=32)
     for _ in range(100):
-        step = env.step(torch.randint(0, 45, (64,), device="cuda"))
-    assert step.obs.device.type == "cuda" and step.obs.shape == (64, 51)
+        step = env.step(torch.randint(0, 45, (64,), device=device))
+    assert step.obs.device.type == device.type and step.obs.shape == (64, 51)

@@ -18,12 +18,13 @@ from helpers import (
 )
 
 
-def used_buffer(backend: str, sampling: str = "proportional", **kw):
-    rb = make_buffer(50, backend, arity=4, sampling=sampling, seed=17, rank_refresh_interval=3, **kw)
+def used_buffer(backend: str, sampling: str = "proportional", device: torch.device | str = "cpu", **kw):
+    rb = make_buffer(50, backend, device, arity=4, sampling=sampling, seed=17, rank_refresh_interval=3, **kw)
     rb.add(transitions(70))
     for step in range(4):
         batch = rb.sample(16)
-        rb.update_priorities(batch, torch.randn(16, generator=torch.Generator().manual_seed(step)))
+        td = torch.randn(16, generator=torch.Generator().manual_seed(step))
+        rb.update_priorities(batch, td.to(rb.device))
     return rb
 
 
@@ -33,9 +34,10 @@ def continue_run(rb, steps: int = 3):
     for step in range(steps):
         batch = rb.sample(32)
         out.append((batch.indices.clone(), batch.weights.clone(), batch.rows.clone(), batch.generations.clone()))
-        rb.update_priorities(batch, torch.linspace(-3, 3, 32) * (step + 1))
+        rb.update_priorities(batch, torch.linspace(-3, 3, 32, device=rb.device) * (step + 1))
         rb.add(transitions(5, 1000 + 5 * step))
-    out.append((rb._tree.clone(), rb._mintree.clone(), rb._gen.clone(), rb._counters.clone()))
+    t = rb.tree
+    out.append((t.tree.clone(), t.mintree.clone(), t.gen.clone(), t.counters.clone()))
     return out
 
 
@@ -46,22 +48,22 @@ def assert_same_future(a, b):
 
 
 @pytest.mark.parametrize("sampling", ["proportional", "stratified", "rank", "uniform"])
-def test_round_trip_into_a_fresh_buffer(backend, sampling):
-    rb = used_buffer(backend, sampling)
+def test_round_trip_into_a_fresh_buffer(backend, device, sampling):
+    rb = used_buffer(backend, sampling, device)
     saved = snapshot(rb)
     state = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in rb.state_dict().items()}
-    fresh = make_buffer(50, backend, arity=4, sampling=sampling, seed=0, rank_refresh_interval=3)
+    fresh = make_buffer(50, backend, device, arity=4, sampling=sampling, seed=0, rank_refresh_interval=3)
     fresh.load_state_dict(state)
     assert len(fresh) == len(rb) == 50 and fresh.seed == 17
     assert_unchanged(fresh, saved)
     assert_same_future(continue_run(rb), continue_run(fresh))
 
 
-def test_round_trip_through_a_file(backend, tmp_path):
-    rb = used_buffer(backend)
+def test_round_trip_through_a_file(backend, device, tmp_path):
+    rb = used_buffer(backend, device=device)
     path = tmp_path / "buffer.pt"
     torch.save(rb.state_dict(), path)
-    fresh = make_buffer(50, backend, arity=4, rank_refresh_interval=3)
+    fresh = make_buffer(50, backend, device, arity=4, rank_refresh_interval=3)
     fresh.load_state_dict(torch.load(path, weights_only=True))
     assert fresh.stats() == rb.stats()
     for name, view in rb.storage.items():
@@ -77,11 +79,11 @@ def test_state_dict_is_live_and_load_copies():
     rb.sample(4)
     assert not torch.equal(sd["counters"], before), "state_dict() tensors should be the live ones"
     other = make_buffer(50, arity=4, rank_refresh_interval=3)
-    tree = other._tree
+    tree = other.tree.tree
     other.load_state_dict(sd)
-    assert other._tree is tree and other._tree.data_ptr() != rb._tree.data_ptr()
+    assert other.tree.tree is tree and other.tree.tree.data_ptr() != rb.tree.tree.data_ptr()
     rb.sample(4)
-    assert not torch.equal(other._counters, rb._counters)
+    assert not torch.equal(other.tree.counters, rb.tree.counters)
 
 
 def test_load_restores_rank_bookkeeping():
@@ -112,6 +114,24 @@ def test_checkpoint_moves_between_back_ends():
     a, b = rb.sample(128), tri.sample(128)
     assert torch.equal(a.indices, b.indices) and torch.equal(a.rows, b.rows)
     torch.testing.assert_close(a.weights, b.weights, rtol=1e-5, atol=0)
+
+
+@pytest.mark.gpu
+def test_checkpoint_moves_between_devices():
+    """A CUDA checkpoint restored on the CPU (and back) draws the same: dyadic priorities, identical trees."""
+    rb = make_buffer(40, "auto", "cuda", arity=4, alpha=0.5, eps=EPS_DYADIC, seed=5)
+    rb.add(transitions(55))
+    batch = rb.sample(64)
+    rb.update_priorities(batch, dyadic_td(torch.arange(64) % 4 * 2).cuda())
+    cpu = make_buffer(40, "torch", "cpu", arity=4, alpha=0.5, eps=EPS_DYADIC)
+    cpu.load_state_dict(rb.state_dict())
+    assert cpu.stats() == rb.stats()
+    a, b = rb.sample(128), cpu.sample(128)
+    assert torch.equal(a.indices.cpu(), b.indices) and torch.equal(a.rows.cpu(), b.rows)
+    torch.testing.assert_close(a.weights.cpu(), b.weights, rtol=1e-5, atol=0)
+    back = make_buffer(40, "auto", "cuda", arity=4, alpha=0.5, eps=EPS_DYADIC)
+    back.load_state_dict(cpu.state_dict())
+    assert torch.equal(back.sample(32).indices.cpu(), cpu.sample(32).indices)
 
 
 MISMATCHES = [

@@ -17,7 +17,8 @@ import torch
 
 from gper.ops import philox, reference
 from gper.ops.state import C_RNG, MODE_PROPORTIONAL
-from helpers import RawTree, make_buffer, transitions
+from gper.replay.tree import PriorityTree
+from helpers import make_buffer, sample_fresh, transitions
 from oracle import OracleBuffer, probabilities
 
 TWO32 = 2**32
@@ -46,7 +47,7 @@ def child_edges(values: list[float]) -> list[int]:
     return [0] + [draws_below(c, cs[-1]) for c in cs]
 
 
-def exact_leaf_probabilities(t: RawTree) -> tuple[list[float], list[list[float]]]:
+def exact_leaf_probabilities(t: PriorityTree) -> tuple[list[float], list[list[float]]]:
     """Probability that one descent returns each leaf, counted over all 2^32 words of every level.
 
     Returns:
@@ -68,14 +69,14 @@ def exact_leaf_probabilities(t: RawTree) -> tuple[list[float], list[list[float]]
     return probs, conds
 
 
-def tiny_leaf_tree() -> tuple[RawTree, list[float]]:
+def tiny_leaf_tree() -> tuple[PriorityTree, list[float]]:
     """64 leaves in a 4-ary tree (3 levels): one leaf 2^-20 (about 1e-6) of its siblings, zeros, a large one."""
     leaves = [1.0] * 64
     leaves[37] = 2.0**-20
     leaves[5] = leaves[6] = 0.0
     leaves[60:64] = [0.0, 0.0, 0.0, 0.0]
     leaves[12] = 8.0
-    return RawTree(leaves, arity=4), leaves
+    return PriorityTree.from_leaves(leaves, reference, arity=4), leaves
 
 
 def test_descent_boundaries_are_where_the_count_says():
@@ -225,21 +226,21 @@ def test_every_slot_can_be_drawn(sampling):
 NARROW_HITS = [26651752, 28398477]
 
 
-def test_a_leaf_narrower_than_float32_resolution_is_drawn_by_its_words(ops):
+def test_a_leaf_narrower_than_float32_resolution_is_drawn_by_its_words(ops, device):
     """32 leaves of mass ~1; leaf 17 has mass 2^-20 and starts at cumulative mass 17 + 2^-21, so no
     float32 number lies inside its interval: a float32 threshold could never draw it. The descent
-    must draw it exactly when the Philox word falls in its range, on both back ends."""
+    must draw it exactly when the Philox word falls in its range, on both back ends (and on CUDA)."""
     leaves = [1.0] * 32
     leaves[0] = 1.0 + 2.0**-21
     leaves[17] = 2.0**-20
     edges = child_edges(leaves)
     assert edges[18] - edges[17] == 132
-    t = RawTree(leaves, arity=32)
+    t = PriorityTree.from_leaves(leaves, ops, arity=32, device=device)
     for counter in NARROW_HITS:
         word = int(philox.randint4x(0, torch.tensor([counter]))[0])
         assert edges[17] <= word < edges[18]
         t.counters[C_RNG] = counter
-        idx, *_ = t.sample(ops, 2, MODE_PROPORTIONAL, seed=0)
+        idx, *_ = sample_fresh(t, 2, MODE_PROPORTIONAL, seed=0)
         assert idx[0].item() == 17
         # the next counter's word lands where the exact count says
         nxt = int(philox.randint4x(0, torch.tensor([counter + 1]))[0])

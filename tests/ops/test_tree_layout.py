@@ -1,5 +1,4 @@
 """TreeLayout: level sizes, 128-byte aligned offsets, >= K padding after every level, depth.
-RowLayout: fields aligned, disjoint, and 16-byte aligned when their size allows.
 
 Only the layout is computed here (no tensors), so 2^26 costs nothing.
 """
@@ -7,10 +6,8 @@ Only the layout is computed here (no tensors), so 2^26 costs nothing.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from gper.ops.layout import DEFAULT_ARITY, TreeLayout
-from gper.replay.storage import RowLayout
 
 CAPACITIES = [1, 2, 7, 31, 32, 33, 1000, 1024, 1025, 2**26]
 ARITIES = [2, 4, 16, 32, 64]
@@ -85,36 +82,3 @@ def test_known_shapes():
 def test_bad_layout_arguments(capacity, arity):
     with pytest.raises(ValueError, match="capacity|arity"):
         TreeLayout.build(capacity, arity)
-
-
-# ---- RowLayout: where each field of a transition sits in its storage row
-
-ROW_SPECS = [
-    {"obs": ((51,), torch.float32), "next_obs": ((51,), torch.float32), "action": ((), torch.int64)},
-    {"obs": ((52,), torch.float32), "next_obs": ((52,), torch.float32), "action": ((), torch.int64)},
-    {"a": ((3,), torch.uint8), "b": ((), torch.int64), "c": ((2,), torch.float16), "d": ((4,), torch.float32)},
-    {"x": ((2, 3), torch.bfloat16), "y": ((), torch.bool), "z": ((8,), torch.float64), "w": ((), torch.int32)},
-]
-
-
-@pytest.mark.parametrize("spec", ROW_SPECS)
-def test_row_fields_aligned_and_disjoint(spec):
-    lay = RowLayout.build(spec)
-    assert [f.name for f in lay.fields] == list(spec), "fields keep the spec's order"
-    assert lay.row_bytes % 16 == 0
-    spans = sorted((f.offset, f.offset + f.nbytes) for f in lay.fields)
-    assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:], strict=False)), "fields overlap"
-    assert spans[-1][1] <= lay.row_bytes
-    for f in lay.fields:
-        assert f.offset % f.dtype.itemsize == 0, f"{f.name} at byte {f.offset} is not aligned to its elements"
-        if f.nbytes % 16 == 0:
-            assert f.offset % 16 == 0, f"{f.name} ({f.nbytes} bytes) does not start 16-byte aligned"
-
-
-def test_padded_obs_rows_feed_a_matmul_without_a_copy():
-    """52-float observations start the row: the batch's view is 16-byte aligned with a row stride."""
-    lay = RowLayout.build(ROW_SPECS[1])
-    rows = torch.zeros(8, lay.words, dtype=torch.int32)
-    obs, next_obs = lay.view(rows, "obs"), lay.view(rows, "next_obs")
-    assert (obs.data_ptr() - rows.data_ptr(), next_obs.data_ptr() - rows.data_ptr()) == (0, 208)
-    assert obs.stride() == (lay.words, 1) and not obs.is_contiguous()

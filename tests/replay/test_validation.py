@@ -4,6 +4,10 @@ Every case checks the exception type, that the message names the offending argum
 what was expected, and that the buffer's whole state (every tensor of ``state_dict()``, ``len``,
 the seed) is bit-for-bit what it was. Tensors on the "meta" device stand in for "another device"
 on a machine without a GPU.
+
+The buffer cases run on the CPU and, through the device fixture, on CUDA, where ``strict=True``
+makes index ranges raise as they always do on the CPU (without it, out-of-range entries are
+dropped on the device and counted: the last test here).
 """
 
 from __future__ import annotations
@@ -14,21 +18,33 @@ import pytest
 import torch
 
 import gper
-from helpers import SPEC, TRITON_ON_CPU, assert_unchanged, make_buffer, snapshot, transitions
+from helpers import SPEC, TRITON_ON_CPU, assert_unchanged, filled_wide_buffer, make_buffer, snapshot, transitions
 
 META = torch.device("meta")
 
 
+def checked_buffer(capacity: int, backend: str, device: torch.device, **kw):
+    """A buffer that checks index ranges at once on any device (strict on CUDA)."""
+    return make_buffer(capacity, backend, device, strict=device.type == "cuda", **kw)
+
+
 @pytest.fixture
-def rb(backend):
+def rb(backend, device):
     """A buffer with some history: wrapped around, priorities updated, RNG counter advanced."""
-    rb = make_buffer(10, backend, arity=4, alpha=1.0, eps=0.5, seed=3)
+    rb = checked_buffer(10, backend, device, arity=4, alpha=1.0, eps=0.5, seed=3)
     rb.add(transitions(13))
-    rb.update_priorities(rb.sample(8), torch.arange(8.0))
+    rb.update_priorities(rb.sample(8), torch.arange(8.0, device=device))
     return rb
 
 
+def on_device(rb, x):
+    """A CPU tensor of a case moved to the buffer's device (other cases as they are)."""
+    return x.to(rb.device) if isinstance(x, torch.Tensor) and x.device.type == "cpu" else x
+
+
 def expect_error(rb, call, exc, *words):
+    # a message that names the buffer's device says "cpu" on the CPU, "cuda:0" on CUDA
+    words = [str(rb.device) if w == "cpu" else w for w in words]
     before = snapshot(rb)
     with pytest.raises(exc) as info:
         call()
@@ -103,8 +119,8 @@ def test_sample_rejects_beta(rb, beta, exc, words):
     expect_error(rb, lambda: rb.sample(4, beta=beta), exc, *words)
 
 
-def test_sample_from_empty_buffer(backend):
-    rb = make_buffer(10, backend)
+def test_sample_from_empty_buffer(backend, device):
+    rb = make_buffer(10, backend, device)
     expect_error(rb, lambda: rb.sample(4), RuntimeError, "empty", "add()")
 
 
@@ -123,21 +139,23 @@ IDX_CASES = {
 @pytest.mark.parametrize("case", list(IDX_CASES))
 def test_update_rejects_indices(rb, case):
     idx, exc, words = IDX_CASES[case]
-    td = torch.ones(2)
+    idx, td = on_device(rb, idx), torch.ones(2, device=rb.device)
     expect_error(rb, lambda: rb.update_priorities(idx, td), exc, "update_priorities()", *words)
 
 
 @pytest.mark.parametrize("case", ["list", "2-D", "empty", "float", "other device", "negative", "past size"])
 def test_priorities_rejects_indices(rb, case):
     idx, exc, words = IDX_CASES[case]
+    idx = on_device(rb, idx)
     expect_error(rb, lambda: rb.priorities(idx), exc, "priorities()", *words)
 
 
-def test_index_past_size_before_wrap(backend):
+def test_index_past_size_before_wrap(backend, device):
     """A slot not yet written is out of range even though it is below capacity."""
-    rb = make_buffer(10, backend)
+    rb = checked_buffer(10, backend, device)
     rb.add(transitions(4))
-    expect_error(rb, lambda: rb.update_priorities(torch.tensor([4]), torch.ones(1)), IndexError, "[0, 4)")
+    idx, td = torch.tensor([4], device=device), torch.ones(1, device=device)
+    expect_error(rb, lambda: rb.update_priorities(idx, td), IndexError, "[0, 4)")
 
 
 TD_CASES = {
@@ -154,7 +172,8 @@ TD_CASES = {
 @pytest.mark.parametrize("case", list(TD_CASES))
 def test_update_rejects_td_errors(rb, case):
     td, exc, words = TD_CASES[case]
-    expect_error(rb, lambda: rb.update_priorities(torch.tensor([0, 1]), td), exc, "update_priorities()", *words)
+    idx = torch.tensor([0, 1], device=rb.device)
+    expect_error(rb, lambda: rb.update_priorities(idx, td), exc, "update_priorities()", *words)
 
 
 @pytest.mark.parametrize("case", ["short", "int", "other device"])
@@ -167,7 +186,7 @@ def test_update_with_batch_rejects_td_errors(rb, case):
 def test_update_rejects_batch_with_mismatched_generations(rb):
     batch = rb.sample(3)
     batch.generations = batch.generations[:2]
-    expect_error(rb, lambda: rb.update_priorities(batch, torch.ones(3)), ValueError, "generations")
+    expect_error(rb, lambda: rb.update_priorities(batch, torch.ones(3, device=rb.device)), ValueError, "generations")
 
 
 CTOR_CASES = [
@@ -228,25 +247,53 @@ def test_triton_on_cpu_without_the_interpreter_is_refused(monkeypatch):
         gper.PrioritizedReplayBuffer(10, SPEC, device="cpu", backend="triton")
 
 
+def test_auto_backend_follows_the_device(device):
+    """Triton on CUDA (when installed), torch on the CPU; the device is canonical (``cuda:N``)."""
+    from gper._triton import HAS_TRITON
+
+    rb = gper.PrioritizedReplayBuffer(10, SPEC, device=device)
+    assert rb.backend == ("triton" if device.type == "cuda" and HAS_TRITON else "torch")
+    assert rb.device.type == device.type and (device.type == "cpu" or rb.device.index is not None)
+
+
 def test_auto_backend_on_cpu_is_torch():
     rb = gper.PrioritizedReplayBuffer(10, SPEC, device="cpu")
     assert rb.backend == "torch" and rb.device == torch.device("cpu")
     assert "capacity=10" in repr(rb) and "torch" in repr(rb)
 
 
-def test_good_call_after_rejected_calls_behaves_as_if_they_never_happened(backend):
+def test_good_call_after_rejected_calls_behaves_as_if_they_never_happened(backend, device):
     """Rejected calls leave no trace: the next samples equal those of a buffer that never saw them."""
-    clean = make_buffer(10, backend, seed=2)
+    clean = checked_buffer(10, backend, device, seed=2)
     clean.add(transitions(7))
-    dirty = make_buffer(10, backend, seed=2)
+    dirty = checked_buffer(10, backend, device, seed=2)
     dirty.add(transitions(7))
+    idx, past_size = torch.tensor([0, 1], device=device), torch.tensor([0, 9], device=device)
     for bad in [
         lambda: dirty.add(batch_with(obs=torch.zeros(4, 4))),
         lambda: dirty.sample(0),
         lambda: dirty.sample(4, beta=3.0),
-        lambda: dirty.update_priorities(torch.tensor([0, 9]), torch.ones(2)),
-        lambda: dirty.update_priorities(torch.tensor([0, 1]), torch.ones(3)),
+        lambda: dirty.update_priorities(past_size, torch.ones(2, device=device)),
+        lambda: dirty.update_priorities(idx, torch.ones(3, device=device)),
     ]:
         with pytest.raises((TypeError, ValueError, IndexError, KeyError)):
             bad()
     assert torch.equal(clean.sample(16).indices, dirty.sample(16).indices)
+
+
+@pytest.mark.gpu
+def test_invalid_indices_dropped_on_device_and_reported():
+    """On CUDA without ``strict`` nothing syncs to check a range: bad entries are dropped on the
+    device, counted, and reported by ``stats()``; with ``strict`` they raise."""
+    rb = filled_wide_buffer(1000)
+    before = rb.priorities(torch.arange(1000, device="cuda")).clone()
+    rb.update_priorities(torch.tensor([5, 2000, -1], device="cuda"), torch.tensor([3.0, 1.0, 1.0], device="cuda"))
+    with pytest.warns(gper.GperWarning, match="2 update entries"):
+        st = rb.stats()
+    assert st["invalid_indices"] == 2
+    after = rb.priorities(torch.arange(1000, device="cuda"))
+    changed = (after != before).nonzero().flatten().tolist()
+    assert changed == [5]
+    strict = filled_wide_buffer(1000, strict=True)
+    with pytest.raises(IndexError):
+        strict.update_priorities(torch.tensor([2000], device="cuda"), torch.ones(1, device="cuda"))

@@ -166,11 +166,10 @@ def test_actions_are_checked_on_the_host():
         env.step(torch.zeros(2, dtype=torch.int64))
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_runs_on_any_device(device):
     env = CartPole(32, device, seed=0)
     for _ in range(600):
         step = env.step(torch.randint(0, 2, (32,), device=device))
     for t in step:
-        assert t.device.type == device and t.shape[0] == 32
+        assert t.device.type == device.type and t.shape[0] == 32
     assert (env.steps < MAX_STEPS).all()
