@@ -1,8 +1,9 @@
 """A step's capture survives garbage: a CUDA graph left in a dead reference cycle (an agent whose
 step holds its own bound methods) that the collector destroys mid-capture used to invalidate the
 capture (``CUBLAS_STATUS_EXECUTION_FAILED``, then ``cudaErrorStreamCaptureInvalidated``), now and
-then, depending on allocation counts. Here the collector is made to run at every allocation and
-the last reference to such a cycle is dropped inside the captured phase, every round."""
+then, depending on allocation counts. Here the collector is made to run at every allocation, and
+inside the captured phase a captured graph is left in a fresh (young, so next to be collected)
+reference cycle, every round. With plain ``torch.cuda.graph`` this fails every time."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from gper.training.phases import PhasedStep
 pytestmark = pytest.mark.gpu
 
 
-def _graph_in_a_cycle(lin: torch.nn.Module, x: torch.Tensor) -> list:
-    """A captured graph that only a reference cycle keeps alive."""
+def _captured_graph(lin: torch.nn.Module, x: torch.Tensor) -> torch.cuda.CUDAGraph:
+    """A captured graph of one matmul."""
     graph = torch.cuda.CUDAGraph()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -26,9 +27,7 @@ def _graph_in_a_cycle(lin: torch.nn.Module, x: torch.Tensor) -> list:
     torch.cuda.current_stream().wait_stream(side)
     with torch.cuda.graph(graph):
         lin(x)
-    cycle: list = [graph]
-    cycle.append(cycle)
-    return cycle
+    return graph
 
 
 @pytest.mark.parametrize("concurrent", [False, True], ids=["serial", "side-stream"])
@@ -41,8 +40,12 @@ def test_phased_step_capture_survives_graphs_collected_mid_capture(concurrent):
     def matmuls():
         y = lin(x)
         if pending:
-            pending.pop()  # the cycle is garbage from here on
-        _ = [[] for _ in range(64)]  # allocations: a collection would run here
+            # the graph's last reference is now a young dead cycle: the collector's next gen-0
+            # pass (at the allocations below, with threshold 1) would destroy the graph
+            cycle: list = [pending.pop()]
+            cycle.append(cycle)
+            del cycle
+        _ = [[] for _ in range(64)]
         out.copy_(lin(torch.relu(y)))
 
     def scale():
@@ -60,7 +63,7 @@ def test_phased_step_capture_survives_graphs_collected_mid_capture(concurrent):
             gc.set_threshold(1, 1, 1)
             for _ in range(3):  # warm-up, then the captures (by phase, then whole), then a replay
                 # one cycle for each capture of the phase (by phase, then whole)
-                pending.extend([_graph_in_a_cycle(lin, x), _graph_in_a_cycle(lin, x)])
+                pending.extend([_captured_graph(lin, x), _captured_graph(lin, x)])
                 step.run()
                 pending.clear()
             gc.set_threshold(*thresholds)
