@@ -58,13 +58,28 @@ def test_both_back_ends_define_each_function_with_the_protocols_parameters(backe
     assert _parameters(fn) == want, f"{module.__name__}.{name}{inspect.signature(fn)}"
 
 
-def test_every_kernel_but_make_claims_is_keyword_only():
+def test_every_kernel_is_keyword_only():
     for name in CONTRACT:
         kinds = {kind for _, kind in _parameters(getattr(ReplayKernels, name))}
-        if name == "make_claims":
-            assert kinds == {inspect.Parameter.POSITIONAL_OR_KEYWORD}
-        else:
-            assert kinds == {inspect.Parameter.KEYWORD_ONLY}, name
+        assert kinds == {inspect.Parameter.KEYWORD_ONLY}, name
+
+
+def test_the_declared_list_is_the_protocol():
+    from gper.ops import CONTRACT as declared
+
+    assert set(declared) == set(CONTRACT)
+
+
+def test_a_kernel_module_without_the_whole_contract_is_refused_at_construction():
+    import gper
+
+    partial = types.SimpleNamespace(**{n: getattr(backend_module("torch"), n) for n in CONTRACT if n != "set_keys"})
+    with pytest.raises(TypeError, match=r"lacks the kernels \['set_keys'\]"):
+        gper.PrioritizedReplayBuffer(8, {"x": ((), torch.float32)}, device="cpu", backend=partial)
+    whole = types.SimpleNamespace(**{n: getattr(backend_module("torch"), n) for n in CONTRACT})
+    rb = gper.PrioritizedReplayBuffer(8, {"x": ((), torch.float32)}, device="cpu", backend=whole)
+    rb.add({"x": torch.arange(4.0)})
+    assert rb.sample(4).indices.max() < 4
 
 
 def test_select_backend_auto_picks_by_device(device):
@@ -109,6 +124,8 @@ def test_unknown_backend_names_are_refused(name):
 def test_a_module_is_passed_through_as_it_is():
     assert select_backend(reference, torch.device("cpu")) == ("gper.ops.reference", reference)
     custom = types.ModuleType("my_kernels")
+    for fn in CONTRACT:  # a copy of the torch back end under another name (what an ablation passes)
+        setattr(custom, fn, getattr(reference, fn))
     name, kernels = select_backend(custom, torch.device("cpu"))
     assert name == "my_kernels" and kernels is custom
 

@@ -16,7 +16,16 @@ from gper.ops import reference
 from gper.replay.sampling import SamplingPolicy
 from gper.replay.storage import RowStorage
 from gper.replay.tree import PriorityTree
-from helpers import SPEC, filled_wide_buffer, make_buffer, transitions, wide_transitions
+from helpers import (
+    SPEC,
+    assert_unchanged,
+    dyadic_td,
+    filled_wide_buffer,
+    make_buffer,
+    snapshot,
+    transitions,
+    wide_transitions,
+)
 from oracle import OracleBuffer
 
 
@@ -209,3 +218,44 @@ def test_hot_path_never_syncs(sampling, cuda_graphs):
             calls()
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def test_settings_assigned_after_construction_take_effect_and_are_checked():
+    """alpha, beta, eps, weight_norm and rank_refresh_interval can be changed on a built buffer
+    (as attributes they always could): the next call uses them, a checkpoint records them, and a
+    bad value is refused with the buffer unchanged. capacity and sampling are fixed."""
+    rb = make_buffer(8, arity=2, seed=3)
+    rb.add(transitions(2))
+    rb.update_priorities(torch.tensor([0, 1]), dyadic_td(torch.tensor([0, 4]), None))  # priorities 1 and 4
+    w_default = rb.sample(256).weights
+    rb.beta = 1.0
+    w_one = rb.sample(256).weights
+    # with p = 1 and 4 (alpha = 0.6 of |td| + eps), the lighter leaf's weight is (p_min / p) ** -beta
+    assert float(w_one.min()) < float(w_default.min())
+    assert float(rb.sample(256, beta=0.4).weights.min()) == pytest.approx(float(w_default.min()))
+    rb.alpha = 0.9
+    assert rb.state_dict()["config"]["alpha"] == 0.9
+    other = make_buffer(8, arity=2, seed=3, alpha=0.9, beta=1.0)
+    other.load_state_dict(rb.state_dict())
+    before = snapshot(rb)
+    for name, bad in [
+        ("alpha", 1.5),
+        ("beta", -0.1),
+        ("eps", 0.0),
+        ("weight_norm", "max"),
+        ("rank_refresh_interval", 0),
+    ]:
+        with pytest.raises(ValueError, match=name):
+            setattr(rb, name, bad)
+    for name in ("capacity", "sampling"):
+        with pytest.raises(AttributeError):
+            setattr(rb, name, getattr(rb, name))
+    assert_unchanged(rb, before)
+    assert rb.alpha == 0.9 and rb.beta == 1.0
+    rb.weight_norm = "batch"
+    assert float(rb.sample(64).weights.max()) == 1.0
+    ranked = make_buffer(8, sampling="rank", rank_refresh_interval=100)
+    ranked.add(transitions(4))
+    ranked.rank_refresh_interval = 1
+    ranked.update_priorities(torch.tensor([3]), torch.tensor([5.0]))  # refreshed at once: slot 3 is rank 1
+    assert float(ranked.priorities(torch.tensor([3]))) == 1.0 and float(ranked.priorities(torch.tensor([0]))) < 1.0

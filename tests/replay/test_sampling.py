@@ -334,10 +334,10 @@ def test_rank_keys_refresh_of_an_empty_buffer_touches_nothing(device):
 
 def test_beta_input_floats_write_the_scalar_only_when_they_change(device):
     scalars = torch.zeros(2, device=device)
-    beta = BetaInput(scalars[S_BETA], default=0.4)
-    out = beta.tensor(None, graphed=False)
+    beta = BetaInput(scalars[S_BETA])
+    out = beta.tensor(0.4, graphed=False)
     assert out is beta.scalar and out.data_ptr() == scalars[S_BETA].data_ptr()
-    assert_verbose_equal(out, torch.tensor(0.4), what="the default")
+    assert_verbose_equal(out, torch.tensor(0.4), what="a float")
     assert float(beta.tensor(0.7, graphed=True)) == pytest.approx(0.7)
     scalars[S_BETA] = 0.9  # written behind its back (a checkpoint load does this)
     assert float(beta.tensor(0.7, graphed=False)) == pytest.approx(0.9), "the same float is not written twice"
@@ -351,7 +351,7 @@ def test_beta_input_floats_write_the_scalar_only_when_they_change(device):
 
 def test_beta_input_tensors_are_read_where_they_are_unless_graphed(device):
     scalars = torch.zeros(2, device=device)
-    beta = BetaInput(scalars[S_BETA], default=0.4)
+    beta = BetaInput(scalars[S_BETA])
     mine = torch.tensor(0.25, device=device)
     assert beta.tensor(mine, graphed=False) is mine, "a float32 tensor is read in place: no copy"
     assert float(scalars[S_BETA]) == 0.0

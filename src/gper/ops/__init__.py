@@ -31,7 +31,7 @@ class ReplayKernels(Protocol):
     :mod:`gper.ops.reference` documents the semantics of each function.
     """
 
-    def make_claims(self, layout: TreeLayout, device: torch.device) -> torch.Tensor:
+    def make_claims(self, *, layout: TreeLayout, device: torch.device) -> torch.Tensor:
         """The update's claim buffer, all -1 between calls (its shape is the back end's own)."""
 
     def add_positions(self, *, counters: torch.Tensor, capacity: int, n: int, skip: int) -> torch.Tensor:
@@ -121,6 +121,19 @@ class ReplayKernels(Protocol):
         """``b`` draws: slots, their rows and generations, IS weights; the RNG counter advances."""
 
 
+#: the functions of :class:`ReplayKernels`
+CONTRACT = (
+    "make_claims",
+    "add_positions",
+    "add_commit",
+    "update",
+    "set_keys",
+    "recompute",
+    "rebuild",
+    "sample",
+)
+
+
 def select_backend(request: str | ModuleType, device: torch.device) -> tuple[str, ReplayKernels]:
     """The back end's name and kernels for ``request`` on ``device``.
 
@@ -128,6 +141,9 @@ def select_backend(request: str | ModuleType, device: torch.device) -> tuple[str
     tensors under ``TRITON_INTERPRET=1``. A module (kernel experiments) is used as it is.
     """
     if not isinstance(request, str):
+        missing = [name for name in CONTRACT if not callable(getattr(request, name, None))]
+        if missing:
+            raise TypeError(f"backend {request!r} lacks the kernels {missing} of gper.ops.ReplayKernels")
         return getattr(request, "__name__", type(request).__name__), request
     from gper._triton import HAS_TRITON
 

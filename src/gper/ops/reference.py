@@ -58,7 +58,7 @@ def _children(tree: torch.Tensor, layout: TreeLayout, level: int, parent: torch.
     return tree[lo : lo + rows * k].view(rows, k).index_select(0, parent)
 
 
-def make_claims(layout: TreeLayout, device: torch.device) -> torch.Tensor:
+def make_claims(*, layout: TreeLayout, device: torch.device) -> torch.Tensor:
     """Claims of an update in progress: [capacity + 1] int32 batch positions, -1 between calls."""
     return torch.full((layout.capacity + 1,), -1, dtype=torch.int32, device=device)
 

@@ -376,7 +376,7 @@ def _grid(n: int, block: int) -> tuple[int]:
     return (triton.cdiv(n, block),)
 
 
-def make_claims(layout: TreeLayout, device: torch.device) -> torch.Tensor:
+def make_claims(*, layout: TreeLayout, device: torch.device) -> torch.Tensor:
     """Claims of an update in progress: [capacity + K] int64, -1 between calls.
 
     Called when a buffer is built; it also makes the level-offset table the sampling kernel

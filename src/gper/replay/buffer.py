@@ -23,7 +23,7 @@ from gper.ops.layout import DEFAULT_ARITY
 from gper.replay.batch import FlatSample, SampledBatch
 from gper.replay.checkpoint import check_state
 from gper.replay.checks import check_batch_size, check_generations, check_indices, check_td
-from gper.replay.config import ReplayConfig
+from gper.replay.config import ReplayConfig, Setting
 from gper.replay.graphs import BufferGraphs
 from gper.replay.sampling import BetaInput, SamplingPolicy
 from gper.replay.storage import RowLayout, RowStorage
@@ -92,9 +92,7 @@ class PrioritizedReplayBuffer:
             capacity, alpha, beta, eps, sampling, weight_norm, seed, rank_refresh_interval, arity, backend
         )
         self._cfg = cfg
-        self.alpha, self.beta, self.eps = cfg.alpha, cfg.beta, cfg.eps
-        self.sampling, self.weight_norm, self.seed = cfg.sampling, cfg.weight_norm, cfg.seed
-        self.rank_refresh_interval = cfg.rank_refresh_interval
+        self.seed = cfg.seed
         self.strict = bool(strict)
         self._backend_request = backend
         self._row_layout = RowLayout.build(spec)
@@ -116,7 +114,7 @@ class PrioritizedReplayBuffer:
             self._allocate(torch.device("cpu"))
         self._size = 0  # host mirror: the host knows how many items it added
         self._invalid_reported = 0  # dropped entries already warned about
-        self._beta = BetaInput(self.tree.beta, self.beta)
+        self._beta = BetaInput(self.tree.beta)
         self._graphs = BufferGraphs(cuda_graphs and self.device.type == "cuda", _SAMPLE_SLOTS)
         self._flat = FlatSample(self._row_layout)
 
@@ -131,6 +129,14 @@ class PrioritizedReplayBuffer:
         self.policy = SamplingPolicy.build(
             cfg.sampling, cfg.weight_norm, cfg.capacity, device, cfg.rank_refresh_interval
         )
+
+    # settings, read from the checked config; alpha, beta, eps, weight_norm and
+    # rank_refresh_interval may be assigned (checked again), the others are fixed
+    alpha, beta, eps, sampling = Setting(), Setting(), Setting(), Setting()
+    weight_norm, rank_refresh_interval = Setting(), Setting()
+
+    def _settings_changed(self) -> None:
+        self.policy.configure(self._cfg.weight_norm, self._cfg.rank_refresh_interval)
 
     @property
     def capacity(self) -> int:
@@ -170,9 +176,12 @@ class PrioritizedReplayBuffer:
         n = self.rows.check_batch(data)
         skip = n - min(n, self.capacity)
         args = tuple(data[name][skip:] if skip else data[name] for name in self.rows.names)
-        key = ("add", n) + tuple((a.dtype, a.device.type) for a in args)
-        on_device = all(a.device == self.device for a in args)
-        pos, replayed = self._graphs.call(key, args, lambda *xs: self._add(xs, n, skip), by_address=on_device)
+        if not self._graphs.active:
+            pos, replayed = self._add(args, n, skip), False
+        else:
+            key = ("add", n) + tuple((a.dtype, a.device.type) for a in args)
+            on_device = all(a.device == self.device for a in args)
+            pos, replayed = self._graphs.call(key, args, lambda *xs: self._add(xs, n, skip), by_address=on_device)
         self._size = min(self._size + n, self.capacity)
         return pos.clone() if replayed else pos
 
@@ -199,7 +208,7 @@ class PrioritizedReplayBuffer:
         b = check_batch_size(batch_size)
         if self._size == 0:
             raise RuntimeError("sample(): the buffer is empty; add() transitions first")
-        beta_t = self._beta.tensor(beta, graphed=self._graphs.active)
+        beta_t = self._beta.tensor(self.beta if beta is None else beta, graphed=self._graphs.active)
         if not self._graphs.active:
             return self._flat.batch(self._flat.split(self._sample(b, beta_t)))
         out, replayed = self._graphs.samples.run(b, lambda: self._sample(b, self.tree.beta), self._flat.with_fields)
@@ -300,10 +309,10 @@ class PrioritizedReplayBuffer:
         Raises:
             ValueError: the state comes from a buffer of another configuration, or is incomplete.
         """
-        own = self._tensors()
-        seed, host = check_state(state, self._config(), own)
-        for name, dst in own.items():
-            dst.copy_(state[name])
+        seed, host = check_state(state, self._config(), self._tensors())
+        self.rows.rows.copy_(state["rows"])
+        self.tree.load_state_dict(state)
+        self.policy.load_state_dict(state)
         self.seed = seed
         self._graphs.clear()  # graphs froze the old seed
         self._size = int(host["size"])

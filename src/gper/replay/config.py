@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from types import ModuleType
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gper.ops import BACKENDS
@@ -15,6 +14,53 @@ from gper.replay.tree import PriorityTree
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_eps(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (0.0 < float(value) < float("inf")):
+        raise ValueError(f"eps must be a positive finite float, got {value!r}")
+    return float(value)
+
+
+def check_weight_norm(value: object) -> str:
+    if value not in WEIGHT_NORMS:
+        raise ValueError(f"weight_norm must be one of {WEIGHT_NORMS}, got {value!r}")
+    return value
+
+
+def check_refresh_interval(value: object) -> int:
+    if not _is_int(value) or value < 1:
+        raise ValueError(f"rank_refresh_interval must be an int >= 1, got {value!r}")
+    return value
+
+
+#: the settings a buffer lets you change after construction, each with its check
+MUTABLE = {
+    "alpha": lambda v: check_unit("alpha", v),
+    "beta": lambda v: check_unit("beta", v),
+    "eps": check_eps,
+    "weight_norm": check_weight_norm,
+    "rank_refresh_interval": check_refresh_interval,
+}
+
+
+class Setting:
+    """A buffer attribute that reads its :class:`ReplayConfig` (``obj._cfg``); settings in
+    :data:`MUTABLE` can be assigned (checked, then ``obj._settings_changed()``), the others are
+    fixed at construction."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: object, objtype: type | None = None) -> Any:
+        return self if obj is None else getattr(obj._cfg, self.name)
+
+    def __set__(self, obj: object, value: object) -> None:
+        check = MUTABLE.get(self.name)
+        if check is None:
+            raise AttributeError(f"{self.name} is fixed when the buffer is built")
+        obj._cfg = replace(obj._cfg, **{self.name: check(value)})
+        obj._settings_changed()
 
 
 @dataclass(frozen=True)
@@ -50,22 +96,16 @@ class ReplayConfig:
             raise TypeError(f"capacity must be an int, got {type(capacity).__name__}")
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
-        alpha, beta = check_unit("alpha", alpha), check_unit("beta", beta)
-        if isinstance(eps, bool) or not isinstance(eps, int | float) or not (0.0 < float(eps) < float("inf")):
-            raise ValueError(f"eps must be a positive finite float, got {eps!r}")
+        alpha, beta, eps = check_unit("alpha", alpha), check_unit("beta", beta), check_eps(eps)
         if sampling not in SAMPLING:
             raise ValueError(f"sampling must be one of {SAMPLING}, got {sampling!r}")
-        if weight_norm not in WEIGHT_NORMS:
-            raise ValueError(f"weight_norm must be one of {WEIGHT_NORMS}, got {weight_norm!r}")
-        if not isinstance(backend, ModuleType) and backend not in BACKENDS:
+        check_weight_norm(weight_norm)
+        if isinstance(backend, str) and backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if not _is_int(seed) or not 0 <= seed < 2**63:
             raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
-        if not _is_int(rank_refresh_interval) or rank_refresh_interval < 1:
-            raise ValueError(f"rank_refresh_interval must be an int >= 1, got {rank_refresh_interval!r}")
-        return ReplayConfig(
-            capacity, alpha, beta, float(eps), sampling, weight_norm, seed, rank_refresh_interval, arity
-        )
+        check_refresh_interval(rank_refresh_interval)
+        return ReplayConfig(capacity, alpha, beta, eps, sampling, weight_norm, seed, rank_refresh_interval, arity)
 
     def estimate_bytes(self, row_bytes: int) -> int:
         """Device bytes of a buffer of these settings with rows of ``row_bytes`` (checks ``arity``)."""

@@ -42,11 +42,12 @@ class BetaInput:
     replays the buffer's own graph, whose kernel reads the buffer's scalar; floats are written
     into the scalar only when they change."""
 
-    def __init__(self, scalar: torch.Tensor, default: float) -> None:
-        self.scalar, self.default = scalar, default
+    def __init__(self, scalar: torch.Tensor) -> None:
+        self.scalar = scalar
         self._written: float | None = None
 
-    def tensor(self, beta: float | torch.Tensor | None, graphed: bool) -> torch.Tensor:
+    def tensor(self, beta: float | torch.Tensor, graphed: bool) -> torch.Tensor:
+        """The tensor for ``beta`` (a float in [0, 1] or a 0-d float device tensor)."""
         if isinstance(beta, torch.Tensor):
             check_beta_tensor(beta, self.scalar.device)
             if beta.dtype == torch.float32 and not graphed:
@@ -54,7 +55,7 @@ class BetaInput:
             self.scalar.copy_(beta)
             self._written = None
             return self.scalar
-        value = self.default if beta is None else check_unit("beta", beta)
+        value = check_unit("beta", beta)
         if value != self._written:
             self.scalar.fill_(value)
             self._written = value
@@ -136,6 +137,12 @@ class SamplingPolicy:
         """The tree value of a new item: None (the running max priority), or 1 in rank mode (rank 1)."""
         return 1.0 if self.rank is not None else None
 
+    def configure(self, weight_norm: str, refresh_interval: int) -> None:
+        """Settings changed on the buffer after construction."""
+        self.weight_norm = weight_norm
+        if self.rank is not None:
+            self.rank.refresh_interval = refresh_interval
+
     @property
     def updates_since_refresh(self) -> int:
         return self.rank.updates_since_refresh if self.rank is not None else 0
@@ -181,3 +188,8 @@ class SamplingPolicy:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {"key": self.rank.keys} if self.rank is not None else {}
+
+    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Copy rank mode's keys from a checked state (nothing to load in the other modes)."""
+        if self.rank is not None:
+            self.rank.keys.copy_(state["key"])

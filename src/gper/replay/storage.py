@@ -172,10 +172,8 @@ class RowStorage:
         self.rows = torch.zeros(capacity, layout.row_bytes, dtype=torch.uint8, device=device)
         self.words = self.rows.view(torch.int32)
         self.fields = layout.views(self.rows)
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(f.name for f in self.layout.fields)
+        #: field names in row-layout order (the order :meth:`write` takes values in)
+        self.names: tuple[str, ...] = tuple(f.name for f in layout.fields)
 
     @property
     def nbytes(self) -> int:

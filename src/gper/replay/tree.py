@@ -59,7 +59,7 @@ class PriorityTree:
         self.tree = torch.zeros(lay.numel + 1, dtype=torch.float32, device=device)
         self.mintree = torch.full((lay.numel + 1,), math.inf, dtype=torch.float32, device=device)
         self.gen = torch.zeros(capacity, dtype=torch.int32, device=device)
-        self.claims = kernels.make_claims(lay, self.device)
+        self.claims = kernels.make_claims(layout=lay, device=self.device)
         self.counters = torch.zeros(N_COUNTERS, dtype=torch.int64, device=device)
         self.scalars = torch.zeros(N_SCALARS, dtype=torch.float32, device=device)
         self.scalars[S_MAXP] = 1.0  # new items enter at the max priority seen, 1 until then
