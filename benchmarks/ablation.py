@@ -83,10 +83,13 @@ def timed_graph(fn):
     return time_graph(fn, iters=200, repeats=7).median_us
 
 
+#: the fields the ablation gathers (obs and next_obs of the reference transition)
+SPEC = {"obs": ((51,), torch.float32), "next_obs": ((51,), torch.float32)}
+
+
 def filled(mod, cap):
     """A buffer at ``cap`` on kernel module ``mod``, filled with the same random rows for every variant."""
-    spec = {"obs": ((51,), torch.float32), "next_obs": ((51,), torch.float32)}
-    rb = gper.PrioritizedReplayBuffer(cap, spec, device="cuda", cuda_graphs=False, backend=mod)
+    rb = gper.PrioritizedReplayBuffer(cap, SPEC, device="cuda", cuda_graphs=False, backend=mod)
     gen = torch.Generator(device="cuda").manual_seed(0)
     for _ in range(cap >> 21):
         rows = {k: torch.randn(1 << 21, 51, device="cuda", generator=gen) for k in ("obs", "next_obs")}
@@ -114,7 +117,8 @@ def main():
         print(lines[-1], flush=True)
         rb = batch = None  # freed before the next variant is built
         free()
-    lines.append("# sample ablation (proportional, gather of the 432-byte row, weights)")
+    row_bytes = gper.replay.RowLayout.build(SPEC).row_bytes
+    lines.append(f"# sample ablation (proportional, gather of the {row_bytes}-byte row of obs and next_obs, weights)")
     for name, mod in ({"baseline": triton_ops} | {k: variant(k, v) for k, v in SAMPLE_CUTS.items()}).items():
         rb = filled(mod, cap)
         lines.append(f"{name:32s} sample {timed_graph(lambda: rb.sample(b)):6.2f}")

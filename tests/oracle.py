@@ -1,7 +1,7 @@
 """A plain-Python oracle of gper's replay semantics: loops, lists and floats, nothing vectorised.
 
 It states what the buffer must do, in the simplest code that says it (PER: Schaul et al. 2016,
-arXiv:1511.05952; the rules beyond the paper are those of ``shared/DESIGN.md`` section 4):
+arXiv:1511.05952; the rules beyond the paper are those of ``docs/design.md``, *Updates* and *Sampling*):
 
 * a ring of ``capacity`` slots; ``add`` of ``n`` items writes the last ``min(n, capacity)`` of
   them at ``cursor + skip + k`` (mod capacity), each at the running max priority (1.0 at first),

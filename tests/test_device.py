@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import gper
 from gper._device import canonical_device, on_own_device
 
 
@@ -63,3 +64,12 @@ def test_on_own_device_makes_the_objects_gpu_current():
     before = torch.cuda.current_device()
     assert _OnDevice(f"cuda:{last}").current(1) == (last, 1)
     assert torch.cuda.current_device() == before, "the caller's device is restored"
+
+
+def test_a_numbered_cpu_is_the_cpu():
+    """Tensors made on "cpu:0" report device "cpu": a buffer on "cpu:0" must accept them."""
+    assert canonical_device("cpu:0") == torch.device("cpu")
+    rb = gper.PrioritizedReplayBuffer(8, {"x": ((), torch.float32)}, device="cpu:0")
+    rb.add({"x": torch.arange(4.0)})
+    rb.update_priorities(torch.tensor([0, 1]), torch.tensor([1.0, 2.0]))
+    assert rb.device == torch.device("cpu")

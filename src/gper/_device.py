@@ -17,6 +17,8 @@ def canonical_device(request: str | torch.device | None = "auto") -> torch.devic
     if request is None or request == "auto":
         return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     device = torch.device(request)
+    if device.type == "cpu":
+        return torch.device("cpu")  # one CPU device: "cpu:0" would not compare equal to tensors' "cpu"
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"device {str(request)!r} asked for, but torch sees no CUDA GPU")

@@ -139,11 +139,14 @@ def test_train_alias_builds_the_same_config(monkeypatch):
     seen = []
     monkeypatch.setattr(train_step, "run_train_bench", lambda cfg: seen.append(cfg))
     flags = ["--device", "cpu", "--capacities", "12", "--batches", "64", "--hidden", "8", "8", "--steps", "3"]
-    assert main(["bench", "--train", *flags, "--quick", "--out", "x"]) == 0
+    assert main(["bench", "--train", *flags, "--out", "x"]) == 0
     assert main(["bench", "train-step", *flags, "--out", "x"]) == 0
-    a, b = seen
+    assert main(["bench", "train-step", *flags, "--quick", "--out", "x"]) == 0
+    a, b, quick = seen
     assert a == b
     assert (a.capacity, a.batch, a.hidden, a.steps, a.repeats) == (2**12, 64, (8, 8), 3, 3)
+    # --quick: fewer repeats and the first precision only; explicit --steps still win
+    assert (quick.steps, quick.repeats, quick.precisions) == (3, 2, ("fp32",))
     assert (a.precisions, a.device.type, str(a.out)) == (("fp32",), "cpu", "x")
     cpu = command.train_config(_parse(["--train", "--device", "cpu"]))
     assert (cpu.capacity, cpu.batch, cpu.hidden, cpu.steps, cpu.repeats) == (2**14, 256, (64, 64), 10, 3)

@@ -21,7 +21,7 @@ def test_train_command_line(tmp_path, capsys):
 
 def test_train_command_line_reports_bad_settings(capsys):
     assert main(["train", "--device", "cpu", "--batch-size", "0", "--progress", "False"]) == 2
-    assert "batch_size must be an integer >= 1" in capsys.readouterr().out
+    assert "batch_size must be an integer >= 1" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("package", ["tyro", "tqdm"])
@@ -29,5 +29,15 @@ def test_train_command_without_a_package_names_the_extra(package, tmp_path, caps
     monkeypatch.setitem(sys.modules, package, None)  # import <package> raises ImportError
     assert main(["train", "--device", "cpu", "--run-dir", str(tmp_path)]) == 2
     captured = capsys.readouterr()
-    assert captured.out == f"gper train needs {package}: pip install 'gper[train]'\n" and captured.err == ""
+    assert captured.err == f"gper train needs {package}: pip install 'gper[train]'\n" and captured.out == ""
     assert not any(tmp_path.iterdir())  # nothing ran
+
+
+def test_train_without_a_progress_bar_needs_no_tqdm(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tqdm", None)
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)
+    argv = ["train", "--device", "cpu", "--total-steps", "200", "--learning-starts", "100", "--batch-size", "16"]
+    argv += ["--buffer-size", "500", "--epoch-steps", "100", "--hidden", "8", "--progress", "False"]
+    argv += ["--run-dir", str(tmp_path), "--run-name", "plain"]
+    assert main(argv) == 0
+    assert "gper train: done" in capsys.readouterr().out

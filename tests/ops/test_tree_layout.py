@@ -73,7 +73,7 @@ def test_known_shapes():
     big = TreeLayout.build(2**26, 32)
     assert big.sizes == (2, 64, 2048, 2**16, 2**21, 2**26)
     assert TreeLayout.build(2**25, 32).depth == 5
-    # about 3% more than the leaves (DESIGN.md section 2)
+    # about 3% more than the leaves (as the gper.ops.layout docstring says)
     assert big.numel < 1.04 * 2**26
     assert DEFAULT_ARITY in (16, 32)
 

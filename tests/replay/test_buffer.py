@@ -167,24 +167,22 @@ def test_a_kernel_module_as_backend_is_used_as_it_is(device):
 def test_out_of_memory_on_the_cpu_raises(monkeypatch):
     """The CPU fallback is for a GPU that runs out of memory: on the CPU the error is raised."""
 
-    def fail(self, device):
+    def fail(layout, capacity, device):  # the rows are the buffer's largest allocation
         raise torch.OutOfMemoryError("simulated")
 
-    monkeypatch.setattr(gper.PrioritizedReplayBuffer, "_allocate", fail)
+    monkeypatch.setattr(gper.replay.buffer, "RowStorage", fail)
     with pytest.raises(torch.OutOfMemoryError, match="simulated"):
         gper.PrioritizedReplayBuffer(100, SPEC, device="cpu")
 
 
 @pytest.mark.gpu
 def test_cpu_fallback_on_out_of_memory(monkeypatch):
-    real = gper.PrioritizedReplayBuffer._allocate
-
-    def fail_on_cuda(self, device):
+    def fail_on_cuda(layout, capacity, device):  # the rows are the buffer's largest allocation
         if device.type == "cuda":
             raise torch.OutOfMemoryError("simulated")
-        return real(self, device)
+        return RowStorage(layout, capacity, device)
 
-    monkeypatch.setattr(gper.PrioritizedReplayBuffer, "_allocate", fail_on_cuda)
+    monkeypatch.setattr(gper.replay.buffer, "RowStorage", fail_on_cuda)
     with pytest.warns(gper.GperWarning, match="falling back to the CPU"):
         rb = gper.PrioritizedReplayBuffer(100, SPEC, device="cuda")
     assert rb.device.type == "cpu" and rb.backend == "torch"

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import gper
-from gper.replay.graphs import BufferGraphs, GraphCache, SampleSlot
+from gper.replay.graphs import BufferGraphs, GraphCache, SampleSlot, capture
 from helpers import WIDE_SPEC, filled_wide_buffer, tree_error, wide_transitions
 
 
@@ -115,7 +115,7 @@ def test_graph_replays_draw_fresh_samples_and_keep_tree_exact():
         step()
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with capture(g):  # as users should capture around gper calls (gc paused)
         step()
     seen = []
     for _ in range(5):

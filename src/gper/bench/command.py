@@ -130,7 +130,7 @@ def add_replay_arguments(p: argparse.ArgumentParser) -> None:
         type=canonical_name,
         choices=tuple(IMPLS),
         default=list(IMPLS),
-        help="what to time (default all; seeds is the old name of cumsum)",
+        help="what to time (default all)",
     )
     p.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS), help="which calls to time (default all)")
     p.add_argument("--out", default=str(DEFAULT_OUT), help=OUT_HELP)
@@ -196,7 +196,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="accepted so that `gper bench --train --quick` runs; changes nothing (use --steps and --repeats)",
+        help="a smoke run: the first precision only, 20 steps x 2 repeats (on CUDA; on the CPU 5 x 2)",
     )
 
 
@@ -213,14 +213,18 @@ def train_config(args: argparse.Namespace):
         raise SystemExit(f"{prog}: batch {batch} is larger than the replay ({capacity})")
     if args.precisions and not cuda and set(args.precisions) != {"fp32"}:
         raise SystemExit(f"{prog}: --precisions tf32/bf16 need CUDA")
+    precisions = tuple(args.precisions) if args.precisions else (("tf32", "fp32", "bf16") if cuda else ("fp32",))
+    steps, repeats = (200, 5) if cuda else (10, 3)
+    if args.quick:
+        precisions, steps, repeats = precisions[:1], (20 if cuda else 5), 2
     return TrainBenchConfig(
         device=device,
         capacity=capacity,
         batch=batch,
         hidden=tuple(args.hidden) if args.hidden else ((512, 512) if cuda else (64, 64)),
-        precisions=tuple(args.precisions) if args.precisions else (("tf32", "fp32", "bf16") if cuda else ("fp32",)),
-        steps=args.steps or (200 if cuda else 10),
-        repeats=args.repeats or (5 if cuda else 3),
+        precisions=precisions,
+        steps=args.steps or steps,
+        repeats=args.repeats or repeats,
         out=Path(args.out),
     )
 
@@ -251,7 +255,7 @@ def add_peers_arguments(p: argparse.ArgumentParser) -> None:
         type=canonical_name,
         choices=PEERS,
         default=list(PEERS),
-        help="what to time (default all; seeds is the old name of cumsum)",
+        help="what to time (default all)",
     )
     p.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS), help="which calls to time (default all)")
     p.add_argument("--repeats", type=int, help="timed repeats per cell, the median is reported (default CUDA 7, CPU 5)")
@@ -332,7 +336,7 @@ def add_exactness_arguments(p: argparse.ArgumentParser) -> None:
         type=canonical_name,
         choices=PEERS,
         default=list(PEERS),
-        help="whose samplers (default all; seeds is the old name of cumsum)",
+        help="whose samplers (default all)",
     )
     p.add_argument("--checks", nargs="+", choices=CHECKS, default=list(CHECKS))
     p.add_argument("--reach-log2", type=int, help="slots of the reach check (default CUDA 25, CPU 22)")

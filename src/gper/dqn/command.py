@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 
 from gper.dqn._extra import MissingExtra, require
 from gper.dqn.config import Config
@@ -21,9 +22,8 @@ def main(argv: list[str]) -> int:
     """Parse ``argv`` (the flags after ``gper train``), train, print the summary; the exit status."""
     try:
         tyro = require("tyro")
-        tqdm = require("tqdm.auto").tqdm
     except MissingExtra as err:
-        print(err)
+        print(err, file=sys.stderr)
         return 2
     config = tyro.cli(
         Config,
@@ -32,10 +32,17 @@ def main(argv: list[str]) -> int:
         description="Train DQN with GPU prioritized replay; writes metrics, a plot and a checkpoint to a run folder.",
         config=(tyro.conf.FlagConversionOff,),
     )
+    log = print
+    if config.progress:  # lines go above the progress bar; without one, plain prints need no tqdm
+        try:
+            log = require("tqdm.auto").tqdm.write
+        except MissingExtra as err:
+            print(err, file=sys.stderr)
+            return 2
     try:
-        results = train(config, log=tqdm.write)
+        results = train(config, log=log)
     except ValueError as err:
-        print(f"gper train: error: {err}")
+        print(f"gper train: error: {err}", file=sys.stderr)
         return 2
     summary = {k: v for k, v in dataclasses.asdict(results).items() if k not in ("notes",)}
     print("gper train: done")

@@ -13,8 +13,8 @@ Conventions shared by both back ends (see :mod:`gper.ops.state` for the tensors)
 * The descent draws a fresh 32-bit uniform per level from Philox and picks child ``j`` with
   probability ``v_j / sum(v)`` of the children *as loaded*, comparing in float64: a child can
   only be picked if its value is positive, and a child 10^6 times smaller than its siblings
-  keeps its probability to about 2^-32 of the parent's mass (the float32 threshold of the
-  original design cannot address more than 2^24 leaves; ``docs/design.md``, *Sampling*).
+  keeps its probability to about 2^-32 of the parent's mass (a single float32 threshold
+  cannot address more than 2^24 leaves; ``docs/design.md``, *Sampling*).
 """
 
 from __future__ import annotations
