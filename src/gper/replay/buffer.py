@@ -208,8 +208,10 @@ class PrioritizedReplayBuffer:
         b = check_batch_size(batch_size)
         if self._size == 0:
             raise RuntimeError("sample(): the buffer is empty; add() transitions first")
-        beta_t = self._beta.tensor(self.beta if beta is None else beta, graphed=self._graphs.active)
-        if not self._graphs.active:
+        graphed = self._graphs.active
+        # the default beta was checked when it was set: only a caller's beta is checked here
+        beta_t = self._beta.tensor(self._cfg.beta if beta is None else beta, graphed, checked=beta is None)
+        if not graphed:
             return self._flat.batch(self._flat.split(self._sample(b, beta_t)))
         out, replayed = self._graphs.samples.run(b, lambda: self._sample(b, self.tree.beta), self._flat.with_fields)
         return self._flat.batch(out, with_fields=True) if replayed else self._flat.batch(self._flat.split(out))

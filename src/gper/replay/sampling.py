@@ -46,8 +46,9 @@ class BetaInput:
         self.scalar = scalar
         self._written: float | None = None
 
-    def tensor(self, beta: float | torch.Tensor, graphed: bool) -> torch.Tensor:
-        """The tensor for ``beta`` (a float in [0, 1] or a 0-d float device tensor)."""
+    def tensor(self, beta: float | torch.Tensor, graphed: bool, checked: bool = False) -> torch.Tensor:
+        """The tensor for ``beta`` (a float in [0, 1] or a 0-d float device tensor); ``checked``:
+        a float already known to be valid (the buffer's default)."""
         if isinstance(beta, torch.Tensor):
             check_beta_tensor(beta, self.scalar.device)
             if beta.dtype == torch.float32 and not graphed:
@@ -55,7 +56,7 @@ class BetaInput:
             self.scalar.copy_(beta)
             self._written = None
             return self.scalar
-        value = check_unit("beta", beta)
+        value = beta if checked else check_unit("beta", beta)
         if value != self._written:
             self.scalar.fill_(value)
             self._written = value
