@@ -108,12 +108,25 @@ def test_nothing_reaches_for_scripts_or_into_the_buffer():
     root = SRC.parent
     files = [p for p in (SRC / "gper").rglob("*.py") if "replay" not in p.parts]
     files += sorted((root / "benchmarks").glob("*.py"))
+    files += sorted(p for p in (root / "tests").rglob("*.py") if p.name != "test_layers.py")
     bad = []
     for path in files:
         for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             code = line.split("#", 1)[0]
             if "sys.path" in code or re.search(r"\b(import|from) benchmarks\b", code) or PRIVATE.search(code):
                 bad.append(f"{path.relative_to(root)}:{i}: {line.strip()}")
+    assert not bad, "\n".join(bad)
+
+
+def test_every_capture_in_the_package_goes_through_the_gc_safe_one():
+    """``torch.cuda.graph`` directly only in ``gper/replay/graphs.py`` (``capture`` wraps it)."""
+    bad = []
+    for path in sorted((SRC / "gper").rglob("*.py")):
+        if path.relative_to(SRC).as_posix() == "gper/replay/graphs.py":
+            continue
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if "torch.cuda.graph(" in line.split("#", 1)[0]:
+                bad.append(f"{path.relative_to(SRC)}:{i}: {line.strip()}")
     assert not bad, "\n".join(bad)
 
 
