@@ -13,7 +13,8 @@ trainers or benchmarks.
 """
 
 from gper.replay.batch import SampledBatch
-from gper.replay.buffer import GperWarning, PrioritizedReplayBuffer
+from gper.replay.buffer import PrioritizedReplayBuffer
+from gper.replay.checks import GperWarning
 from gper.replay.sampling import SamplingPolicy
 from gper.replay.storage import RowLayout, RowStorage
 from gper.replay.tree import PriorityTree

@@ -10,7 +10,6 @@ it replays each call shape from a CUDA graph of its own (:mod:`gper.replay.graph
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
@@ -22,7 +21,14 @@ from gper.ops import select_backend
 from gper.ops.layout import DEFAULT_ARITY
 from gper.replay.batch import FlatSample, SampledBatch
 from gper.replay.checkpoint import check_state
-from gper.replay.checks import check_batch_size, check_generations, check_indices, check_td
+from gper.replay.checks import (
+    check_batch_size,
+    check_generations,
+    check_indices,
+    check_td,
+    warn_cpu_fallback,
+    warn_dropped,
+)
 from gper.replay.config import ReplayConfig, Setting
 from gper.replay.graphs import BufferGraphs
 from gper.replay.sampling import BetaInput, SamplingPolicy
@@ -31,10 +37,6 @@ from gper.replay.tree import PriorityTree
 
 #: captured sample outputs per batch size: a batch may still be alive while the next is drawn
 _SAMPLE_SLOTS = 3
-
-
-class GperWarning(UserWarning):
-    """Warnings from gper: CPU fallback, dropped invalid input found on the device."""
 
 
 class PrioritizedReplayBuffer:
@@ -104,13 +106,7 @@ class PrioritizedReplayBuffer:
         except torch.OutOfMemoryError:
             if not cpu_fallback or device.type == "cpu":
                 raise
-            warnings.warn(
-                f"gper: not enough memory on {device} for a buffer of {capacity} slots "
-                f"({self.nbytes_estimate / 2**30:.2f} GiB); falling back to the CPU (torch back end). "
-                "Pass cpu_fallback=False to raise instead.",
-                GperWarning,
-                stacklevel=2,
-            )
+            warn_cpu_fallback(device, capacity, self.nbytes_estimate)
             self._allocate(torch.device("cpu"))
         self._size = 0  # host mirror: the host knows how many items it added
         self._invalid_reported = 0  # dropped entries already warned about
@@ -279,21 +275,14 @@ class PrioritizedReplayBuffer:
         """
         out = self.tree.read_counts()
         self._size = out["size"]
-        if out["invalid_indices"] > self._invalid_reported:
-            new = out["invalid_indices"] - self._invalid_reported
-            msg = (
-                f"gper: {new} update entries had indices outside [0, size) and were dropped (pass strict=True to raise)"
-            )
-            warnings.warn(msg, GperWarning, stacklevel=2)
-        self._invalid_reported = out["invalid_indices"]
+        self._invalid_reported = warn_dropped(out["invalid_indices"], self._invalid_reported)
         return out
 
     def _tensors(self) -> dict[str, torch.Tensor]:
         return {"rows": self.rows.rows} | self.tree.state_dict() | self.policy.state_dict()
 
     def _config(self) -> dict[str, Any]:
-        offsets = {f.name: f.offset for f in self._row_layout.fields}
-        return self._cfg.checkpoint(self.spec, offsets, self._row_layout.row_bytes)
+        return self._cfg.checkpoint(self._row_layout)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything that defines the buffer: data, trees, generations, cursor, size, RNG state.

@@ -3,7 +3,29 @@ no check reads a device value (except where ``strict`` or the CPU make that free
 
 from __future__ import annotations
 
+import warnings
+
 import torch
+
+
+class GperWarning(UserWarning):
+    """Warnings from gper: CPU fallback, dropped invalid input found on the device."""
+
+
+def warn_cpu_fallback(device: torch.device, capacity: int, nbytes: int) -> None:
+    msg = (
+        f"gper: not enough memory on {device} for a buffer of {capacity} slots ({nbytes / 2**30:.2f} GiB); "
+        "falling back to the CPU (torch back end). Pass cpu_fallback=False to raise instead."
+    )
+    warnings.warn(msg, GperWarning, stacklevel=3)
+
+
+def warn_dropped(invalid: int, reported: int) -> int:
+    """Warn about update entries dropped for bad indices since the last report; the new count reported."""
+    if invalid > reported:
+        msg = f"gper: {invalid - reported} update entries had indices outside [0, size) and were dropped"
+        warnings.warn(msg + " (pass strict=True to raise)", GperWarning, stacklevel=3)
+    return invalid
 
 
 def check_unit(name: str, value: object, low_open: bool = False) -> float:

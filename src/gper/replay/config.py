@@ -9,6 +9,7 @@ from gper.ops import BACKENDS
 from gper.ops.layout import DEFAULT_ARITY, TreeLayout
 from gper.replay.checks import check_unit
 from gper.replay.sampling import SAMPLING, WEIGHT_NORMS, SamplingPolicy
+from gper.replay.storage import RowLayout
 from gper.replay.tree import PriorityTree
 
 
@@ -113,11 +114,11 @@ class ReplayConfig:
         tree = PriorityTree.estimate_bytes(layout)
         return self.capacity * row_bytes + tree + SamplingPolicy.estimate_bytes(self.sampling, self.capacity)
 
-    def checkpoint(self, spec: dict, row_offsets: dict[str, int], row_bytes: int) -> dict[str, Any]:
-        """What a checkpoint records to refuse loading into a buffer of other settings."""
+    def checkpoint(self, layout: RowLayout) -> dict[str, Any]:
+        """What a checkpoint records to refuse loading into a buffer of other settings (or rows)."""
         return {
             "capacity": self.capacity,
-            "spec": {n: (list(shape), str(dtype)) for n, (shape, dtype) in spec.items()},
+            "spec": {n: (list(shape), str(dtype)) for n, (shape, dtype) in layout.spec().items()},
             "alpha": self.alpha,
             "beta": self.beta,
             "eps": self.eps,
@@ -126,5 +127,5 @@ class ReplayConfig:
             "arity": self.arity,
             # where each field sits in a storage row: rows saved with another packing (an older
             # gper ordered fields differently) are refused rather than read as scrambled fields
-            "row_layout": dict(row_offsets) | {"row_bytes": row_bytes},
+            "row_layout": {f.name: f.offset for f in layout.fields} | {"row_bytes": layout.row_bytes},
         }
