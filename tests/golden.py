@@ -114,7 +114,7 @@ def training_scenario(device: str) -> dict[str, torch.Tensor]:
                     run_name="golden",
                 )
                 train(cfg, log=lambda _line: None)
-                state = torch.load(Path(tmp) / "golden" / "checkpoint.pt", map_location="cpu", weights_only=False)
+                state = torch.load(Path(tmp) / "golden" / "checkpoint.pt", map_location="cpu", weights_only=True)
                 agent = state["agent"]
                 for name, value in agent["qnet"].items():
                     out[f"{env}/qnet/{name}"] = value.clone()

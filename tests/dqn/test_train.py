@@ -47,7 +47,7 @@ def test_resume_continues_from_the_checkpoint(tmp_path, smoke):
     )
     assert resumed.env_steps == 1000 and resumed.train_steps == 200
     assert resumed.episodes > first.episodes  # the episode history came along
-    state = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)
+    state = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=True)
     assert state["agent"]["counters"].tolist() == [1000.0, 200.0]
 
 
@@ -55,8 +55,8 @@ def test_prioritized_and_uniform_draw_different_batches(tmp_path, smoke):
     a = train(Config(**smoke, run_dir=str(tmp_path), run_name="p"), log=lambda _: None)
     b = train(Config(**smoke, run_dir=str(tmp_path), run_name="u", sampling="uniform"), log=lambda _: None)
     assert a.env_steps == b.env_steps
-    pa = torch.load(tmp_path / "p" / "checkpoint.pt", weights_only=False)["agent"]["qnet"]
-    pb = torch.load(tmp_path / "u" / "checkpoint.pt", weights_only=False)["agent"]["qnet"]
+    pa = torch.load(tmp_path / "p" / "checkpoint.pt", weights_only=True)["agent"]["qnet"]
+    pb = torch.load(tmp_path / "u" / "checkpoint.pt", weights_only=True)["agent"]["qnet"]
     assert any(not torch.equal(pa[k], pb[k]) for k in pa)
 
 
@@ -70,8 +70,8 @@ def test_same_seed_same_run(tmp_path, smoke):
     a = train(Config(**smoke, run_dir=str(tmp_path), run_name="x"), log=lambda _: None)
     b = train(Config(**smoke, run_dir=str(tmp_path), run_name="y"), log=lambda _: None)
     assert a.mean_return_last100 == b.mean_return_last100
-    pa = torch.load(tmp_path / "x" / "checkpoint.pt", weights_only=False)["agent"]["qnet"]
-    pb = torch.load(tmp_path / "y" / "checkpoint.pt", weights_only=False)["agent"]["qnet"]
+    pa = torch.load(tmp_path / "x" / "checkpoint.pt", weights_only=True)["agent"]["qnet"]
+    pb = torch.load(tmp_path / "y" / "checkpoint.pt", weights_only=True)["agent"]["qnet"]
     assert all(torch.equal(pa[k], pb[k]) for k in pa)
 
 

@@ -137,7 +137,7 @@ def _resume(cfg: Config, agent: Agent, log: Any) -> tuple[int, list[float]]:
     """(the collection iteration to start at, the returns of the episodes finished before it)."""
     if not cfg.resume:
         return 0, []
-    state = torch.load(cfg.resume, map_location=agent.device, weights_only=False)
+    state = torch.load(cfg.resume, map_location=agent.device, weights_only=True)
     agent.load_state_dict(state["agent"])
     start_it = int(state["iteration"])
     log(f"gper train: resumed from {cfg.resume} at env step {start_it * cfg.num_envs}")
