@@ -86,14 +86,16 @@ class FlatSample:
             "weights": flat[b * w + 3 * b :].view(torch.float32),
         }
 
-    def with_fields(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-        """:meth:`split` plus every field's view of the rows (prebuilt once for a sample slot)."""
-        parts = self.split(flat)
-        return parts | self.layout.views(parts["rows"])
+    def with_fields(self, flat: torch.Tensor) -> dict[str | tuple[str, str], torch.Tensor]:
+        """:meth:`split` plus every field's view of the rows under ``("field", name)`` (prebuilt
+        once for a sample slot): a field may be named ``weights`` or ``indices`` without
+        replacing the batch's own outputs."""
+        parts: dict[str | tuple[str, str], torch.Tensor] = dict(self.split(flat))
+        return parts | {("field", name): view for name, view in self.layout.views(parts["rows"]).items()}
 
-    def batch(self, parts: dict[str, torch.Tensor], with_fields: bool = False) -> SampledBatch:
+    def batch(self, parts: dict, with_fields: bool = False) -> SampledBatch:
         """A :class:`SampledBatch` over ``parts``; ``with_fields`` takes the field views from ``parts`` too."""
-        fields = {f.name: parts[f.name] for f in self.layout.fields} if with_fields else None
+        fields = {f.name: parts[("field", f.name)] for f in self.layout.fields} if with_fields else None
         return SampledBatch(
             self.layout, parts["rows"], parts["indices"], parts["weights"], parts["generations"], fields
         )

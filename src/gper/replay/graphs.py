@@ -145,7 +145,7 @@ class SampleSlot:
 
     graph: torch.cuda.CUDAGraph
     flat: torch.Tensor
-    tensors: dict[str, torch.Tensor]
+    tensors: dict
     _base_refs: list[int] = field(default_factory=list)
     _base_use: int = 0
 
