@@ -95,12 +95,12 @@ def test_descent_edges_of_the_uniform_skip_zero_children():
     t = PriorityTree.from_leaves(leaves, reference, arity=4)
     lay = t.layout
     for r, want in [(0, 2), (2**32 - 1, 13)]:
-        node, leaf = reference.descend(t.tree, lay, words_for(lay.depth, r))
+        node, leaf = reference.descend(t.tree, lay, words_for(lay.depth, r), t.size)
         assert node.tolist() == [want] and leaf.tolist() == [leaves[want]]
-    node, _ = reference.descend_stratified(t.tree, lay, [torch.zeros(2, dtype=torch.int64)] * (lay.depth + 1))
+    node, _ = reference.descend_stratified(t.tree, lay, [torch.zeros(2, dtype=torch.int64)] * (lay.depth + 1), t.size)
     assert node.tolist() == [2, 5], "stratum 0 starts at the first positive leaf, stratum 1 at mass 3 of 6"
     last = [torch.full((2,), 2**32 - 1, dtype=torch.int64)] * (lay.depth + 1)
-    node, _ = reference.descend_stratified(t.tree, lay, last)
+    node, _ = reference.descend_stratified(t.tree, lay, last, t.size)
     assert node.tolist() == [2, 13], "a jitter just under 1 keeps each draw inside its own stratum"
 
 

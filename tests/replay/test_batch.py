@@ -51,11 +51,12 @@ def test_flat_sample_with_fields_and_batch(device):
     flat = fs.empty(5, device)
     flat.zero_()
     parts = fs.with_fields(flat)
-    assert set(parts) == {"rows", "indices", "generations", "weights", *SPEC}
+    # field views sit under ("field", name), apart from the outputs: a field may be named "weights"
+    assert set(parts) == {"rows", "indices", "generations", "weights", *(("field", n) for n in SPEC)}
     for name in SPEC:
-        assert torch.equal(parts[name], lay.view(parts["rows"], name)), name
+        assert torch.equal(parts["field", name], lay.view(parts["rows"], name)), name
     prebuilt = fs.batch(parts, with_fields=True)
-    assert isinstance(prebuilt, SampledBatch) and prebuilt["obs"] is parts["obs"], "the slot's own views"
+    assert isinstance(prebuilt, SampledBatch) and prebuilt["obs"] is parts["field", "obs"], "the slot's own views"
     lazy = fs.batch(fs.split(flat))
     assert lazy.rows.data_ptr() == flat.data_ptr() and lazy.batch_size == 5
     assert lazy["obs"] is lazy["obs"], "a field view is made once"

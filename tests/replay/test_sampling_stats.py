@@ -108,7 +108,7 @@ def test_descent_boundaries_are_where_the_count_says():
                     expect_in.append((leaf >> lay.shift(level), level, inside))
     cols = [torch.tensor([q[m] for q in queries], dtype=torch.int64) for m in range(lay.depth)]
     cols.append(torch.zeros(len(queries), dtype=torch.int64))
-    node, _ = reference.descend(t.tree, lay, cols)
+    node, _ = reference.descend(t.tree, lay, cols, t.size)
     for got, (ancestor, level, inside) in zip(node.tolist(), expect_in, strict=True):
         assert ((got >> lay.shift(level)) == ancestor) == inside, (got, ancestor, level, inside)
     assert len(queries) > 300

@@ -32,6 +32,7 @@ from gper.ops.state import (
     C_STALE,
     MODE_STRATIFIED,
     MODE_UNIFORM,
+    P_MAX,
     S_MAXP,
     rng_blocks,
 )
@@ -94,14 +95,15 @@ def rebuild(*, tree: torch.Tensor, mintree: torch.Tensor, layout: TreeLayout) ->
 def priority_from_td(
     td: torch.Tensor, maxp: torch.Tensor, alpha: float, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(|td| + eps) ** alpha`` in float32; NaN and ±Inf map to ``maxp``.
+    """``(|td| + eps) ** alpha`` in float32, ``|td|`` and the result clamped to ``P_MAX``; NaN and
+    ±Inf map to ``maxp``.
 
     Returns:
         (priorities [B] float32, nonfinite mask [B] bool)
     """
     td = td.float()
     finite = torch.isfinite(td)
-    p = (td.abs() + eps).pow(alpha)
+    p = (td.abs().clamp_max(P_MAX) + eps).pow(alpha).clamp_max(P_MAX)
     return torch.where(finite, p, maxp), ~finite
 
 
@@ -253,33 +255,47 @@ def random_words(seed: int, counters: torch.Tensor, b: int, n_blocks: int) -> li
     return [lanes[lane][:, c] for c in range(n_blocks) for lane in range(4)]
 
 
-def descend(tree: torch.Tensor, layout: TreeLayout, words: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Independent proportional draws: one fresh uniform per level.
+def _filled_bound(layout: TreeLayout, size: torch.Tensor, level: int) -> torch.Tensor:
+    """The last node at ``level`` above a filled slot: no draw may go past it, whatever the tree holds."""
+    return (size - 1).clamp_min(0) >> layout.shift(level)
+
+
+def _pick(layout: TreeLayout, cs: torch.Tensor, t: torch.Tensor, node: torch.Tensor, bound: torch.Tensor):
+    """Child ``j`` of ``node`` whose cumulative mass first exceeds ``t``, and the node it leads to,
+    kept inside the filled range (a no-op on a consistent tree: only an ``inf`` or NaN planted in
+    the tree can push a draw past the filled slots, and then the draw stops at the last one)."""
+    k = layout.arity
+    j = (cs <= t[:, None]).sum(1).clamp_max(k - 1)
+    child = torch.minimum(node * k + j, bound)
+    return child - node * k, child
+
+
+def descend(
+    tree: torch.Tensor, layout: TreeLayout, words: list[torch.Tensor], size: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Independent proportional draws over the ``size`` filled slots: one fresh uniform per level.
 
     Returns:
         (slots [B] int64, leaf values [B] float32)
     """
-    k = layout.arity
     node = torch.zeros_like(words[0])
     for level in range(layout.depth):
         v = _children(tree, layout, level, node)
         cs = v.double().cumsum(1)
         t = words[level].double() * _TWO_M32 * cs[:, -1]
-        j = (cs <= t[:, None]).sum(1).clamp_max(k - 1)
-        node = node * k + j
+        j, node = _pick(layout, cs, t, node, _filled_bound(layout, size, level))
         leaf = v.gather(1, j[:, None])[:, 0]
     return node, leaf
 
 
 def descend_stratified(
-    tree: torch.Tensor, layout: TreeLayout, words: list[torch.Tensor]
+    tree: torch.Tensor, layout: TreeLayout, words: list[torch.Tensor], size: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One draw per equal-mass stratum: sample ``s`` lies in ``[s/B, (s+1)/B)`` of the total mass.
 
     A float64 threshold is carried down the tree; at each level it is rescaled by
     ``sum(children) / parent`` so that the stored sums need not agree to the last bit.
     """
-    k = layout.arity
     b = words[0].numel()
     node = torch.zeros_like(words[0])
     s = _arange(b, words[0]).double()
@@ -294,13 +310,22 @@ def descend_stratified(
         else:
             t = t * (tot / parent)
         t = torch.minimum(t, tot * (1.0 - 2.0**-52))
-        j = (cs <= t[:, None]).sum(1).clamp_max(k - 1)
+        j, child = _pick(layout, cs, t, node, _filled_bound(layout, size, level))
         below = torch.where(j > 0, cs.gather(1, (j - 1).clamp_min(0)[:, None])[:, 0], 0.0)
         t = (t - below).clamp_min(0.0)
         leaf = v.gather(1, j[:, None])[:, 0]
         parent = leaf.double()
-        node = node * k + j
+        node = child
     return node, leaf
+
+
+def is_weights(leaf: torch.Tensor, pmin: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    """``(leaf / pmin) ** -beta`` (beta clamped to [0, 1], NaN read as 1); where the ratio
+    overflows float32 (a priority near 2^64 over one near 2^-126), the same value from the logarithms."""
+    beta = torch.where(torch.isnan(beta), 1.0, beta.clamp(0.0, 1.0))
+    ratio = leaf / pmin
+    wide = torch.exp2(-beta * (torch.log2(leaf) - torch.log2(pmin)))
+    return torch.where(torch.isinf(ratio), wide, ratio.pow(-beta))
 
 
 def sample(
@@ -339,9 +364,9 @@ def sample(
         w = torch.ones(b, device=rows.device)
     else:
         descent = descend_stratified if mode == MODE_STRATIFIED else descend
-        node, leaf = descent(tree, layout, words)
+        node, leaf = descent(tree, layout, words, counters[C_SIZE])
         pmin = mintree[layout.offsets[0] : layout.offsets[0] + layout.arity].amin()
-        w = (leaf / pmin).pow(-beta)
+        w = is_weights(leaf, pmin, beta)
     out_idx.copy_(node)
     out_w.copy_(w)
     torch.index_select(rows, 0, node, out=out_rows)

@@ -24,6 +24,11 @@ S_MAXP = 0  #: running max priority (new items enter at this value)
 S_BETA = 1  #: IS exponent used when the caller passes a float
 N_SCALARS = 2
 
+#: the largest priority stored: TD errors beyond it, and ``(|td| + eps) ** alpha`` beyond it, are
+#: clamped to it, so a node of the sum tree (at most ``capacity * P_MAX``) stays finite in float32
+#: for any capacity below 2^63 (FLT_MAX is about 2^128)
+P_MAX = 2.0**64
+
 # sampling modes understood by the kernels
 MODE_PROPORTIONAL = 0
 MODE_STRATIFIED = 1

@@ -34,7 +34,7 @@ from gper.ops.layout import TreeLayout
 from gper.ops.state import rng_blocks
 
 # kernels address the device counters by literal index: C_RNG=0, C_CURSOR=1, C_SIZE=2,
-# C_INVALID=3, C_NONFINITE=4, C_STALE=5, C_TICKET=6; scalars: S_MAXP=0 (gper.ops.state)
+# C_INVALID=3, C_NONFINITE=4, C_STALE=5, C_TICKET=6; scalars: S_MAXP=0; P_MAX = 2^64 (gper.ops.state)
 
 
 @dataclass
@@ -114,11 +114,13 @@ def _sample_kernel(
     W: tl.constexpr,
     WP: tl.constexpr,
     BLOCK: tl.constexpr,
+    LOG2K: tl.constexpr,
 ):
     s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = s < B
     kk = tl.arange(0, K)
     base = tl.load(counters + 0)  # C_RNG
+    last_filled = tl.maximum(tl.load(counters + 2) - 1, 0)  # C_SIZE
     ctr = base + s * NB
     if MODE == 2:  # MODE_UNIFORM: 53 random bits scaled by the filled size
         a, b, _, _ = tl.randint4x(seed, ctr)
@@ -158,17 +160,26 @@ def _sample_kernel(
                 t = r.to(tl.float64) * 2.3283064365386963e-10 * tot
             # t < tot, so the count is < K and the chosen child has positive mass
             j = tl.minimum(tl.sum((cs <= t[:, None]).to(tl.int32), axis=1), K - 1)
+            # never past the filled range, whatever the tree holds (a no-op on a consistent tree;
+            # an inf or NaN planted in it would otherwise send the draw past the storage)
+            child = tl.minimum(node * K + j, last_filled >> (LOG2K * (DEPTH - 1 - level)))
+            j = (child - node * K).to(tl.int32)
             if MODE == 1:
                 below = tl.sum(tl.where(kk[None, :] == j[:, None] - 1, cs, 0.0), axis=1)
                 t = tl.maximum(t - below, 0.0)
                 parent = tl.sum(tl.where(kk[None, :] == j[:, None], v, 0.0), axis=1).to(tl.float64)
-            node = node * K + j
+            node = child
         leaf = tl.sum(tl.where(kk[None, :] == j[:, None], v, 0.0), axis=1)
         off0 = tl.load(level_off)
         pmin = tl.min(tl.load(mintree + off0 + kk), axis=0)
-        beta = tl.load(beta_ptr)
-        # w_i = (N P(i))^-beta / max_j (N P(j))^-beta = (p_i / p_min)^-beta
-        w = tl.exp2(-beta * tl.log2(tl.where(m, leaf, pmin) / pmin))
+        beta = tl.load(beta_ptr)  # clamped to [0, 1], NaN read as 1 (as the reference)
+        beta = tl.where(beta == beta, tl.minimum(tl.maximum(beta, 0.0), 1.0), 1.0)
+        # w_i = (N P(i))^-beta / max_j (N P(j))^-beta = (p_i / p_min)^-beta; where the ratio
+        # overflows float32 (p_i near 2^64, p_min near 2^-126), the difference of the logarithms
+        lf = tl.where(m, leaf, pmin)
+        ratio = lf / pmin
+        lg = tl.where(ratio < float("inf"), tl.log2(ratio), tl.log2(lf) - tl.log2(pmin))
+        w = tl.exp2(-beta * lg)
     tl.store(out_idx + s, node, mask=m)
     tl.store(out_w + s, w, mask=m)
     tl.store(out_gen + s, tl.load(gen + node, mask=m, other=0), mask=m)
@@ -210,7 +221,9 @@ def _update_claim(
         valid = valid & (g == tl.load(expected_gen + s, mask=m, other=0))
     d = tl.load(td + s, mask=m, other=0.0).to(tl.float32)
     finite = (d == d) & (tl.abs(d) < float("inf"))
-    p = tl.exp2(alpha * tl.log2(tl.abs(d) + eps))
+    # |td| and the priority clamped to P_MAX = 2^64: no sum of the tree can overflow float32
+    p = tl.exp2(alpha * tl.log2(tl.minimum(tl.abs(d), 18446744073709551616.0) + eps))
+    p = tl.minimum(p, 18446744073709551616.0)
     # nothing writes the max before _update_leaves: nonfinite values all map to the old max
     p = tl.where(finite, p, tl.load(scalars + 0))  # S_MAXP
     # claim the slot with (batch position, priority bits): the atomic max keeps the last occurrence
@@ -538,5 +551,6 @@ def sample(*, tree, mintree, layout, rows, gen, counters, seed, b, mode, beta, o
         W=w,
         WP=triton.next_power_of_2(w),
         BLOCK=LAUNCH.sample_block,
+        LOG2K=layout.log2_arity,
         num_warps=LAUNCH.sample_warps,
     )

@@ -20,6 +20,8 @@ class SampledBatch(Mapping[str, torch.Tensor]):
         generations: [B] int32 generation of each slot when drawn; ``update_priorities(batch, ...)``
             ignores entries whose slot has been overwritten since.
         rows: [B, row_bytes // 4] int32 packed rows.
+        source: which state of which buffer the batch was drawn from; ``update_priorities``
+            ignores a batch from another buffer, or from before a ``load_state_dict``.
     """
 
     def __init__(
@@ -38,6 +40,8 @@ class SampledBatch(Mapping[str, torch.Tensor]):
         self.indices = indices
         self.weights = weights
         self.generations = generations
+        #: the buffer state this batch was drawn from (set by the buffer; see ``update_priorities``)
+        self.source: object = None
 
     def __getitem__(self, name: str) -> torch.Tensor:
         view = self._fields.get(name)

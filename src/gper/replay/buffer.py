@@ -20,7 +20,7 @@ from gper._device import canonical_device, on_own_device
 from gper.ops import select_backend
 from gper.ops.layout import DEFAULT_ARITY
 from gper.replay.batch import FlatSample, SampledBatch
-from gper.replay.checkpoint import check_state
+from gper.replay.checkpoint import check_contents, check_state
 from gper.replay.checks import (
     check_batch_size,
     check_generations,
@@ -113,6 +113,9 @@ class PrioritizedReplayBuffer:
         self._beta = BetaInput(self.tree.beta)
         self._graphs = BufferGraphs(cuda_graphs and self.device.type == "cuda", _SAMPLE_SLOTS)
         self._flat = FlatSample(self._row_layout)
+        #: stamped on every batch: a batch whose stamp differs (drawn before a load, or by another
+        #: buffer) is stale as a whole
+        self._epoch = object()
 
     def _allocate(self, device: torch.device) -> None:
         """Choose the back end for ``device`` and build the storage, tree and policy there."""
@@ -171,7 +174,7 @@ class PrioritizedReplayBuffer:
         """
         n = self.rows.check_batch(data)
         skip = n - min(n, self.capacity)
-        args = tuple(data[name][skip:] if skip else data[name] for name in self.rows.names)
+        args = self.rows.own_copies(tuple(data[name][skip:] if skip else data[name] for name in self.rows.names))
         if not self._graphs.active:
             pos, replayed = self._add(args, n, skip), False
         else:
@@ -208,9 +211,12 @@ class PrioritizedReplayBuffer:
         # the default beta was checked when it was set: only a caller's beta is checked here
         beta_t = self._beta.tensor(self._cfg.beta if beta is None else beta, graphed, checked=beta is None)
         if not graphed:
-            return self._flat.batch(self._flat.split(self._sample(b, beta_t)))
-        out, replayed = self._graphs.samples.run(b, lambda: self._sample(b, self.tree.beta), self._flat.with_fields)
-        return self._flat.batch(out, with_fields=True) if replayed else self._flat.batch(self._flat.split(out))
+            batch = self._flat.batch(self._flat.split(self._sample(b, beta_t)))
+        else:
+            out, replayed = self._graphs.samples.run(b, lambda: self._sample(b, self.tree.beta), self._flat.with_fields)
+            batch = self._flat.batch(out, with_fields=True) if replayed else self._flat.batch(self._flat.split(out))
+        batch.source = self._epoch
+        return batch
 
     def _sample(self, b: int, beta: torch.Tensor) -> torch.Tensor:
         flat = self._flat.empty(b, self.device)
@@ -225,7 +231,8 @@ class PrioritizedReplayBuffer:
 
         Args:
             batch_or_indices: the :class:`SampledBatch` the TD errors belong to (entries whose slot
-                was overwritten since sampling are ignored), or raw [B] slot indices (no such check).
+                was overwritten since sampling are ignored, and so is a whole batch drawn before a
+                :meth:`load_state_dict` or by another buffer), or raw [B] slot indices (no such check).
             td_errors: [B] floating tensor on the buffer's device. NaN and ±Inf become the current
                 max priority and are counted (:meth:`stats`). For duplicate slots the last wins.
         """
@@ -233,6 +240,10 @@ class PrioritizedReplayBuffer:
         raw = batch.indices if batch is not None else batch_or_indices
         indices = check_indices(raw, self.device, self._size, self.strict, "update_priorities()")
         td = check_td(td_errors, indices, self.device)
+        if batch is not None and batch.source is not self._epoch:
+            # drawn by another buffer, or by this one before a load_state_dict: every entry is stale
+            self.tree.count_stale(indices.numel())
+            return
         expected = check_generations(batch.generations, indices) if batch is not None else None
         args = (indices, td) if expected is None else (indices, td, expected)
         self._graphs.call(("update", indices.numel(), expected is not None), args, self._update, by_address=True)
@@ -297,15 +308,24 @@ class PrioritizedReplayBuffer:
         """Restore a :meth:`state_dict` in place (tensors keep their addresses, so captured
         CUDA graphs stay valid). The restored buffer draws the same samples as the original.
 
+        The state is checked whole before anything is copied (its settings, every tensor's
+        shape and dtype, and what the tree's tensors hold: see :func:`gper.replay.checkpoint.check_contents`),
+        which costs one host sync. Batches sampled before the load count as stale afterwards:
+        ``update_priorities`` ignores them (and counts them in ``stats()["stale_updates"]``).
+
         Raises:
-            ValueError: the state comes from a buffer of another configuration, or is incomplete.
+            ValueError: the state comes from a buffer of another configuration, is incomplete,
+                or is corrupt (naming what is wrong); the buffer is then unchanged.
         """
         seed, host = check_state(state, self._config(), self._tensors())
-        self.rows.rows.copy_(state["rows"])
-        self.tree.load_state_dict(state)
-        self.policy.load_state_dict(state)
+        size = check_contents(state, self.tree.layout, host["size"], self.device)
+        with torch.no_grad():  # tensors that require grad must not pull the buffer into autograd
+            self.rows.rows.copy_(state["rows"])
+            self.tree.load_state_dict(state)
+            self.policy.load_state_dict(state)
         self.seed = seed
         self._graphs.clear()  # graphs froze the old seed
-        self._size = int(host["size"])
+        self._size = size  # the device's count: adds replayed from a caller's graph count too
         self.policy.updates_since_refresh = int(host["updates_since_refresh"])
         self._beta.forget()
+        self._epoch = object()  # batches drawn before the load are stale now

@@ -1,6 +1,10 @@
 """The checkpoint form of a buffer: its settings, its tensors by name, and the host's counts.
 
-A state is checked whole before anything is copied, so a refused load leaves the buffer as it was.
+A state is checked whole before anything is copied, so a refused load leaves the buffer as it
+was: first its form (:func:`check_state`: the settings it was saved with, every tensor's shape
+and dtype), then what its tensors hold (:func:`check_contents`: counters in range, priorities
+finite and within ``P_MAX``, no mass on slots never filled, inner nodes that agree with their
+leaves, ...), on the buffer's device and with one host read for all of it.
 """
 
 from __future__ import annotations
@@ -9,6 +13,27 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+
+from gper.ops import reference
+from gper.ops.layout import TreeLayout
+from gper.ops.state import (
+    C_CURSOR,
+    C_INVALID,
+    C_NONFINITE,
+    C_RNG,
+    C_SIZE,
+    C_STALE,
+    C_TICKET,
+    C_TICKET_TOP,
+    P_MAX,
+    S_BETA,
+    S_MAXP,
+)
+
+#: how far a stored inner node of the sum tree may be from the sum of its leaves, relative to
+#: that sum: the float32 rounding of summing K children per level in another order (the back
+#: ends sum in different orders), a few levels deep, is below 1e-5
+_SUM_RTOL = 1e-4
 
 
 def check_state(state: object, config: dict[str, Any], tensors: Mapping[str, torch.Tensor]) -> tuple[int, Mapping]:
@@ -31,4 +56,86 @@ def check_state(state: object, config: dict[str, Any], tensors: Mapping[str, tor
         raise ValueError(f"load_state_dict(): 'seed' missing or invalid: {seed!r}")
     if not isinstance(host, Mapping) or not {"size", "updates_since_refresh"} <= host.keys():
         raise ValueError("load_state_dict(): 'host' missing or incomplete")
+    for key in ("size", "updates_since_refresh"):
+        value = host[key]
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"load_state_dict(): host[{key!r}] must be an int >= 0, got {value!r}")
     return seed, host
+
+
+def _real_cells(layout: TreeLayout, device: torch.device) -> torch.Tensor:
+    """[numel] bool: True on the cells that hold a node (False on each level's padding)."""
+    real = torch.zeros(layout.numel, dtype=torch.bool, device=device)
+    for off, n in zip(layout.offsets, layout.sizes, strict=True):
+        real[off : off + n] = True
+    return real
+
+
+def check_contents(state: Mapping[str, torch.Tensor], layout: TreeLayout, host_size: int, device: torch.device) -> int:
+    """Check what the tree's tensors of ``state`` hold; return the number of filled slots.
+
+    Works on copies on ``device`` (the tree, not the rows: they hold whatever was added) and
+    reads the outcome of every check in one host sync.
+
+    Raises:
+        ValueError: naming every check that failed.
+    """
+    cap = layout.capacity
+    t = {name: state[name].detach().to(device) for name in ("tree", "mintree", "gen", "counters", "scalars")}
+    counters, scalars = t["counters"], t["scalars"]
+    size, cursor = counters[C_SIZE], counters[C_CURSOR]
+    slot = torch.arange(cap, device=device)
+    filled = slot < size
+    lo = layout.leaf_offset
+    leaves, minleaves = t["tree"][lo : lo + cap], t["mintree"][lo : lo + cap]
+    maxp = scalars[S_MAXP]
+    checks: dict[str, torch.Tensor] = {
+        "size is outside [0, capacity]": (size < 0) | (size > cap),
+        "cursor is outside [0, capacity)": (cursor < 0) | (cursor >= cap),
+        "cursor differs from size before the buffer is full": (size < cap) & (cursor != size),
+        "a count (RNG offset, invalid, non-finite or stale updates) is negative": (
+            counters[[C_RNG, C_INVALID, C_NONFINITE, C_STALE]] < 0
+        ).any(),
+        "a kernel's scratch counter is not 0": (counters[[C_TICKET, C_TICKET_TOP]] != 0).any(),
+        "the max priority is not in (0, 2**64]": ~((maxp > 0) & (maxp <= P_MAX)),
+        "beta is not in [0, 1]": ~((scalars[S_BETA] >= 0) & (scalars[S_BETA] <= 1)),
+        "a priority is negative, NaN, infinite or above 2**64": ~((leaves >= 0) & (leaves <= P_MAX)).all(),
+        "a filled slot has priority 0": (filled & (leaves == 0)).any(),
+        "a slot never filled has a priority (mass on empty slots)": (~filled & (leaves != 0)).any(),
+        "a priority exceeds the max priority": (torch.where(filled, leaves, 0.0) > maxp).any(),
+        "the min tree's leaves differ from the sum tree's": (filled & (minleaves != leaves)).any()
+        | (~filled & (minleaves != float("inf"))).any(),
+        "a filled slot has generation < 1, or a slot never filled one != 0": (filled & (t["gen"] < 1)).any()
+        | (~filled & (t["gen"] != 0)).any(),
+    }
+    real = _real_cells(layout, device)
+    body = slice(0, layout.numel)  # the last cell is the trash cell, which holds anything
+    checks["the trees' padding is not 0 (sum) and inf (min)"] = (~real & (t["tree"][body] != 0)).any() | (
+        ~real & (t["mintree"][body] != float("inf"))
+    ).any()
+    # inner nodes against a rebuild from the leaves (finite leaves only: else the check above fails)
+    tree = torch.where(torch.isfinite(t["tree"]), t["tree"], 0.0)
+    mintree = torch.where(torch.isnan(t["mintree"]), 0.0, t["mintree"])
+    reference.rebuild(tree=tree, mintree=mintree, layout=layout)
+    inner = real.clone()
+    inner[lo:] = False
+    stored, want = t["tree"][body], tree[body]
+    checks["an inner node of the sum tree differs from the sum of its leaves"] = (
+        inner & ~((stored - want).abs() <= _SUM_RTOL * want.abs())
+    ).any()
+    checks["an inner node of the min tree differs from the min of its leaves"] = (
+        inner & (t["mintree"][body] != mintree[body])
+    ).any()
+    if "key" in state:  # rank mode's sort keys
+        keys = state["key"].detach().to(device)[:cap]
+        checks["a rank key is negative, NaN or infinite"] = ~((keys >= 0) & (keys < float("inf"))).all()
+        checks["a slot never filled has a rank key"] = (~filled & (keys != 0)).any()
+    names = list(checks)
+    failed = torch.stack([checks[n].long() for n in names] + [size]).tolist()
+    bad = [n for n, f in zip(names, failed[:-1], strict=True) if f]
+    if bad:
+        raise ValueError(f"load_state_dict(): the state is corrupt: {'; '.join(bad)}")
+    n = int(failed[-1])
+    if host_size > n:
+        raise ValueError(f"load_state_dict(): host size {host_size} exceeds the {n} filled slots")
+    return n

@@ -7,6 +7,7 @@ from typing import Any
 
 from gper.ops import BACKENDS
 from gper.ops.layout import DEFAULT_ARITY, TreeLayout
+from gper.ops.state import P_MAX
 from gper.replay.checks import check_unit
 from gper.replay.sampling import SAMPLING, WEIGHT_NORMS, SamplingPolicy
 from gper.replay.storage import RowLayout
@@ -17,9 +18,20 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+#: the smallest eps: float32's smallest normal number (the kernels' log2 may flush subnormals to 0)
+EPS_MIN = 2.0**-126
+
+
 def check_eps(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not (0.0 < float(value) < float("inf")):
-        raise ValueError(f"eps must be a positive finite float, got {value!r}")
+    """``eps`` as a float in ``[2^-126, 2^64]``: positive and normal in float32, where the kernels
+    compute with it, and no larger than the largest priority (``P_MAX``)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"eps must be a float, got {type(value).__name__}")
+    if not EPS_MIN <= float(value) <= P_MAX:  # False for NaN too
+        raise ValueError(
+            f"eps must be in [2**-126, 2**64]: positive, finite and normal as a float32, and at most "
+            f"the largest priority; got {value!r}"
+        )
     return float(value)
 
 
@@ -106,6 +118,8 @@ class ReplayConfig:
         if not _is_int(seed) or not 0 <= seed < 2**63:
             raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
         check_refresh_interval(rank_refresh_interval)
+        if not _is_int(arity):
+            raise TypeError(f"arity must be an int (a power of two >= 2), got {arity!r}")
         return ReplayConfig(capacity, alpha, beta, eps, sampling, weight_norm, seed, rank_refresh_interval, arity)
 
     def estimate_bytes(self, row_bytes: int) -> int:

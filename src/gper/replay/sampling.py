@@ -51,6 +51,8 @@ class BetaInput:
         a float already known to be valid (the buffer's default)."""
         if isinstance(beta, torch.Tensor):
             check_beta_tensor(beta, self.scalar.device)
+            if beta.requires_grad:  # nor may a beta that requires grad pull the buffer into autograd
+                beta = beta.detach()
             if beta.dtype == torch.float32 and not graphed:
                 return beta
             self.scalar.copy_(beta)

@@ -22,6 +22,21 @@ import torch
 
 _ROW_ALIGN = 16
 
+#: the dtypes a field may have: those every device's copy kernels support (unsigned ints wider
+#: than 8 bits, float8 and quantized types have no index_copy on every device)
+DTYPES = (
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+)
+
 
 @dataclass(frozen=True)
 class Field:
@@ -47,12 +62,18 @@ def _parse_one(name: object, entry: object) -> tuple[tuple[int, ...], torch.dtyp
     if not (isinstance(entry, tuple | list) and len(entry) == 2):
         raise TypeError(f"spec[{name!r}] must be (shape, dtype), e.g. ((51,), torch.float32); got {entry!r}")
     shape, dtype = entry
-    shape = (shape,) if isinstance(shape, int) else tuple(shape)
-    if not all(isinstance(d, int) and d >= 1 for d in shape):
+    if isinstance(shape, int) and not isinstance(shape, bool):
+        shape = (shape,)
+    if not isinstance(shape, tuple | list | torch.Size) or not all(_is_dim(d) for d in shape):
         raise ValueError(f"spec[{name!r}] shape must be a tuple of positive ints, got {entry[0]!r}")
-    if not isinstance(dtype, torch.dtype) or dtype.is_complex or dtype.itemsize > 8:
-        raise TypeError(f"spec[{name!r}] dtype must be a real torch dtype, got {dtype!r}")
-    return shape, dtype
+    if dtype not in DTYPES:
+        names = ", ".join(str(d).removeprefix("torch.") for d in DTYPES)
+        raise TypeError(f"spec[{name!r}] dtype must be one of {names}; got {dtype!r}")
+    return tuple(shape), dtype
+
+
+def _is_dim(d: object) -> bool:
+    return isinstance(d, int) and not isinstance(d, bool) and d >= 1
 
 
 def _alignment(shape: tuple[int, ...], dtype: torch.dtype) -> int:
@@ -182,6 +203,13 @@ class RowStorage:
     def check_batch(self, data: object) -> int:
         """Validate a batch for :meth:`write` (see :meth:`RowLayout.check_batch`); its size ``n``."""
         return self.layout.check_batch(data, self.rows.device)
+
+    def own_copies(self, values: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        """``values`` as :meth:`write` may take them: detached from autograd (the storage must not
+        join the caller's graph, nor keep its tensors alive), and cloned where they are views of
+        this storage (a slice of the buffer's own rows would be overwritten while it is read)."""
+        own = self.rows.untyped_storage().data_ptr()
+        return tuple(x.detach().clone() if x.untyped_storage().data_ptr() == own else x.detach() for x in values)
 
     def write(self, positions: torch.Tensor, values: tuple[torch.Tensor, ...]) -> None:
         """Write ``values`` (one tensor per field, in :attr:`names` order) into rows ``positions``."""

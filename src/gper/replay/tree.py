@@ -185,6 +185,10 @@ class PriorityTree:
             eps=eps,
         )
 
+    def count_stale(self, n: int) -> None:
+        """Count ``n`` update entries ignored as stale (a whole batch from before a restore)."""
+        self.counters[C_STALE] += n
+
     def set_keys(
         self, keys: torch.Tensor, indices: torch.Tensor, td: torch.Tensor, expected_gen: torch.Tensor | None, eps: float
     ) -> None:
