@@ -10,7 +10,9 @@ it replays each call shape from a CUDA graph of its own (:mod:`gper.replay.graph
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+import os
+from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -30,6 +32,7 @@ from gper.replay.checks import (
     warn_dropped,
 )
 from gper.replay.config import ReplayConfig, Setting
+from gper.replay.files import TensorFile, write_tensors
 from gper.replay.graphs import BufferGraphs
 from gper.replay.sampling import BetaInput, SamplingPolicy
 from gper.replay.storage import RowLayout, RowStorage
@@ -301,8 +304,10 @@ class PrioritizedReplayBuffer:
         The tensors are the buffer's own (not copies), as with ``nn.Module.state_dict``; save
         them with ``torch.save`` or copy them before changing the buffer.
         """
-        host = {"size": self._size, "updates_since_refresh": self.policy.updates_since_refresh}
-        return {"config": self._config(), "seed": self.seed} | self._tensors() | {"host": host}
+        return {"config": self._config(), "seed": self.seed} | self._tensors() | {"host": self._host_counts()}
+
+    def _host_counts(self) -> dict[str, int]:
+        return {"size": self._size, "updates_since_refresh": self.policy.updates_since_refresh}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a :meth:`state_dict` in place (tensors keep their addresses, so captured
@@ -317,10 +322,53 @@ class PrioritizedReplayBuffer:
             ValueError: the state comes from a buffer of another configuration, is incomplete,
                 or is corrupt (naming what is wrong); the buffer is then unchanged.
         """
-        seed, host = check_state(state, self._config(), self._tensors())
+        self._restore(state, lambda rows: rows.copy_(state["rows"]))
+
+    def save(self, path: str | os.PathLike, progress: Callable[[int, int], None] | None = None) -> int:
+        """Write the buffer's state to a safetensors file at ``path``, atomically and a chunk at a time.
+
+        The host holds one chunk (:data:`gper.replay.files.CHUNK_BYTES`) at a time, whatever the
+        buffer's size; the file appears at ``path`` only once complete (a crash leaves the old
+        one). Nothing in it is pickled: :meth:`load` reads it back.
+
+        Args:
+            path: the file to write (conventionally ``*.safetensors``).
+            progress: called as ``progress(bytes_done, bytes_total)`` after each chunk.
+
+        Returns:
+            bytes written.
+        """
+        meta = {"config": self._config(), "seed": self.seed, "host": self._host_counts()}
+        return write_tensors(path, self._tensors(), meta, progress)
+
+    def load(self, path: str | os.PathLike) -> None:
+        """Restore the state of a file written by :meth:`save`, in place, with the checks of
+        :meth:`load_state_dict`; the rows are read a chunk at a time.
+
+        Raises:
+            ValueError: the file is missing, damaged, not a buffer file, from a buffer of other
+                settings, or corrupt (naming what is wrong); the buffer is then unchanged.
+        """
+        f = TensorFile(path)
+        meta = f.metadata
+        state: dict[str, Any] = {"config": meta.get("config"), "seed": meta.get("seed"), "host": meta.get("host")}
+        mine = self._tensors()
+        for name in mine:
+            if name not in f.keys():
+                raise ValueError(f"load(): {path} has no tensor {name!r}")
+            shape, dtype = f.meta(name)
+            # the rows are only read into place, after every check: stand-ins carry their shape
+            state[name] = torch.empty(shape, dtype=dtype, device="meta") if name == "rows" else f.read(name)
+        self._restore(state, lambda rows: f.copy_into("rows", rows), json_config=True)
+
+    def _restore(
+        self, state: Mapping[str, Any], copy_rows: Callable[[torch.Tensor], object], json_config: bool = False
+    ) -> None:
+        config = json.loads(json.dumps(self._config())) if json_config else self._config()
+        seed, host = check_state(state, config, self._tensors())
         size = check_contents(state, self.tree.layout, host["size"], self.device)
         with torch.no_grad():  # tensors that require grad must not pull the buffer into autograd
-            self.rows.rows.copy_(state["rows"])
+            copy_rows(self.rows.rows)
             self.tree.load_state_dict(state)
             self.policy.load_state_dict(state)
         self.seed = seed
@@ -329,3 +377,40 @@ class PrioritizedReplayBuffer:
         self.policy.updates_since_refresh = int(host["updates_since_refresh"])
         self._beta.forget()
         self._epoch = object()  # batches drawn before the load are stale now
+
+    # ---------------------------------------------------------------- copies
+
+    def _init_args(self) -> dict[str, Any]:
+        """Constructor arguments that rebuild this buffer (its current settings, its device)."""
+        if isinstance(self._backend_request, ModuleType):
+            raise TypeError("a buffer built with a kernel module as its backend cannot be copied or pickled")
+        cfg = self._cfg
+        return {
+            "capacity": cfg.capacity,
+            "spec": self.spec,
+            "alpha": cfg.alpha,
+            "beta": cfg.beta,
+            "eps": cfg.eps,
+            "sampling": cfg.sampling,
+            "weight_norm": cfg.weight_norm,
+            "device": str(self.device),
+            "backend": self.backend,
+            "seed": self.seed,
+            "strict": self.strict,
+            "cpu_fallback": False,
+            "rank_refresh_interval": cfg.rank_refresh_interval,
+            "arity": cfg.arity,
+            "cuda_graphs": self._graphs.enabled,
+        }
+
+    def __reduce__(self) -> tuple:
+        """``copy.deepcopy`` and ``pickle`` rebuild the buffer from its settings and state (no CUDA
+        graphs are copied: the copy captures its own). To store a buffer in a file, prefer
+        :meth:`save`, which streams and which :meth:`load` reads without unpickling."""
+        return (_rebuild, (self._init_args(), self.state_dict()))
+
+
+def _rebuild(args: dict[str, Any], state: Mapping[str, Any]) -> PrioritizedReplayBuffer:
+    rb = PrioritizedReplayBuffer(**args)
+    rb.load_state_dict(state)
+    return rb

@@ -1,0 +1,175 @@
+"""Buffer files: a buffer's state in one safetensors file, written and read a chunk at a time.
+
+A buffer of 2^25 transitions holds about 14 GB of rows. ``torch.save`` of its state would copy
+each tensor to the host whole, so a save would need 14 GB of host memory at once. Here every
+tensor goes to the file in chunks of :data:`CHUNK_BYTES` (device to host, host to disk), so a save
+holds one chunk at a time whatever the buffer's size, and a load reads the rows back the same way.
+
+The file is a plain `safetensors <https://github.com/huggingface/safetensors>`_ file: an 8-byte
+little-endian header length, a JSON header (each tensor's dtype, shape and byte range, and
+gper's settings, seed and host counts under ``__metadata__``), then the raw bytes of every
+tensor. Reading it never unpickles anything; any safetensors reader can open it. gper writes it
+itself (the safetensors library writes only tensors it holds in memory whole) and reads it with
+the safetensors library.
+
+Writes are atomic: the file is written under a temporary name in the same folder, flushed to
+disk, then renamed over ``path``; a crash at any moment leaves either the old file or the new one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+
+#: bytes moved per device-to-host copy and per write: the save's host memory, whatever the buffer's size
+CHUNK_BYTES = 64 * 2**20
+
+#: the value of ``__metadata__["format"]`` in a gper buffer file
+FORMAT = "gper.replay/1"
+
+_DTYPES = {
+    torch.uint8: "U8",
+    torch.int8: "I8",
+    torch.int16: "I16",
+    torch.int32: "I32",
+    torch.int64: "I64",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.float32: "F32",
+    torch.float64: "F64",
+    torch.bool: "BOOL",
+}
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike) -> Iterator[IO[bytes]]:
+    """Open a binary file that appears at ``path`` only once it is complete.
+
+    The body writes to a temporary file in ``path``'s folder; on success the file is flushed,
+    fsynced and renamed over ``path``, and the folder is fsynced (so the rename survives a power
+    loss). If the body raises, the temporary file is removed and ``path`` is untouched.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    fsync_folder(path.parent)
+
+
+def fsync_folder(folder: str | os.PathLike) -> None:
+    """Flush a folder's entries (a rename into it) to disk, where the platform allows it."""
+    with contextlib.suppress(OSError):  # some file systems and platforms cannot open a folder
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A flat uint8 view of a contiguous tensor's bytes."""
+    t = t.detach().contiguous()
+    return t.view(-1).view(torch.uint8) if t.dim() else t.reshape(1).view(torch.uint8)
+
+
+def write_tensors(
+    path: str | os.PathLike,
+    tensors: Mapping[str, torch.Tensor],
+    metadata: Mapping[str, Any],
+    progress: Callable[[int, int], None] | None = None,
+) -> int:
+    """Write ``tensors`` and JSON-able ``metadata`` to a safetensors file at ``path``, atomically,
+    a chunk of :data:`CHUNK_BYTES` at a time; ``progress(done, total)`` after each chunk.
+
+    Returns:
+        bytes written.
+    """
+    header: dict[str, Any] = {"__metadata__": {"format": FORMAT, "gper": json.dumps(metadata)}}
+    end = 0
+    for name, t in tensors.items():
+        if t.dtype not in _DTYPES:
+            raise TypeError(f"{name}: dtype {t.dtype} has no safetensors name")
+        n = t.numel() * t.element_size()
+        header[name] = {"dtype": _DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [end, end + n]}
+        end += n
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned
+    done = 0
+    with atomic_file(path) as f:
+        f.write(len(blob).to_bytes(8, "little"))
+        f.write(blob)
+        for t in tensors.values():
+            flat = _as_bytes(t)
+            for lo in range(0, flat.numel(), CHUNK_BYTES):
+                chunk = flat[lo : lo + CHUNK_BYTES].cpu()
+                f.write(memoryview(chunk.numpy()))
+                done += chunk.numel()
+                if progress is not None:
+                    progress(done, end)
+    return 8 + len(blob) + end
+
+
+class TensorFile:
+    """A safetensors file opened for reading (by the safetensors library, memory-mapped).
+
+    Raises:
+        ValueError: the file is missing, truncated or not a gper buffer file (the message names it).
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        try:
+            from safetensors import SafetensorError, safe_open
+        except ImportError as err:  # a core dependency: only a broken install lacks it
+            raise ImportError(
+                "gper: reading buffer files needs the safetensors package: pip install safetensors"
+            ) from err
+        self.path = Path(path)
+        try:
+            self._file = safe_open(str(self.path), framework="pt", device="cpu")
+            meta = self._file.metadata() or {}
+        except (SafetensorError, OSError) as err:
+            raise ValueError(f"{self.path}: not a readable buffer file ({err})") from err
+        if meta.get("format") != FORMAT:
+            raise ValueError(
+                f"{self.path}: not a gper buffer file (format {meta.get('format')!r}, expected {FORMAT!r})"
+            )
+        try:
+            self.metadata: dict[str, Any] = json.loads(meta["gper"])
+        except (KeyError, json.JSONDecodeError) as err:
+            raise ValueError(f"{self.path}: the buffer file's settings are unreadable ({err})") from err
+
+    def keys(self) -> list[str]:
+        return list(self._file.keys())
+
+    def meta(self, name: str) -> tuple[torch.Size, torch.dtype]:
+        """(shape, dtype) of tensor ``name`` without reading it."""
+        s = self._file.get_slice(name)
+        dtype = {v: k for k, v in _DTYPES.items()}.get(s.get_dtype())
+        return torch.Size(s.get_shape()), dtype
+
+    def read(self, name: str) -> torch.Tensor:
+        """Tensor ``name`` whole, on the CPU."""
+        return self._file.get_tensor(name)
+
+    def copy_into(self, name: str, dst: torch.Tensor) -> None:
+        """Copy tensor ``name`` into ``dst`` (same shape and dtype, at least 1-D) a chunk of rows at a time."""
+        s = self._file.get_slice(name)
+        step = max(1, CHUNK_BYTES // max(1, dst[0].numel() * dst.element_size()))
+        for lo in range(0, dst.shape[0], step):
+            hi = min(dst.shape[0], lo + step)
+            dst[lo:hi].copy_(s[lo:hi])
