@@ -24,6 +24,22 @@ def test_train_command_line_reports_bad_settings(capsys):
     assert "batch_size must be an integer >= 1" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--learning-rate", "inf"], "learning_rate must be a finite number > 0, got inf"),
+        (["--max-grad-norm", "nan"], "max_grad_norm must be a finite number >= 0 (0: no clipping), got nan"),
+        (["--gamma", "nan"], "gamma must be in [0, 1], got nan"),
+    ],
+)
+def test_train_command_line_refuses_non_finite_settings_in_one_line(tmp_path, capsys, flags, message):
+    argv = ["train", "--device", "cpu", "--progress", "False", "--run-dir", str(tmp_path), *flags]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"gper train: error: {message}\n" and captured.out == ""
+    assert not any(tmp_path.iterdir())  # nothing ran
+
+
 @pytest.mark.parametrize("package", ["tyro", "tqdm"])
 def test_train_command_without_a_package_names_the_extra(package, tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, package, None)  # import <package> raises ImportError

@@ -36,6 +36,55 @@ def test_bad_config_is_refused(smoke, change, message):
         resolve(Config(**{**smoke, **change}), CPU)
 
 
+INF, NAN = float("inf"), float("nan")
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("learning_rate", INF, "learning_rate must be a finite number > 0, got inf"),
+        ("learning_rate", NAN, "learning_rate must be a finite number > 0, got nan"),
+        ("learning_rate", 0.0, "learning_rate must be a finite number > 0, got 0.0"),
+        ("learning_rate", -1e-4, "learning_rate must be a finite number > 0"),
+        ("max_grad_norm", NAN, r"max_grad_norm must be a finite number >= 0 \(0: no clipping\), got nan"),
+        ("max_grad_norm", INF, "max_grad_norm must be a finite number >= 0 .*, got inf"),
+        ("max_grad_norm", -1.0, "max_grad_norm must be a finite number >= 0"),
+        ("gamma", NAN, r"gamma must be in \[0, 1\], got nan"),
+        ("gamma", -0.1, r"gamma must be in \[0, 1\]"),
+        ("tau", NAN, r"tau must be in \[0, 1\], got nan"),
+        ("tau", INF, r"tau must be in \[0, 1\], got inf"),
+        ("eps_start", NAN, r"eps_start must be in \[0, 1\]"),
+        ("eps_start", 1.5, r"eps_start must be in \[0, 1\]"),
+        ("eps_end", INF, r"eps_end must be in \[0, 1\]"),
+        ("eps_end", -0.01, r"eps_end must be in \[0, 1\]"),
+        ("alpha", NAN, r"alpha must be in \[0, 1\], got nan"),
+        ("alpha", 1.5, r"alpha must be in \[0, 1\]"),
+        ("beta", -INF, r"beta must be in \[0, 1\], got -inf"),
+        ("beta", 2.0, r"beta must be in \[0, 1\]"),
+        ("exploration_fraction", NAN, r"exploration_fraction must be in \(0, 1\], got nan"),
+        ("exploration_fraction", INF, r"exploration_fraction must be in \(0, 1\]"),
+        ("cost_bps", INF, "cost_bps must be a finite number >= 0, got inf"),
+        ("cost_bps", NAN, "cost_bps must be a finite number >= 0, got nan"),
+        ("cost_bps", -1.0, "cost_bps must be a finite number >= 0"),
+        ("solve_return", INF, "solve_return must be a finite number, got inf"),
+        ("solve_return", NAN, "solve_return must be a finite number, got nan"),
+        ("episode_len", 0, "episode_len must be an integer >= 1, got 0"),
+        ("episode_len", 2.5, "episode_len must be an integer >= 1, got 2.5"),
+        ("total_steps", INF, "total_steps must be an integer >= 1, got inf"),
+    ],
+)
+def test_non_finite_or_out_of_range_number_is_refused(smoke, name, value, message):
+    with pytest.raises(ValueError, match=f"^{message}"):
+        resolve(Config(**{**smoke, name: value}), CPU)
+
+
+def test_numbers_at_the_edges_of_their_ranges_are_accepted(smoke):
+    edges = dict(gamma=1.0, tau=1.0, eps_start=0.0, eps_end=1.0, alpha=0.0, beta=1.0, exploration_fraction=1.0)
+    edges.update(max_grad_norm=0.0, learning_rate=1e-12, cost_bps=0.0, solve_return=-1e9, episode_len=1)
+    cfg = resolve(Config(**{**smoke, **edges}), CPU)
+    assert {name: getattr(cfg, name) for name in edges} == edges
+
+
 def test_plan_counts_training_steps(smoke):
     cfg = resolve(Config(**{**smoke, "num_envs": 4, "train_every": 2}), CPU)
     iterations, trains = plan_steps(cfg)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from datetime import datetime, timedelta
 
 import numpy as np
 import pytest
@@ -146,7 +147,10 @@ def test_synthetic_kinds_carry_their_signal(kind, sign):
 
 
 def write_csv(path, closes, header="Timestamp,Open,High,Low,Close,Volume,Extra"):
-    lines = [header] + [f"2024-01-01T{i:05d},{c},{c * 1.01},{c * 0.99},{c},10,x" for i, c in enumerate(closes)]
+    start = datetime(2024, 1, 1)
+    lines = [header] + [
+        f"{(start + timedelta(minutes=i)).isoformat()},{c},{c * 1.01},{c * 0.99},{c},10,x" for i, c in enumerate(closes)
+    ]
     path.write_text("\n".join(lines) + "\n")
     return path
 

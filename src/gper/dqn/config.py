@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -197,24 +198,28 @@ def resolve(config: Config, device: torch.device) -> Config:
 
 def _check(cfg: Config) -> None:
     positive = ("total_steps", "num_envs", "buffer_size", "batch_size", "target_every", "train_every", "epoch_steps")
-    for name in positive:
+    for name in (*positive, "episode_len"):
         value = getattr(cfg, name)
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
     if not cfg.hidden or any(h < 1 for h in cfg.hidden):
         raise ValueError(f"hidden must be one or more sizes >= 1, got {cfg.hidden!r}")
-    for name, low, high in (("gamma", 0, 1), ("tau", 0, 1), ("eps_start", 0, 1), ("eps_end", 0, 1)):
+    for name in ("gamma", "tau", "eps_start", "eps_end", "alpha", "beta"):
         value = getattr(cfg, name)
-        if not low <= value <= high:
-            raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
+        if not 0 <= value <= 1:  # NaN fails too
+            raise ValueError(f"{name} must be in [0, 1], got {value}")
     if cfg.tau == 0:
         raise ValueError("tau must be > 0 (1.0 for hard target updates)")
     if not 0 < cfg.exploration_fraction <= 1:
         raise ValueError(f"exploration_fraction must be in (0, 1], got {cfg.exploration_fraction}")
-    if cfg.max_grad_norm < 0:
-        raise ValueError(f"max_grad_norm must be >= 0, got {cfg.max_grad_norm}")
-    if cfg.learning_rate <= 0:
-        raise ValueError(f"learning_rate must be > 0, got {cfg.learning_rate}")
+    if not (math.isfinite(cfg.max_grad_norm) and cfg.max_grad_norm >= 0):
+        raise ValueError(f"max_grad_norm must be a finite number >= 0 (0: no clipping), got {cfg.max_grad_norm}")
+    if not (math.isfinite(cfg.learning_rate) and cfg.learning_rate > 0):
+        raise ValueError(f"learning_rate must be a finite number > 0, got {cfg.learning_rate}")
+    if not (math.isfinite(cfg.cost_bps) and cfg.cost_bps >= 0):
+        raise ValueError(f"cost_bps must be a finite number >= 0, got {cfg.cost_bps}")
+    if cfg.solve_return is not None and not math.isfinite(cfg.solve_return):
+        raise ValueError(f"solve_return must be a finite number, got {cfg.solve_return}")
     if cfg.learning_starts < cfg.batch_size or cfg.learning_starts < 0:
         raise ValueError(f"learning_starts ({cfg.learning_starts}) must be >= batch_size ({cfg.batch_size})")
     if cfg.time_every < 0:

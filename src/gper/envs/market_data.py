@@ -1,6 +1,7 @@
 """Close-price series for :mod:`gper.envs.market`: seeded synthetic markets and CSV bar files.
 
-Both return float64 close prices ``[n_bars]`` on the CPU; the environment moves them to its device.
+Both give float64 close prices ``[n_bars]`` on the CPU; the environment moves them to its device.
+A bar file's timestamps come with its prices from :func:`read_bars_csv`.
 
 The synthetic markets exist so a DQN has something learnable but not trivial to trade, with
 held-out data of the same law for evaluation. Their predictable part is about a tenth of a
@@ -12,15 +13,21 @@ from __future__ import annotations
 
 import csv
 import math
+from array import array
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
-CSV_COLUMNS = ("timestamp", "open", "high", "low", "close", "volume")
-"""Columns a bar file must have (any case, any order, extra columns allowed)."""
-PRICE_COLUMNS = ("open", "high", "low", "close")
-"""Columns checked to be finite positive numbers; only ``close`` is used."""
+from gper.envs.timestamps import timestamp_parser
+
+TIME_COLUMNS = ("timestamp", "datetime", "date", "time")
+"""Names a bar file's time column may have (any case); a file has exactly one of them."""
+BAR_COLUMNS = ("open", "high", "low", "close", "volume")
+"""Columns a bar file must have besides its time column (any case, any order, extra columns allowed).
+
+All are checked; only ``close`` is returned."""
 SYNTHETIC_KINDS = ("regime", "ou")
 
 
@@ -94,14 +101,92 @@ def synthetic_prices(
     return start_price * torch.exp(log_prices)
 
 
-def load_bars_csv(path: str | Path, min_rows: int = 2) -> torch.Tensor:
-    """Close prices of a bar file, float64 ``[rows]`` on the CPU, in file order (oldest first).
+_ORDER = "bars must be oldest first, each after the one before"
 
-    The file needs a header naming :data:`CSV_COLUMNS` (any case; extra columns are ignored) and
-    at least ``min_rows`` rows. Open, high, low and close must be finite positive numbers.
+
+class Bars(NamedTuple):
+    """The bars of a bar file, oldest first: ``time_ns[i]`` is the time of ``close[i]``."""
+
+    time_ns: torch.Tensor
+    """[rows] int64: nanoseconds since the Unix epoch (:mod:`gper.envs.timestamps`), strictly increasing."""
+    close: torch.Tensor
+    """[rows] float64: close prices."""
+
+
+def _number(row: list[str], col: int, name: str) -> tuple[float, str]:
+    cell = row[col].strip() if col < len(row) else ""
+    try:
+        return float(cell), cell
+    except ValueError:
+        raise ValueError(f"{name} {cell!r} is not a number") from None
+
+
+def _bar_problem(row: list[str], cols: list[int]) -> str:
+    """What is wrong with a bar that failed :func:`_bar_close`'s test, for its error message."""
+    (o, o_cell), (h, h_cell), (lo, l_cell), (c, c_cell), (v, v_cell) = (
+        _number(row, col, name) for name, col in zip(BAR_COLUMNS, cols, strict=True)
+    )
+    for name, value, cell in (("open", o, o_cell), ("high", h, h_cell), ("low", lo, l_cell), ("close", c, c_cell)):
+        if not (math.isfinite(value) and value > 0):
+            return f"{name} {cell!r} is not a finite positive price"
+    if not (math.isfinite(v) and v >= 0):
+        return f"volume {v_cell!r} is not a finite number >= 0"
+    if h < lo:
+        return f"high {h_cell!r} is below low {l_cell!r}"
+    for name, value, cell in (("open", o, o_cell), ("close", c, c_cell)):
+        if h < value:
+            return f"high {h_cell!r} is below {name} {cell!r}"
+        if lo > value:
+            return f"low {l_cell!r} is above {name} {cell!r}"
+    raise AssertionError(f"no problem found with bar {row!r}")
+
+
+def _bar_close(row: list[str], cols: list[int]) -> float:
+    """The close of a row whose OHLC prices are finite, positive and consistent and whose volume is >= 0.
 
     Raises:
-        ValueError: naming the file and, for a bad value, its line.
+        ValueError: saying what is wrong with any other row.
+    """
+    o_col, h_col, l_col, c_col, v_col = cols
+    try:
+        o, h, lo, c, v = float(row[o_col]), float(row[h_col]), float(row[l_col]), float(row[c_col]), float(row[v_col])
+    except (IndexError, ValueError):
+        o = h = lo = c = v = math.nan
+    # one chained comparison per bar; NaN fails it, and so does any infinity
+    if 0 < lo <= o <= h < math.inf and lo <= c <= h and 0 <= v < math.inf:
+        return c
+    raise ValueError(_bar_problem(row, cols))
+
+
+def _time_column(path: Path, header: list[str], names: list[str]) -> int:
+    found = [n for n in names if n in TIME_COLUMNS]
+    if not found:
+        raise ValueError(f"{path}: no time column: name one of {', '.join(TIME_COLUMNS)} (header: {', '.join(header)})")
+    if len(found) > 1:
+        raise ValueError(
+            f"{path}: {len(found)} time columns ({', '.join(found)}): keep one, or join date and time "
+            "into one timestamp column (2020-01-31T09:30:00)"
+        )
+    return names.index(found[0])
+
+
+def read_bars_csv(path: str | Path, min_rows: int = 2) -> Bars:
+    """The timestamps and close prices of a bar file, on the CPU, in file order.
+
+    The file is CSV with a header naming one time column (:data:`TIME_COLUMNS`: ``timestamp``,
+    ``datetime``, ``date`` or ``time``) and :data:`BAR_COLUMNS` (open, high, low, close, volume), in
+    any case and order; extra columns are ignored, blank lines skipped. A file without a time
+    column is refused: its order, and so which bars are the past, could not be checked. Timestamps
+    are ISO 8601 dates or times, or Unix epoch seconds (:mod:`gper.envs.timestamps`), oldest first,
+    each strictly after the one before. Every bar needs finite positive prices with
+    ``low <= min(open, close)`` and ``high >= max(open, close)``, and a finite volume >= 0. There
+    must be at least ``min_rows`` bars.
+
+    The file is read once, a row at a time, into 16 bytes a bar.
+
+    Raises:
+        ValueError: naming the file and, for a bad bar, its line (1-based, the header is line 1).
+            Nothing is returned for a file with any bad bar.
     """
     path = Path(path)
     if not path.is_file():
@@ -110,27 +195,59 @@ def load_bars_csv(path: str | Path, min_rows: int = 2) -> torch.Tensor:
         reader = csv.reader(f)
         header = next(reader, None)
         if header is None:
-            raise ValueError(f"{path}: empty file, expected a header with columns {', '.join(CSV_COLUMNS)}")
+            raise ValueError(f"{path}: empty file, expected a header with a time column and {', '.join(BAR_COLUMNS)}")
         names = [h.strip().lower() for h in header]
-        missing = [c for c in CSV_COLUMNS if c not in names]
+        time_col = _time_column(path, header, names)
+        missing = [c for c in BAR_COLUMNS if c not in names]
         if missing:
             raise ValueError(f"{path}: missing column(s) {', '.join(missing)} (header: {', '.join(header)})")
-        cols = [names.index(c) for c in PRICE_COLUMNS]
-        closes = []
-        for line, row in enumerate(reader, start=2):
-            if not any(cell.strip() for cell in row):
+        cols = [names.index(c) for c in BAR_COLUMNS]
+        times, closes = array("q"), array("d")
+        parse = None
+        prev_line, prev_cell = 0, ""
+        # A second bar older than the first may start a newest-first file: that is said at the end
+        # if every bar is older than the one before; otherwise the error is still the second bar's.
+        newest_first = None
+        for row in reader:
+            if not "".join(row).strip():
                 continue
-            values = []
-            for name, col in zip(PRICE_COLUMNS, cols, strict=True):
-                cell = row[col].strip() if col < len(row) else ""
-                try:
-                    value = float(cell)
-                except ValueError:
-                    raise ValueError(f"{path}, line {line}: {name} {cell!r} is not a number") from None
-                if not (math.isfinite(value) and value > 0):
-                    raise ValueError(f"{path}, line {line}: {name} {cell!r} is not a finite positive price")
-                values.append(value)
-            closes.append(values[-1])
+            line = reader.line_num
+            try:
+                cell = row[time_col].strip() if time_col < len(row) else ""
+                if parse is None:
+                    parse = timestamp_parser(cell)
+                t = parse(cell)
+                closes.append(_bar_close(row, cols))
+                if newest_first is not None and t >= times[-1]:
+                    raise ValueError(newest_first[1])  # reported below as the second bar's error
+                if newest_first is None and times and t <= times[-1]:
+                    same = "is the same time as" if t == times[-1] else "is before"
+                    problem = f"timestamp {cell!r} {same} line {prev_line}'s {prev_cell!r}"
+                    if len(times) > 1 or t == times[-1]:
+                        raise ValueError(f"{problem}: {_ORDER}")
+                    newest_first = (line, problem)
+            except ValueError as e:
+                if newest_first is not None:
+                    raise ValueError(f"{path}, line {newest_first[0]}: {newest_first[1]}: {_ORDER}") from None
+                raise ValueError(f"{path}, line {line}: {e}") from None
+            times.append(t)
+            prev_line, prev_cell = line, cell
+    if newest_first is not None:
+        raise ValueError(
+            f"{path}, line {newest_first[0]}: {newest_first[1]}, and every later bar is older than the one "
+            "before: newest-first file? Bars must be oldest first: reverse the rows below the header"
+        )
     if len(closes) < min_rows:
         raise ValueError(f"{path}: {len(closes)} bars, at least {min_rows} needed")
-    return torch.from_numpy(np.asarray(closes, dtype=np.float64))
+    return Bars(torch.from_numpy(np.frombuffer(times, dtype=np.int64)), torch.from_numpy(np.frombuffer(closes)))
+
+
+def load_bars_csv(path: str | Path, min_rows: int = 2) -> torch.Tensor:
+    """Close prices of a bar file, float64 ``[rows]`` on the CPU, oldest first: ``read_bars_csv(path, min_rows).close``.
+
+    See :func:`read_bars_csv` for the file's format and checks.
+
+    Raises:
+        ValueError: naming the file and, for a bad bar, its line.
+    """
+    return read_bars_csv(path, min_rows).close
