@@ -19,8 +19,9 @@ from typing import Any
 import torch
 
 from gper._device import canonical_device, on_own_device
-from gper.ops import select_backend
+from gper.ops import backend_module, select_backend
 from gper.ops.layout import DEFAULT_ARITY
+from gper.ops.probe import triton_problem
 from gper.replay.batch import FlatSample, SampledBatch
 from gper.replay.checkpoint import check_contents, check_state
 from gper.replay.checks import (
@@ -28,12 +29,14 @@ from gper.replay.checks import (
     check_generations,
     check_indices,
     check_td,
+    out_of_memory,
     warn_cpu_fallback,
     warn_dropped,
+    warn_triton_fallback,
 )
 from gper.replay.config import ReplayConfig, Setting
 from gper.replay.files import TensorFile, write_tensors
-from gper.replay.graphs import BufferGraphs
+from gper.replay.graphs import BufferGraphs, capturing
 from gper.replay.sampling import BetaInput, SamplingPolicy
 from gper.replay.storage import RowLayout, RowStorage
 from gper.replay.tree import PriorityTree
@@ -59,7 +62,11 @@ class PrioritizedReplayBuffer:
             (as in the PER paper); "batch" by the largest weight in the batch.
         device: where everything lives; default "cuda" when available, else "cpu".
         backend: "auto" (Triton on CUDA, torch elsewhere), "triton" or "torch"; or, for kernel
-            experiments, a module with the functions of :class:`gper.ops.ReplayKernels`.
+            experiments, a module with the functions of :class:`gper.ops.ReplayKernels`. Before
+            Triton is used on a device, a small run of its kernels is checked against the torch
+            back end (once per device and process, :mod:`gper.ops.probe`): if they fail to
+            compile, launch or agree, "auto" warns and uses the torch back end on the same
+            device (same samples, slower), and "triton" raises.
         seed: Philox key of the sampler; same seed and same calls give the same samples.
         strict: also check index ranges on CUDA at once (costs one host sync per call); by
             default, out-of-range indices are dropped on the device, counted, and reported by
@@ -124,6 +131,13 @@ class PrioritizedReplayBuffer:
         """Choose the back end for ``device`` and build the storage, tree and policy there."""
         self.device = device
         self.backend, kernels = select_backend(self._backend_request, device)
+        if self.backend == "triton" and not (device.type == "cuda" and capturing()):
+            problem = triton_problem(device)  # once per device and process
+            if problem is not None and self._backend_request == "auto":
+                warn_triton_fallback(device, problem)
+                self.backend, kernels = "torch", backend_module("torch")
+            elif problem is not None:
+                raise RuntimeError(f"backend='triton' does not work on {device}: {problem}")
         cfg = self._cfg
         # the three objects that hold the state: rows, tree (+ counters), sampling policy (+ rank keys)
         self.rows = RowStorage(self._row_layout, cfg.capacity, device)
@@ -178,12 +192,15 @@ class PrioritizedReplayBuffer:
         n = self.rows.check_batch(data)
         skip = n - min(n, self.capacity)
         args = self.rows.own_copies(tuple(data[name][skip:] if skip else data[name] for name in self.rows.names))
-        if not self._graphs.active:
-            pos, replayed = self._add(args, n, skip), False
-        else:
-            key = ("add", n) + tuple((a.dtype, a.device.type) for a in args)
-            on_device = all(a.device == self.device for a in args)
-            pos, replayed = self._graphs.call(key, args, lambda *xs: self._add(xs, n, skip), by_address=on_device)
+        try:
+            if not self._graphs.active:
+                pos, replayed = self._add(args, n, skip), False
+            else:
+                key = ("add", n) + tuple((a.dtype, a.device.type) for a in args)
+                on_device = all(a.device == self.device for a in args)
+                pos, replayed = self._graphs.call(key, args, lambda *xs: self._add(xs, n, skip), by_address=on_device)
+        except torch.OutOfMemoryError as err:
+            raise out_of_memory(err, self.device, f"adding {n} transitions") from err
         self._size = min(self._size + n, self.capacity)
         return pos.clone() if replayed else pos
 
@@ -213,11 +230,16 @@ class PrioritizedReplayBuffer:
         graphed = self._graphs.active
         # the default beta was checked when it was set: only a caller's beta is checked here
         beta_t = self._beta.tensor(self._cfg.beta if beta is None else beta, graphed, checked=beta is None)
-        if not graphed:
-            batch = self._flat.batch(self._flat.split(self._sample(b, beta_t)))
-        else:
-            out, replayed = self._graphs.samples.run(b, lambda: self._sample(b, self.tree.beta), self._flat.with_fields)
-            batch = self._flat.batch(out, with_fields=True) if replayed else self._flat.batch(self._flat.split(out))
+        try:
+            if not graphed:
+                batch = self._flat.batch(self._flat.split(self._sample(b, beta_t)))
+            else:
+                run = self._graphs.samples.run
+                out, replayed = run(b, lambda: self._sample(b, self.tree.beta), self._flat.with_fields)
+                batch = self._flat.batch(out, with_fields=True) if replayed else self._flat.batch(self._flat.split(out))
+        except torch.OutOfMemoryError as err:
+            # the outputs are allocated before any kernel runs: running out there changes nothing
+            raise out_of_memory(err, self.device, f"drawing a batch of {b}") from err
         batch.source = self._epoch
         return batch
 
@@ -249,7 +271,10 @@ class PrioritizedReplayBuffer:
             return
         expected = check_generations(batch.generations, indices) if batch is not None else None
         args = (indices, td) if expected is None else (indices, td, expected)
-        self._graphs.call(("update", indices.numel(), expected is not None), args, self._update, by_address=True)
+        try:
+            self._graphs.call(("update", indices.numel(), expected is not None), args, self._update, by_address=True)
+        except torch.OutOfMemoryError as err:
+            raise out_of_memory(err, self.device, f"updating {indices.numel()} priorities") from err
         if self.policy.count_update():  # rank mode's refresh schedule
             self.refresh_ranks()
 

@@ -20,6 +20,37 @@ def warn_cpu_fallback(device: torch.device, capacity: int, nbytes: int) -> None:
     warnings.warn(msg, GperWarning, stacklevel=3)
 
 
+_TRITON_WARNED: set[torch.device] = set()
+
+
+def warn_triton_fallback(device: torch.device, problem: str) -> None:
+    """Warn, once per device and process, that the Triton kernels do not work there."""
+    if device in _TRITON_WARNED:
+        return
+    _TRITON_WARNED.add(device)
+    msg = (
+        f"gper: the Triton back end does not work on {device} ({problem}); buffers there use the torch "
+        "back end on the same device (the same samples, slower). Pass backend='triton' to raise instead."
+    )
+    warnings.warn(msg, GperWarning, stacklevel=4)
+
+
+def warn_no_graph_memory() -> None:
+    msg = (
+        "gper: out of GPU memory capturing a CUDA graph of a new call shape (a new batch size, say); "
+        "calls of that shape run without a graph (slower on the host) until memory allows one"
+    )
+    warnings.warn(msg, GperWarning, stacklevel=5)
+
+
+def out_of_memory(err: torch.OutOfMemoryError, device: torch.device, what: str) -> torch.OutOfMemoryError:
+    """A clear out-of-memory error for a buffer call, to raise ``from err``."""
+    first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    return torch.OutOfMemoryError(
+        f"gper: out of memory on {device} {what}. Free device memory (or use smaller batches) and call again. ({first})"
+    )
+
+
 def warn_dropped(invalid: int, reported: int) -> int:
     """Warn about update entries dropped for bad indices since the last report; the new count reported."""
     if invalid > reported:

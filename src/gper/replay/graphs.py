@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gper.replay.checks import warn_no_graph_memory
+
 
 @dataclass
 class CapturedCall:
@@ -61,10 +63,17 @@ def capture(graph: torch.cuda.CUDAGraph, pool: object | None = None, stream: tor
             gc.enable()
 
 
-def _capture(body: Callable[..., object], args: tuple[torch.Tensor, ...]) -> tuple[torch.cuda.CUDAGraph, object]:
+def _capture(body: Callable[..., object], args: tuple[torch.Tensor, ...]) -> tuple[torch.cuda.CUDAGraph, object] | None:
+    """``(graph, output)`` of ``body(*args)`` captured, or None (after a warning) when the capture
+    runs out of device memory: the call it was made for has already run eagerly, so later calls
+    of that shape simply run without a graph until memory allows one."""
     graph = torch.cuda.CUDAGraph()
-    with capture(graph):
-        output = body(*args)
+    try:
+        with capture(graph):
+            output = body(*args)
+    except torch.OutOfMemoryError:
+        warn_no_graph_memory()
+        return None
     return graph, output
 
 
@@ -101,8 +110,9 @@ class GraphCache:
         device = torch.device("cuda", torch.cuda.current_device())
         inputs = tuple(a.to(device, copy=True) for a in args)
         result = body(*inputs)
-        graph, output = _capture(body, inputs)
-        self._store(key, CapturedCall(graph, inputs, output))
+        captured = _capture(body, inputs)
+        if captured is not None:
+            self._store(key, CapturedCall(captured[0], inputs, captured[1]))
         return result, False
 
     def run_by_address(
@@ -124,10 +134,11 @@ class GraphCache:
         if where in self._seen:
             del self._seen[where]
             result = body(*args)
-            graph, output = _capture(body, args)
+            captured = _capture(body, args)
             # hold no reference to the caller's tensors: the address match at replay is what makes
             # the graph valid, and a reference would keep a sample slot's outputs busy forever
-            self._store(where, CapturedCall(graph, (), output))
+            if captured is not None:
+                self._store(where, CapturedCall(captured[0], (), captured[1]))
             return result, False
         self._seen[where] = None
         if len(self._seen) > self.size:
@@ -187,10 +198,9 @@ class SampleSlots:
                 return slot.tensors, True
         flat = body()  # this call's result; it also compiles the kernel before the capture
         if len(slots) < self.per_key:
-            graph = torch.cuda.CUDAGraph()
-            with capture(graph):
-                static = body()
-            slots.append(SampleSlot(graph, static, outputs(static)))
+            captured = _capture(body, ())
+            if captured is not None:
+                slots.append(SampleSlot(captured[0], captured[1], outputs(captured[1])))
         return flat, False
 
     def clear(self) -> None:

@@ -212,6 +212,10 @@ class RowStorage:
         return tuple(x.detach().clone() if x.untyped_storage().data_ptr() == own else x.detach() for x in values)
 
     def write(self, positions: torch.Tensor, values: tuple[torch.Tensor, ...]) -> None:
-        """Write ``values`` (one tensor per field, in :attr:`names` order) into rows ``positions``."""
-        for view, x in zip(self.fields.values(), values, strict=True):
-            view.index_copy_(0, positions, x.to(self.rows.device, non_blocking=True))
+        """Write ``values`` (one tensor per field, in :attr:`names` order) into rows ``positions``.
+
+        Every value is on the device before the first write: running out of memory moving one
+        must not leave a slot with some fields new and others old."""
+        moved = [x.to(self.rows.device, non_blocking=True) for x in values]
+        for view, x in zip(self.fields.values(), moved, strict=True):
+            view.index_copy_(0, positions, x)
