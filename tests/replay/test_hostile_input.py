@@ -49,8 +49,9 @@ def test_add_of_a_slice_of_the_buffers_own_storage_copies_it_first(device, graph
     rb.add({"obs": rb.storage["obs"][:3].clone(), "action": k[:3]})  # cursor now at 3
     for start in (0, 5):
         # rows [start, start + 10) written at the cursor: the source and target overlap
-        want = rb.storage["obs"][start : start + 10].clone(), rb.storage["action"][start : start + 10].clone()
-        slots = rb.add({"obs": rb.storage["obs"][start : start + 10], "action": rb.storage["action"][start : start + 10]})
+        src = {name: view[start : start + 10] for name, view in rb.storage.items()}
+        want = src["obs"].clone(), src["action"].clone()
+        slots = rb.add(src)
         assert torch.equal(rb.storage["obs"][slots], want[0]), f"overlapping add from {start} corrupted the data"
         assert torch.equal(rb.storage["action"][slots], want[1])
 
