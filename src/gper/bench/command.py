@@ -8,6 +8,7 @@ Examples::
     gper bench peers --device cpu --threads 1           # gper vs TorchRL, cpprb, flashbax
     gper bench exactness --peers gper cpprb --budget-s 60
     gper bench train-step           # the DQN training step with replay vs from a fixed batch
+    gper bench checkpoint           # save() / load() of a full 2^25 buffer: seconds and host memory
 
 ``gper bench [flags]`` is ``gper bench replay [flags]``, and ``gper bench --train [flags]`` is
 ``gper bench train-step [flags]``.
@@ -33,6 +34,7 @@ SUBCOMMANDS = {
     "peers": "time gper against TorchRL, cpprb, flashbax and the O(N) baselines on the reference workload",
     "exactness": "check each peer's sampler: every slot reachable, a 1e-6 leaf, 8 distinct leaves",
     "train-step": "time the DQN training step with replay against the same step from a fixed batch",
+    "checkpoint": "time save() and load() of a full buffer, and the host memory they need, against torch.save",
 }
 # replay: (capacities as log2, batches, repeats, ms per repeat) by device and --quick
 REPLAY_DEFAULTS = {
@@ -379,6 +381,42 @@ def run_exactness(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------------------------
+# gper bench checkpoint
+
+
+def add_checkpoint_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", help="cuda, cuda:1 or cpu (default: cuda when available)")
+    p.add_argument(
+        "--capacities",
+        nargs="+",
+        default=None,
+        help="log2 sizes (or 2^k, or slot counts above 40); default CUDA: 20 25, CPU: 16 20",
+    )
+    p.add_argument("--folder", default="bench-checkpoint-files", help="where to write the files (deleted after)")
+    p.add_argument("--no-torch-save", action="store_true", help="do not time torch.save / torch.load for comparison")
+    p.add_argument("--out", default=str(DEFAULT_OUT), help=OUT_HELP)
+
+
+def run_checkpoint(args: argparse.Namespace) -> int:
+    from gper.bench.buffer_files import CheckpointBenchConfig, run_checkpoint_bench
+
+    prog = "gper bench checkpoint"
+    device = _device(args.device, prog)
+    default = (20, 25) if device.type == "cuda" else (16, 20)
+    capacities = parse_sizes(args.capacities, 40) if args.capacities else [2**k for k in default]
+    cfg = CheckpointBenchConfig(
+        capacities=capacities,
+        device=device,
+        folder=Path(args.folder),
+        out=Path(args.out),
+        torch_save=not args.no_torch_save,
+        command=getattr(args, "command_line", ""),
+    )
+    run_checkpoint_bench(cfg)
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------
 # dispatch
 
 _PARTS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
@@ -386,6 +424,7 @@ _PARTS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[arg
     "peers": (add_peers_arguments, run_peers),
     "exactness": (add_exactness_arguments, run_exactness),
     "train-step": (add_train_arguments, run_train),
+    "checkpoint": (add_checkpoint_arguments, run_checkpoint),
 }
 
 

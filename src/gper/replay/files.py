@@ -125,7 +125,12 @@ def write_tensors(
 
 
 class TensorFile:
-    """A safetensors file opened for reading (by the safetensors library, memory-mapped).
+    """A safetensors file opened for reading.
+
+    The safetensors library opens it (checking its header against the file's size) and reads the
+    small tensors; :meth:`copy_into` reads a large one a chunk at a time with plain reads into one
+    reused host buffer, so a load's host memory is one chunk (a memory map would count the whole
+    file as resident as it is read).
 
     Raises:
         ValueError: the file is missing, truncated or not a gper buffer file (the message names it).
@@ -135,19 +140,21 @@ class TensorFile:
         try:
             from safetensors import SafetensorError, safe_open
         except ImportError as err:  # a core dependency: only a broken install lacks it
-            raise ImportError(
-                "gper: reading buffer files needs the safetensors package: pip install safetensors"
-            ) from err
+            msg = "gper: reading buffer files needs the safetensors package: pip install safetensors"
+            raise ImportError(msg) from err
         self.path = Path(path)
         try:
             self._file = safe_open(str(self.path), framework="pt", device="cpu")
             meta = self._file.metadata() or {}
-        except (SafetensorError, OSError) as err:
+            with open(self.path, "rb") as f:
+                n = int.from_bytes(f.read(8), "little")
+                self._header = json.loads(f.read(n))
+            self._data_start = 8 + n
+        except (SafetensorError, OSError, ValueError) as err:
             raise ValueError(f"{self.path}: not a readable buffer file ({err})") from err
         if meta.get("format") != FORMAT:
-            raise ValueError(
-                f"{self.path}: not a gper buffer file (format {meta.get('format')!r}, expected {FORMAT!r})"
-            )
+            got = meta.get("format")
+            raise ValueError(f"{self.path}: not a gper buffer file (format {got!r}, expected {FORMAT!r})")
         try:
             self.metadata: dict[str, Any] = json.loads(meta["gper"])
         except (KeyError, json.JSONDecodeError) as err:
@@ -156,7 +163,7 @@ class TensorFile:
     def keys(self) -> list[str]:
         return list(self._file.keys())
 
-    def meta(self, name: str) -> tuple[torch.Size, torch.dtype]:
+    def meta(self, name: str) -> tuple[torch.Size, torch.dtype | None]:
         """(shape, dtype) of tensor ``name`` without reading it."""
         s = self._file.get_slice(name)
         dtype = {v: k for k, v in _DTYPES.items()}.get(s.get_dtype())
@@ -167,9 +174,17 @@ class TensorFile:
         return self._file.get_tensor(name)
 
     def copy_into(self, name: str, dst: torch.Tensor) -> None:
-        """Copy tensor ``name`` into ``dst`` (same shape and dtype, at least 1-D) a chunk of rows at a time."""
-        s = self._file.get_slice(name)
-        step = max(1, CHUNK_BYTES // max(1, dst[0].numel() * dst.element_size()))
-        for lo in range(0, dst.shape[0], step):
-            hi = min(dst.shape[0], lo + step)
-            dst[lo:hi].copy_(s[lo:hi])
+        """Copy tensor ``name`` into contiguous ``dst`` (same shape and dtype) a chunk at a time."""
+        begin, end = self._header[name]["data_offsets"]
+        flat = _as_bytes(dst) if dst.is_contiguous() else None
+        if flat is None or flat.data_ptr() != dst.data_ptr() or flat.numel() != end - begin:
+            raise ValueError(f"copy_into({name!r}): needs a contiguous tensor of {end - begin} bytes")
+        buf = torch.empty(min(CHUNK_BYTES, end - begin), dtype=torch.uint8)
+        view = memoryview(buf.numpy())
+        with open(self.path, "rb") as f:
+            f.seek(self._data_start + begin)
+            for lo in range(0, end - begin, CHUNK_BYTES):
+                n = min(CHUNK_BYTES, end - begin - lo)
+                if f.readinto(view[:n]) != n:
+                    raise ValueError(f"{self.path}: ends inside tensor {name!r}")
+                flat[lo : lo + n].copy_(buf[:n])
