@@ -190,6 +190,7 @@ def test_exactness_flags():
         (["bench", "train-step", "--help"], ["--hidden", "--precisions", "--steps"]),
         (["bench", "peers", "--help"], ["--peers", "--max-fill-s", "--deadline-s", "--threads", "--no-plot"]),
         (["bench", "exactness", "--help"], ["--reach-log2", "--tiny-draws", "--budget-s", "--checks"]),
+        (["bench", "checkpoint", "--help"], ["--capacities", "--folder", "--no-torch-save"]),
         (["--help"], ["train", "bench"]),
     ],
 )
@@ -226,3 +227,15 @@ def test_bench_replay_quick_writes_files(tmp_path):
     ]
     md = csv_path.with_suffix(".md").read_text()
     assert "Command: `gper bench replay --device cpu --quick" in md
+
+
+def test_bench_checkpoint_saves_loads_and_writes_its_table(tmp_path, capsys):
+    """A small run on the CPU: every row, the files, and the loaded buffer checked against the saved one."""
+    argv = ["bench", "checkpoint", "--device", "cpu", "--capacities", "10", "--folder", str(tmp_path / "f")]
+    assert main([*argv, "--out", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    for op in ("save", "load (page cache)", "load (cold)", "torch.save(state_dict)", "torch.load (cold)"):
+        assert op in out, op
+    (csv,) = (tmp_path / "r").glob("checkpoint-cpu-*.csv")
+    assert len(csv.read_text().splitlines()) == 6
+    assert not list((tmp_path / "f").iterdir()), "the files are deleted after"
