@@ -382,8 +382,13 @@ class PrioritizedReplayBuffer:
             if name not in f.keys():
                 raise ValueError(f"load(): {path} has no tensor {name!r}")
             shape, dtype = f.meta(name)
-            # the rows are only read into place, after every check: stand-ins carry their shape
-            state[name] = torch.empty(shape, dtype=dtype, device="meta") if name == "rows" else f.read(name)
+            if name == "rows" or (shape, dtype) != (mine[name].shape, mine[name].dtype):
+                # a stand-in carries the shape: the rows are read into place only after every
+                # check, and a tensor of the wrong shape is refused by them
+                state[name] = torch.empty(shape, dtype=dtype, device="meta")
+            else:  # read to the device a chunk at a time: the checks run there
+                state[name] = torch.empty(shape, dtype=dtype, device=self.device)
+                f.copy_into(name, state[name])
         self._restore(state, lambda rows: f.copy_into("rows", rows), json_config=True)
 
     def _restore(

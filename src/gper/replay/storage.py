@@ -208,8 +208,16 @@ class RowStorage:
         """``values`` as :meth:`write` may take them: detached from autograd (the storage must not
         join the caller's graph, nor keep its tensors alive), and cloned where they are views of
         this storage (a slice of the buffer's own rows would be overwritten while it is read)."""
-        own = self.rows.untyped_storage().data_ptr()
-        return tuple(x.detach().clone() if x.untyped_storage().data_ptr() == own else x.detach() for x in values)
+        lo = self.rows.data_ptr()
+        hi = lo + self.rows.numel()
+        out = []
+        for x in values:  # a few host operations per field: add is on the hot path
+            if x.requires_grad:
+                x = x.detach()
+            if lo <= x.data_ptr() < hi:  # a view into this storage
+                x = x.clone()
+            out.append(x)
+        return tuple(out)
 
     def write(self, positions: torch.Tensor, values: tuple[torch.Tensor, ...]) -> None:
         """Write ``values`` (one tensor per field, in :attr:`names` order) into rows ``positions``.
