@@ -270,12 +270,13 @@ class Agent:
 
     # ---- checkpoint
 
-    def state_dict(self) -> dict[str, Any]:
-        return {
+    def state_dict(self, *, replay: bool = True) -> dict[str, Any]:
+        """Networks, optimizer, counters, sums, beta, episodes, observations, the environment's
+        state and, with ``replay``, the replay buffer's (the tensors themselves, not copies)."""
+        state = {
             "qnet": self.qnet.state_dict(),
             "target": self.target.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "replay": self.rb.state_dict(),
             "counters": self.counters,
             "sums": self.sums,
             "beta": self.beta_t,
@@ -283,15 +284,28 @@ class Agent:
             "obs": self.obs,
             "env": self.env.state_dict(),
         }
+        if replay:
+            state["replay"] = self.rb.state_dict()
+        return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], *, replay: bool = True) -> None:
+        """Restore :meth:`state_dict` in place (with ``replay``, the replay buffer too).
+
+        An environment that keeps no state (``state_dict()`` empty, such as ``gym:<ID>``) cannot
+        continue its episodes: they start afresh from the observations of its reset, and the
+        running returns of the episodes that were in flight are dropped."""
         self.qnet.load_state_dict(state["qnet"])
         self.target.load_state_dict(state["target"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.rb.load_state_dict(state["replay"])
+        if replay:
+            self.rb.load_state_dict(state["replay"])
         self.counters.copy_(state["counters"])
         self.sums.copy_(state["sums"])
         self.beta_t.copy_(state["beta"])
         self.episodes.load_state_dict(state["episodes"])
-        self.obs.copy_(state["obs"])
-        self.env.load_state_dict(state["env"])
+        if state["env"]:
+            self.env.load_state_dict(state["env"])
+            self.obs.copy_(state["obs"])
+        else:
+            self.episodes.returns.zero_()
+            self.episodes.lengths.zero_()
