@@ -79,16 +79,15 @@ class Config:
     run_name: str | None = None
     """the run's folder name (default: <env>__s<seed>__<time>)"""
     save: bool = True
-    """write checkpoints to <run folder>/checkpoints/step-<env step>/: every checkpoint_every epochs,
-    at the end, and on SIGINT or SIGTERM (then the run stops; resume it with --resume); False: none"""
+    """write checkpoints to <run folder>/checkpoints/: every checkpoint_every epochs, at the end, on SIGINT/SIGTERM"""
     checkpoint_every: int = 10
-    """epochs between checkpoints (0: only at the end and on SIGINT or SIGTERM)"""
+    """epochs between checkpoints (0: only at the end and on SIGINT/SIGTERM, which then stop the run)"""
     keep_checkpoints: int = 2
     """checkpoints kept in the run folder; an older one is deleted only once a newer one is complete"""
     resume: str | None = None
-    """continue from a run folder (its newest checkpoint) or a checkpoint directory, in that run folder
-    unless run_name is given; flags not given keep the checkpoint's settings; total_steps (train on up
-    to it) and learning_rate may change, settings that change shapes or the method may not"""
+    """continue a run folder (from its newest checkpoint) or a checkpoint directory;
+    in that run folder unless run_name is given; flags not given keep the checkpoint's settings;
+    total_steps and learning_rate may change, settings that change shapes or the method may not"""
     progress: bool = True
     """show a progress bar"""
     solve_return: float | None = None
