@@ -216,7 +216,7 @@ DAMAGE = {
     "code in trainer": (
         "trainer.pt",
         lambda p: torch.save({"agent": _Opaque()}, p),
-        "trainer.pt: cannot be read: holds test_checkpoints._Opaque, more than tensors and plain containers",
+        f"trainer.pt: cannot be read: holds {__name__}._Opaque, more than tensors and plain containers",
     ),
     "not a trainer": ("trainer.pt", lambda p: torch.save([1, 2], p), "trainer.pt: holds a list, not a trainer"),
 }
