@@ -20,6 +20,7 @@ from gper.training.runlog import read_metrics
 from helpers import run_checkpoint
 
 QUIET = dict(log=lambda _: None)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _steps(folder) -> list[int]:
