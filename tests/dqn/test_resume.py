@@ -4,6 +4,7 @@ damaged checkpoints. The subprocess tests (signals, SIGKILL) are in ``test_crash
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import shutil
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from gper.cli import main
-from gper.dqn import Config, loop, train
+from gper.dqn import Config, loop, setup, train
 from gper.dqn.checkpoint import fixed_settings, stored_config
 from gper.training.checkpoints import CheckpointError, list_checkpoints, step_of
 from gper.training.runlog import read_metrics
@@ -189,6 +190,27 @@ def test_the_command_resumes_with_the_checkpoints_settings(run, tmp_path, capsys
     assert main(["train", "--resume", str(folder), "--seed", "6"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "seed 6 (checkpoint: 5)" in err
+
+
+def test_adam_keeps_its_own_device_flags_when_loading_another_devices_state(smoke):
+    """A CUDA agent's Adam is capturable and fused; its state loads into a CPU agent, which keeps
+    its own flags and CPU step counts (and the other way round, the same code moves them)."""
+    _, agent, _ = setup(Config(**smoke), log=lambda _: None)
+    for _ in range(60):
+        agent.collect.run()
+    for _ in range(3):
+        agent.learn.run()
+    state = agent.state_dict()
+    state["optimizer"] = copy.deepcopy(state["optimizer"])
+    for group in state["optimizer"]["param_groups"]:
+        group.update(capturable=True, fused=True)
+    _, other, _ = setup(Config(**smoke), log=lambda _: None)
+    other.load_state_dict(state)
+    group = other.optimizer.param_groups[0]
+    assert group["capturable"] is False and group["fused"] is None
+    assert all(s["step"].device.type == "cpu" and s["step"].item() == 3 for s in other.optimizer.state.values())
+    other.learn.run()
+    assert all(s["step"].item() == 4 for s in other.optimizer.state.values())
 
 
 def test_a_new_run_does_not_write_into_a_folder_with_checkpoints(run, tmp_path):

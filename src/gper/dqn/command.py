@@ -70,6 +70,6 @@ def main(argv: list[str]) -> int:
 
 def _resume_flag(argv: list[str]) -> str | None:
     """The value of ``--resume`` in ``argv``, read before tyro parses the rest."""
-    parser = argparse.ArgumentParser(add_help=False)
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--resume")
     return parser.parse_known_args(argv)[0].resume
