@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 import gper
+from helpers import run_checkpoint
 
 DATA = Path(__file__).parent / "data"
 SPEC = {"obs": ((3,), torch.float32), "action": ((), torch.int64), "done": ((), torch.bool)}
@@ -114,11 +115,10 @@ def training_scenario(device: str) -> dict[str, torch.Tensor]:
                     run_name="golden",
                 )
                 train(cfg, log=lambda _line: None)
-                state = torch.load(Path(tmp) / "golden" / "checkpoint.pt", map_location="cpu", weights_only=True)
-                agent = state["agent"]
+                trainer, replay = run_checkpoint(Path(tmp) / "golden")
+                agent = trainer["agent"]
                 for name, value in agent["qnet"].items():
                     out[f"{env}/qnet/{name}"] = value.clone()
-                replay = agent["replay"]
                 out[f"{env}/replay/tree"] = replay["tree"].clone()
                 out[f"{env}/replay/counters"] = replay["counters"].clone()
                 out[f"{env}/counters"] = agent["counters"].clone()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+from pathlib import Path
 
 import torch
 
@@ -15,6 +16,7 @@ from gper._triton import HAS_TRITON
 from gper.ops import reference
 from gper.ops.state import C_TICKET, N_COUNTERS
 from gper.replay.tree import PriorityTree
+from gper.training.checkpoints import list_checkpoints
 
 #: the Triton kernels can run here on CPU tensors (conftest switches the interpreter on without CUDA)
 TRITON_ON_CPU = HAS_TRITON and os.environ.get("TRITON_INTERPRET") == "1"
@@ -301,3 +303,10 @@ def filled_wide_buffer(capacity: int, device: torch.device | str = "cuda", **kw)
     for start in range(0, capacity, chunk):
         rb.add(wide_transitions(min(chunk, capacity - start), device))
     return rb
+
+
+def run_checkpoint(run_folder: str | Path) -> tuple[dict, dict]:
+    """(trainer.pt, replay.pt) of the newest complete checkpoint of a ``gper train`` run folder, on the CPU."""
+    path = list_checkpoints(Path(run_folder) / "checkpoints")[-1]
+    trainer = torch.load(path / "trainer.pt", map_location="cpu", weights_only=True)
+    return trainer, torch.load(path / "replay.pt", map_location="cpu", weights_only=True)

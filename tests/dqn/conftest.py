@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 
 @pytest.fixture
@@ -19,3 +20,13 @@ def smoke() -> dict:
         hidden=(16,),
         progress=False,
     )
+
+
+@pytest.fixture
+def one_thread():
+    """torch on one CPU thread for the test: the tiny networks of these runs gain nothing from more,
+    and lose much when the cores are shared with other work (threads wait for each other)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -14,6 +14,7 @@ import torch
 from gper.dqn import Config, setup, train
 from gper.training.runlog import read_metrics
 from gper.training.timing import PhaseTimer
+from helpers import run_checkpoint
 
 SMALL = dict(device="cuda", total_steps=20_000, learning_starts=512, batch_size=256, buffer_size=4096, progress=False)
 
@@ -30,8 +31,11 @@ def test_smoke_training_writes_the_run_folder(tmp_path, smoke):
     assert set(results.phase_ms) == {"collect", "per_sample", "upload", "fwd_bwd", "adam", "per_update"}
     assert any("no CUDA GPU" in line for line in lines)
     assert sum(bool(re.match(r"CPU phase timing \(\d+ batches avg\): per_sample=", line)) for line in lines) == 2
-    for name in ("config.json", "metrics.jsonl", "summary.json", "plot.png", "checkpoint.pt"):
+    for name in ("config.json", "metrics.jsonl", "summary.json", "plot.png"):
         assert (folder / name).exists(), name
+    last = folder / "checkpoints" / "step-000000000600"  # the end's; with 3 epochs no periodic one is due
+    assert [p.name for p in (folder / "checkpoints").iterdir()] == [last.name]
+    assert sorted(p.name for p in last.iterdir()) == ["replay.pt", "trainer.pt"]
     rows = read_metrics(folder / "metrics.jsonl")
     assert any("charts/episodic_return" in r for r in rows)
     assert any("losses/td_loss" in r and "charts/SPS" in r for r in rows)
@@ -40,23 +44,22 @@ def test_smoke_training_writes_the_run_folder(tmp_path, smoke):
 
 def test_resume_continues_from_the_checkpoint(tmp_path, smoke):
     first = train(Config(**smoke, run_dir=str(tmp_path), run_name="a"), log=lambda _: None)
-    ckpt = tmp_path / "a" / "checkpoint.pt"
     resumed = train(
-        Config(**{**smoke, "total_steps": 1000}, run_dir=str(tmp_path), run_name="b", resume=str(ckpt)),
+        Config(**{**smoke, "total_steps": 1000}, run_dir=str(tmp_path), run_name="b", resume=str(tmp_path / "a")),
         log=lambda _: None,
     )
     assert resumed.env_steps == 1000 and resumed.train_steps == 200
     assert resumed.episodes > first.episodes  # the episode history came along
-    state = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=True)
-    assert state["agent"]["counters"].tolist() == [1000.0, 200.0]
+    trainer, _ = run_checkpoint(tmp_path / "b")
+    assert trainer["agent"]["counters"].tolist() == [1000.0, 200.0]
 
 
 def test_prioritized_and_uniform_draw_different_batches(tmp_path, smoke):
     a = train(Config(**smoke, run_dir=str(tmp_path), run_name="p"), log=lambda _: None)
     b = train(Config(**smoke, run_dir=str(tmp_path), run_name="u", sampling="uniform"), log=lambda _: None)
     assert a.env_steps == b.env_steps
-    pa = torch.load(tmp_path / "p" / "checkpoint.pt", weights_only=True)["agent"]["qnet"]
-    pb = torch.load(tmp_path / "u" / "checkpoint.pt", weights_only=True)["agent"]["qnet"]
+    pa = run_checkpoint(tmp_path / "p")[0]["agent"]["qnet"]
+    pb = run_checkpoint(tmp_path / "u")[0]["agent"]["qnet"]
     assert any(not torch.equal(pa[k], pb[k]) for k in pa)
 
 
@@ -70,8 +73,8 @@ def test_same_seed_same_run(tmp_path, smoke):
     a = train(Config(**smoke, run_dir=str(tmp_path), run_name="x"), log=lambda _: None)
     b = train(Config(**smoke, run_dir=str(tmp_path), run_name="y"), log=lambda _: None)
     assert a.mean_return_last100 == b.mean_return_last100
-    pa = torch.load(tmp_path / "x" / "checkpoint.pt", weights_only=True)["agent"]["qnet"]
-    pb = torch.load(tmp_path / "y" / "checkpoint.pt", weights_only=True)["agent"]["qnet"]
+    pa = run_checkpoint(tmp_path / "x")[0]["agent"]["qnet"]
+    pb = run_checkpoint(tmp_path / "y")[0]["agent"]["qnet"]
     assert all(torch.equal(pa[k], pb[k]) for k in pa)
 
 

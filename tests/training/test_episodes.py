@@ -49,3 +49,12 @@ def test_episode_tracker_reports_lost_episodes():
         tracker.record(torch.ones(4, dtype=torch.float64), torch.ones(4, dtype=torch.bool), torch.tensor(1.0))
     rows, lost = tracker.drain(_host(tracker))
     assert lost == 8 and len(rows) == 4
+
+
+def test_a_restored_tracker_still_drains_the_episodes_it_had_not_reported():
+    tracker = EpisodeTracker(2, CPU, ring=8)
+    tracker.record(torch.tensor([1.0, 2.0], dtype=torch.float64), torch.tensor([True, False]), torch.tensor(2.0))
+    tracker.record(torch.tensor([1.0, 2.0], dtype=torch.float64), torch.tensor([False, True]), torch.tensor(4.0))
+    copy = EpisodeTracker(2, CPU, ring=8)
+    copy.load_state_dict({k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in tracker.state_dict().items()})
+    assert copy.drain(_host(copy)) == tracker.drain(_host(tracker)) == ([(1.0, 1, 2), (4.0, 2, 4)], 0)

@@ -15,3 +15,24 @@ def test_runlog_writes_jsonl_and_plot(tmp_path):
     assert len(rows) == 151 and rows[-1]["losses/td_loss"] is None
     png = plot_run(log.metrics_path, tmp_path / "run" / "plot.png", title="t")
     assert png is not None and png.stat().st_size > 1000
+
+
+def test_a_resumed_runlog_drops_the_records_after_its_checkpoint(tmp_path):
+    log = RunLog(tmp_path)
+    log.log(10, **{"charts/SPS": 1.0})
+    at_checkpoint = log.metrics_bytes()
+    log.log(20, **{"charts/SPS": 2.0})  # written by a run that then died before its next checkpoint
+    log.close()
+    log = RunLog(tmp_path, metrics_bytes=at_checkpoint)
+    log.log(20, **{"charts/SPS": 3.0})
+    log.close()
+    assert [r["charts/SPS"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1.0, 3.0]
+
+
+def test_write_json_replaces_the_file_whole(tmp_path):
+    log = RunLog(tmp_path)
+    log.write_json("config.json", {"a": 1})
+    log.write_json("config.json", {"a": 2})
+    log.close()
+    assert (tmp_path / "config.json").read_text() == '{\n  "a": 2\n}\n'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "metrics.jsonl"]

@@ -62,6 +62,9 @@ class LearnState:
     """fwd_bwd: the online network's gradients, which adam reads"""
 
 
+#: Adam's settings that follow the device rather than the checkpoint (see Agent.load_state_dict)
+_DEVICE_FLAGS = ("capturable", "fused", "foreach")
+
 #: slots of :attr:`Agent.sums`, the float64 sums over training steps that fwd_bwd adds to
 SUM_LOSS, SUM_Q, SUM_ABS_TD = 0, 1, 2
 N_SUMS = 3
@@ -270,12 +273,13 @@ class Agent:
 
     # ---- checkpoint
 
-    def state_dict(self) -> dict[str, Any]:
-        return {
+    def state_dict(self, *, replay: bool = True) -> dict[str, Any]:
+        """Networks, optimizer, counters, sums, beta, episodes, observations, the environment's
+        state and, with ``replay``, the replay buffer's (the tensors themselves, not copies)."""
+        state = {
             "qnet": self.qnet.state_dict(),
             "target": self.target.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "replay": self.rb.state_dict(),
             "counters": self.counters,
             "sums": self.sums,
             "beta": self.beta_t,
@@ -283,15 +287,44 @@ class Agent:
             "obs": self.obs,
             "env": self.env.state_dict(),
         }
+        if replay:
+            state["replay"] = self.rb.state_dict()
+        return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], *, replay: bool = True) -> None:
+        """Restore :meth:`state_dict` in place (with ``replay``, the replay buffer too).
+
+        An environment that keeps no state (``state_dict()`` empty, such as ``gym:<ID>``) cannot
+        continue its episodes: they start afresh from the observations of its reset, and the
+        running returns of the episodes that were in flight are dropped. Adam keeps this agent's
+        device-dependent flags (capturable, fused, foreach), so a state saved on another device loads."""
         self.qnet.load_state_dict(state["qnet"])
         self.target.load_state_dict(state["target"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.rb.load_state_dict(state["replay"])
+        self._load_optimizer(state["optimizer"])
+        if replay:
+            self.rb.load_state_dict(state["replay"])
         self.counters.copy_(state["counters"])
         self.sums.copy_(state["sums"])
         self.beta_t.copy_(state["beta"])
         self.episodes.load_state_dict(state["episodes"])
-        self.obs.copy_(state["obs"])
-        self.env.load_state_dict(state["env"])
+        if state["env"]:
+            self.env.load_state_dict(state["env"])
+            self.obs.copy_(state["obs"])
+        else:
+            self.episodes.returns.zero_()
+            self.episodes.lengths.zero_()
+
+    def _load_optimizer(self, state: dict[str, Any]) -> None:
+        # Adam's implementation flags depend on the device (capturable and fused on CUDA), so they
+        # stay this agent's when the state comes from another device; a capturable or fused Adam
+        # keeps its step counts on the parameters' device
+        own = [{k: g[k] for k in _DEVICE_FLAGS if k in g} for g in self.optimizer.param_groups]
+        self.optimizer.load_state_dict(state)
+        for group, flags in zip(self.optimizer.param_groups, own, strict=True):
+            group.update(flags)
+            on_device = group.get("capturable") or group.get("fused")
+            for param in group["params"]:
+                step = self.optimizer.state.get(param, {}).get("step")
+                if isinstance(step, torch.Tensor):
+                    device = param.device if on_device else torch.device("cpu")
+                    self.optimizer.state[param]["step"] = step.to(device, torch.float32)

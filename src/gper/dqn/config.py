@@ -80,9 +80,15 @@ class Config:
     run_name: str | None = None
     """the run's folder name (default: <env>__s<seed>__<time>)"""
     save: bool = True
-    """write checkpoint.pt (network, optimizer, replay, counters) at the end"""
+    """write checkpoints to <run folder>/checkpoints/: every checkpoint_every epochs, at the end, on SIGINT/SIGTERM"""
+    checkpoint_every: int = 10
+    """epochs between checkpoints (0: only at the end and on SIGINT/SIGTERM, which then stop the run)"""
+    keep_checkpoints: int = 2
+    """checkpoints kept in the run folder; an older one is deleted only once a newer one is complete"""
     resume: str | None = None
-    """checkpoint.pt to continue from (same settings); trains on up to total_steps"""
+    """continue a run folder (from its newest checkpoint) or a checkpoint directory;
+    in that run folder unless run_name is given; flags not given keep the checkpoint's settings;
+    total_steps and learning_rate may change, settings that change shapes or the method may not"""
     progress: bool = True
     """show a progress bar"""
     solve_return: float | None = None
@@ -224,3 +230,7 @@ def _check(cfg: Config) -> None:
         raise ValueError(f"learning_starts ({cfg.learning_starts}) must be >= batch_size ({cfg.batch_size})")
     if cfg.time_every < 0:
         raise ValueError(f"time_every must be >= 0, got {cfg.time_every}")
+    if not isinstance(cfg.checkpoint_every, int) or cfg.checkpoint_every < 0:
+        raise ValueError(f"checkpoint_every must be an integer >= 0, got {cfg.checkpoint_every!r}")
+    if not isinstance(cfg.keep_checkpoints, int) or cfg.keep_checkpoints < 1:
+        raise ValueError(f"keep_checkpoints must be an integer >= 1, got {cfg.keep_checkpoints!r}")

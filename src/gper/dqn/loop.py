@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -11,14 +12,18 @@ from typing import Any
 import torch
 
 import gper
+from gper.dqn import checkpoint
 from gper.dqn._extra import INSTALL, require
 from gper.dqn.agent import Agent
+from gper.dqn.checkpoint import Checkpoint
 from gper.dqn.config import Config, pick_device, resolve
 from gper.dqn.network import padded_width, replay_spec
 from gper.dqn.report import Results, RunReport
 from gper.envs import VecEnv, make_env
+from gper.training.checkpoints import list_checkpoints, remove_temporaries
 from gper.training.readback import AsyncReadback
 from gper.training.runlog import RunLog, plot_run
+from gper.training.signals import StopSignals
 from gper.training.timing import PhaseTimer
 
 
@@ -104,51 +109,93 @@ def train(config: Config, log: Any = print) -> Results:
     """Train a DQN agent as ``config`` says; write the run folder; return the :class:`Results`.
 
     ``log`` receives the human-readable lines (the progress bar's ``write`` in the command).
+
+    With ``save``, checkpoints go to the run folder's ``checkpoints/`` (:mod:`gper.dqn.checkpoint`)
+    every ``checkpoint_every`` epochs and at the end; while it trains, SIGINT or SIGTERM makes it
+    finish the collection iteration in progress, write a checkpoint and raise ``KeyboardInterrupt``
+    (SIGINT) or ``SystemExit(143)`` (SIGTERM). With ``resume``, it continues from a checkpoint.
+
+    Raises:
+        ValueError: bad settings, settings a resume may not change, or a damaged checkpoint
+            (:class:`~gper.training.checkpoints.CheckpointError`); each a one-line message.
     """
     # the bar's package is checked first, before anything is built
     tqdm = require("tqdm.auto", "the progress bar", "or progress=False").tqdm if config.progress else None
+    resume = checkpoint.read(config.resume) if config.resume else None
     cfg, agent, notes = setup(config, log)
-    runlog = _open_run_folder(cfg, agent.device)
-    start_it, returns = _resume(cfg, agent, log)
-    iterations = collect_iterations(cfg)
-    report = RunReport(cfg, agent.device, runlog, returns, log)
-    train_steps, wall = _run_epochs(cfg, agent, report, start_it, iterations, tqdm)
-    # the end of the run: checkpoint, market evaluation, summary.json, plot
-    if cfg.save:
-        _save_checkpoint(cfg, agent, runlog, iterations, report.returns)
-    evaluation = _evaluate(cfg, agent, log) if cfg.env == "market" else None
-    results = report.results(iterations * cfg.num_envs, train_steps, wall, evaluation, notes)
-    runlog.write_json("summary.json", dataclasses.asdict(results))
-    runlog.close()
+    if resume is not None:
+        checkpoint.check_settings(cfg, resume)
+        checkpoint.restore(agent, resume)
+    runlog = _open_run_folder(cfg, agent.device, resume, log)
+    try:
+        start_it = 0 if resume is None else resume.iteration
+        returns = [] if resume is None else [float(r) for r in resume.state["returns"]]
+        iterations = collect_iterations(cfg)
+        report = RunReport(cfg, agent.device, runlog, returns, log)
+        report_state = None if resume is None else resume.state["report"]
+        with StopSignals() if cfg.save else contextlib.nullcontext() as stop:
+            train_steps, wall = _run_epochs(cfg, agent, report, start_it, iterations, tqdm, runlog, stop, report_state)
+            # the end of the run: checkpoint, market evaluation, summary.json, plot
+            if cfg.save:
+                path = checkpoint.save(agent, iterations, report, runlog)
+                if stop.requested:
+                    _stop(stop, path, runlog, log)
+        evaluation = _evaluate(cfg, agent, log) if cfg.env == "market" else None
+        results = report.results(iterations * cfg.num_envs, train_steps, wall, evaluation, notes)
+        runlog.write_json("summary.json", dataclasses.asdict(results))
+    finally:
+        runlog.close()
     if plot_run(runlog.metrics_path, runlog.folder / "plot.png", title=cfg.env) is None:
         log(f"gper train: no plot.png: the plot needs matplotlib: {INSTALL}")
     return results
 
 
-def _open_run_folder(cfg: Config, device: torch.device) -> RunLog:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    run_name = cfg.run_name or f"{cfg.env.replace(':', '_').replace('/', '_')}__s{cfg.seed}__{stamp}"
-    runlog = RunLog(Path(cfg.run_dir) / run_name)
+def _open_run_folder(cfg: Config, device: torch.device, resume: Checkpoint | None, log: Any) -> RunLog:
+    """The run's folder: a resumed run continues in its checkpoint's unless ``run_name`` is given
+    (``metrics.jsonl`` cut back to what it held at the checkpoint, the directories of checkpoint
+    writes that never finished deleted); any other run's must hold no checkpoints."""
+    if resume is not None and resume.run_folder is not None and cfg.run_name is None:
+        folder = resume.run_folder
+    else:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        run_name = cfg.run_name or f"{cfg.env.replace(':', '_').replace('/', '_')}__s{cfg.seed}__{stamp}"
+        folder = Path(cfg.run_dir) / run_name
+    continues = resume is not None and resume.run_folder is not None and _same(folder, resume.run_folder)
+    if continues:
+        for path in remove_temporaries(folder / checkpoint.CHECKPOINTS):
+            log(f"gper train: removed {path}, a checkpoint whose writing never finished")
+    elif list_checkpoints(folder / checkpoint.CHECKPOINTS):
+        raise ValueError(f"{folder} holds the checkpoints of another run: resume it, or give another run_name")
+    runlog = RunLog(folder, metrics_bytes=resume.state["metrics_bytes"] if continues else None)
+    if resume is not None:
+        log(f"gper train: resumed from {resume.path} at env step {resume.iteration * cfg.num_envs}")
     runlog.write_json("config.json", {**dataclasses.asdict(cfg), "device": str(device), "gper": gper.__version__})
     return runlog
 
 
-def _resume(cfg: Config, agent: Agent, log: Any) -> tuple[int, list[float]]:
-    """(the collection iteration to start at, the returns of the episodes finished before it)."""
-    if not cfg.resume:
-        return 0, []
-    state = torch.load(cfg.resume, map_location=agent.device, weights_only=True)
-    agent.load_state_dict(state["agent"])
-    start_it = int(state["iteration"])
-    log(f"gper train: resumed from {cfg.resume} at env step {start_it * cfg.num_envs}")
-    return start_it, list(state["returns"])
+def _same(a: Path, b: Path) -> bool:
+    return a.exists() and b.exists() and a.samefile(b)
 
 
 def _run_epochs(
-    cfg: Config, agent: Agent, report: RunReport, start_it: int, iterations: int, tqdm: Any
+    cfg: Config,
+    agent: Agent,
+    report: RunReport,
+    start_it: int,
+    iterations: int,
+    tqdm: Any,
+    runlog: RunLog,
+    stop: StopSignals | None,
+    report_state: dict[str, Any] | None,
 ) -> tuple[int, float]:
     """Collection iterations ``start_it`` to ``iterations``, in epochs of ``epoch_steps`` env steps,
-    with a progress bar when ``tqdm`` (the class) is given; return (training steps done, wall seconds)."""
+    with a progress bar when ``tqdm`` (the class) is given; return (training steps done, wall seconds).
+
+    Epochs end at multiples of ``epoch_steps`` counted from the run's start, so a run resumed from
+    any iteration ends its epochs (and re-sorts ranks) where the uninterrupted run does. With
+    ``stop`` (``cfg.save``), checkpoints are written every ``checkpoint_every`` epochs, and a stop
+    signal ends the loop after the iteration in progress, with a checkpoint.
+    """
     n = cfg.num_envs
     epoch_its = max(1, cfg.epoch_steps // n)
     timer = PhaseTimer(agent.device)
@@ -160,34 +207,53 @@ def _run_epochs(
     t0 = time.perf_counter()
     train_steps = train_steps_before(cfg, start_it)
     report.start(t0, agent.sums.cpu(), train_steps)
+    if report_state is not None:
+        report.load_state_dict(report_state)
     it = start_it
-    while it < iterations:
-        end = min(it + epoch_its, iterations)
-        for i in range(it, end):
-            if _step(cfg, agent, i, timer, train_steps):
-                train_steps += 1
-            if bar is not None and (i + 1) % 64 == 0:
-                bar.update(64 * n)
-        host, now = _sync(cfg, agent, readback)
-        episodes, lost = agent.episodes.drain(host)
-        metrics = report.end_epoch(
-            host,
-            episodes,
-            lost,
-            env_step=end * n,
-            iterations=end - it,
-            train_steps=train_steps,
-            epsilon=float(agent.epsilon(end * n)),
-            phases=timer.summary(),
-            now=now,
-        )
+    try:
+        while it < iterations:
+            end = min((it // epoch_its + 1) * epoch_its, iterations)
+            for i in range(it, end):
+                if _step(cfg, agent, i, timer, train_steps):
+                    train_steps += 1
+                if bar is not None and (i + 1) % 64 == 0:
+                    bar.update(64 * n)
+                if stop is not None and stop.requested and i + 1 < end:
+                    # a consistent point: the episodes not reported yet are in the checkpoint's ring
+                    _stop(stop, checkpoint.save(agent, i + 1, report, runlog), runlog, report.log)
+            host, now = _sync(cfg, agent, readback)
+            episodes, lost = agent.episodes.drain(host)
+            metrics = report.end_epoch(
+                host,
+                episodes,
+                lost,
+                env_step=end * n,
+                iterations=end - it,
+                train_steps=train_steps,
+                epsilon=float(agent.epsilon(end * n)),
+                phases=timer.summary(),
+                now=now,
+            )
+            if bar is not None:
+                bar.update(end * n - bar.n)
+                bar.set_postfix(ret=f"{metrics['charts/mean_return_last100']:.1f}", sps=f"{metrics['charts/SPS']:.0f}")
+            it = end
+            if stop is not None and it < iterations:
+                due = cfg.checkpoint_every > 0 and (it // epoch_its) % cfg.checkpoint_every == 0
+                if due or stop.requested:
+                    path = checkpoint.save(agent, it, report, runlog)
+                    if stop.requested:
+                        _stop(stop, path, runlog, report.log)
+    finally:
         if bar is not None:
-            bar.update(end * n - bar.n)
-            bar.set_postfix(ret=f"{metrics['charts/mean_return_last100']:.1f}", sps=f"{metrics['charts/SPS']:.0f}")
-        it = end
-    if bar is not None:
-        bar.close()
+            bar.close()
     return train_steps, time.perf_counter() - t0
+
+
+def _stop(stop: StopSignals, path: Path, runlog: RunLog, log: Any) -> None:
+    """After a stop signal: say where the checkpoint is, then raise what the signal calls for."""
+    log(f"gper train: {stop.name}: stopped after writing {path}; continue with --resume {runlog.folder}")
+    raise stop.exception()
 
 
 def _step(cfg: Config, agent: Agent, it: int, timer: PhaseTimer, train_steps: int) -> bool:
@@ -215,16 +281,6 @@ def _sync(cfg: Config, agent: Agent, readback: AsyncReadback) -> tuple[dict[str,
         agent.rb.stats()
         agent.rb.refresh_ranks()
     return host, now
-
-
-def _save_checkpoint(cfg: Config, agent: Agent, runlog: RunLog, iterations: int, returns: list[float]) -> None:
-    checkpoint = {
-        "agent": agent.state_dict(),
-        "iteration": iterations,
-        "returns": returns,
-        "config": dataclasses.asdict(cfg),
-    }
-    torch.save(checkpoint, runlog.folder / "checkpoint.pt")
 
 
 def _evaluate(cfg: Config, agent: Agent, log: Any) -> dict[str, float]:

@@ -84,6 +84,24 @@ class RunReport:
         self.t0 = self._t_epoch = t0
         self._sums, self._train_steps = sums, train_steps
 
+    def state_dict(self) -> dict[str, object]:
+        """What a resumed run needs to report as the uninterrupted run would: the best 100-episode
+        window, the solve point, and the sums and training steps where the current epoch began."""
+        return {
+            "best": self.best,
+            "solved_at": self.solved_at,
+            "epoch_sums": self._sums,
+            "epoch_train_steps": self._train_steps,
+        }
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        """Restore :meth:`state_dict` (after :meth:`start`, whose epoch start it replaces)."""
+        self.best = float(state["best"])
+        solved = state["solved_at"]
+        self.solved_at = None if solved is None else (int(solved[0]), float(solved[1]))
+        self._sums = state["epoch_sums"].clone()
+        self._train_steps = int(state["epoch_train_steps"])
+
     def end_epoch(
         self,
         host: dict[str, torch.Tensor],

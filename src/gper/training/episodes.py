@@ -62,10 +62,18 @@ class EpisodeTracker:
         return [(float(r[0]), int(r[1]), int(r[2])) for r in rows], lost
 
     def state_dict(self) -> dict[str, object]:
-        return {"returns": self.returns, "lengths": self.lengths, "count": self.count, "read": self._read}
+        """The running sums, the ring (episodes not drained yet included) and the counts."""
+        return {
+            "returns": self.returns,
+            "lengths": self.lengths,
+            "table": self.table,
+            "count": self.count,
+            "read": self._read,
+        }
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         self.returns.copy_(state["returns"])
         self.lengths.copy_(state["lengths"])
+        self.table.copy_(state["table"])
         self.count.copy_(state["count"])
         self._read = int(state["read"])

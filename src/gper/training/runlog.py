@@ -11,24 +11,43 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from gper.training.checkpoints import atomic_write
+
 
 class RunLog:
-    """Writes the files of one run under ``folder`` (created)."""
+    """Writes the files of one run under ``folder`` (created).
 
-    def __init__(self, folder: str | Path) -> None:
+    Args:
+        folder: the run folder.
+        metrics_bytes: continue a run from a checkpoint: cut ``metrics.jsonl`` back to the length
+            :meth:`metrics_bytes` returned when the checkpoint was written, dropping the records
+            of a run that went on past it, then append.
+    """
+
+    def __init__(self, folder: str | Path, metrics_bytes: int | None = None) -> None:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.folder / "metrics.jsonl"
+        if metrics_bytes is not None and self.metrics_path.exists():
+            if self.metrics_path.stat().st_size > metrics_bytes:
+                with self.metrics_path.open("r+b") as f:
+                    f.truncate(metrics_bytes)
         self._file = self.metrics_path.open("a", encoding="utf-8")
 
     def write_json(self, name: str, data: Mapping[str, Any]) -> Path:
-        path = self.folder / name
-        path.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
-        return path
+        """Write ``name`` in the run folder atomically: it holds the old content or the whole new one."""
+        text = json.dumps(data, indent=2, default=str) + "\n"
+        return atomic_write(self.folder / name, lambda path: path.write_text(text, encoding="utf-8"))
+
+    def metrics_bytes(self) -> int:
+        """Flush ``metrics.jsonl`` and return its length in bytes (what a checkpoint records)."""
+        self._file.flush()
+        return os.fstat(self._file.fileno()).st_size
 
     def log(self, global_step: int, **values: float) -> None:
         """One record; names may contain ``/`` (pass them with ``**{"charts/SPS": ...}``)."""

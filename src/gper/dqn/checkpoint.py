@@ -1,0 +1,303 @@
+"""The trainer's checkpoints: what ``gper train`` writes to ``<run folder>/checkpoints/step-<env step:012d>/``
+and what ``--resume`` reads back.
+
+A checkpoint directory holds two files, complete together or not at all
+(:func:`gper.training.checkpoints.write_checkpoint`):
+
+- ``trainer.pt``: everything but the replay buffer: the networks, optimizer, device counters,
+  loss sums, beta, episode records, observations and environment state (:meth:`Agent.state_dict`
+  without the replay), torch's random generator states, the collection iteration, the returns of
+  the episodes so far, the report's state, the length of ``metrics.jsonl``, the replay's counts
+  and the settings;
+- ``replay.pt``: the replay buffer (:func:`save_replay`, :func:`load_replay`).
+
+Both are read with ``torch.load(weights_only=True)``: tensors and plain containers, never code.
+With the same settings a resumed run computes what the uninterrupted run computes: on the CPU
+the same parameters bit for bit. A checkpoint that cannot be read, lacks a file or holds the
+wrong content is refused with a :class:`~gper.training.checkpoints.CheckpointError` naming the
+file and what is wrong.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import gper
+from gper.dqn.agent import Agent
+from gper.dqn.config import Config
+from gper.dqn.report import RunReport
+from gper.training.checkpoints import TEMP_PREFIX, CheckpointError, list_checkpoints, step_of, write_checkpoint
+from gper.training.runlog import RunLog
+
+#: the run folder's subfolder of checkpoints
+CHECKPOINTS = "checkpoints"
+TRAINER, REPLAY = "trainer.pt", "replay.pt"
+#: the layout of trainer.pt; a checkpoint of another one is refused
+FORMAT = 1
+
+#: settings a resumed run takes from its own configuration: it trains on up to ``total_steps``
+#: (epsilon and beta then follow the new length) with Adam at ``learning_rate``
+HONOURED = ("total_steps", "learning_rate")
+#: where the run computes and what it writes and shows: free to change on resume
+FREE = (
+    "device",
+    "backend",
+    "precision",
+    "cuda_graphs",
+    "time_every",
+    "epoch_steps",
+    "run_dir",
+    "run_name",
+    "save",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "resume",
+    "progress",
+    "solve_return",
+)
+#: the replay's counts that trainer.pt records, so a replay.pt of another step is refused
+REPLAY_COUNTS = ("size", "cursor", "rng_offset")
+
+
+def fixed_settings() -> tuple[str, ...]:
+    """The settings a resumed run must share with its checkpoint (they set shapes or the method)."""
+    return tuple(f.name for f in dataclasses.fields(Config) if f.name not in HONOURED + FREE)
+
+
+def save_replay(rb: gper.PrioritizedReplayBuffer, path: Path) -> None:
+    """Write the replay buffer ``rb`` to the file ``path``."""
+    torch.save(rb.state_dict(), path)
+
+
+def load_replay(rb: gper.PrioritizedReplayBuffer, path: Path) -> None:
+    """Restore the replay buffer ``rb`` from the file ``path`` that :func:`save_replay` wrote."""
+    rb.load_state_dict(torch.load(path, map_location=rb.device, weights_only=True))
+
+
+@dataclass
+class Checkpoint:
+    """A checkpoint read back: its directory, the complete one before it, and ``trainer.pt``."""
+
+    path: Path
+    """the checkpoint's directory"""
+    state: dict[str, Any]
+    """what trainer.pt holds"""
+    previous: Path | None = None
+    """the complete checkpoint before it in its folder (to fall back to by hand), if any"""
+
+    @property
+    def run_folder(self) -> Path | None:
+        """The run folder it belongs to (None for a directory outside a ``checkpoints`` folder)."""
+        return self.path.parent.parent if self.path.parent.name == CHECKPOINTS else None
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The settings of the run that wrote it."""
+        return self.state["config"]
+
+    @property
+    def iteration(self) -> int:
+        """Collection iterations done."""
+        return self.state["iteration"]
+
+    def refuse(self, path: Path, what: str) -> CheckpointError:
+        """The error for a damaged file ``path`` of this checkpoint, naming the one to fall back to."""
+        hint = f"; the checkpoint before it is {self.previous}" if self.previous is not None else ""
+        return CheckpointError(f"{path}: {what}{hint}")
+
+
+#: what trainer.pt holds, with the type of each entry
+_TRAINER_ENTRIES = {
+    "format": int,
+    "agent": dict,
+    "rng": dict,
+    "iteration": int,
+    "returns": list,
+    "report": dict,
+    "metrics_bytes": int,
+    "replay_counts": dict,
+    "config": dict,
+}
+
+
+def find(resume: str | Path) -> Path:
+    """The checkpoint directory ``resume`` names: a checkpoint directory itself, or the newest
+    complete checkpoint of a run folder (directories a killed writer left are ignored).
+
+    Raises:
+        CheckpointError: ``resume`` is neither, or the run folder holds no complete checkpoint.
+    """
+    path = Path(resume)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such run folder or checkpoint directory")
+    if not path.is_dir():
+        raise CheckpointError(
+            f"{path} is a file: resume from a run folder or a checkpoint directory (<run folder>/{CHECKPOINTS}/step-N)"
+        )
+    if step_of(path) is not None:
+        return path
+    if path.name.startswith(TEMP_PREFIX):
+        raise CheckpointError(f"{path} is a checkpoint whose writing never finished: resume from its run folder")
+    found = list_checkpoints(path / CHECKPOINTS)
+    if not found:
+        raise CheckpointError(f"{path}: no complete checkpoint in {path / CHECKPOINTS}")
+    return found[-1]
+
+
+def read(resume: str | Path) -> Checkpoint:
+    """The checkpoint ``resume`` names (see :func:`find`), its ``trainer.pt`` read and checked.
+
+    A damaged checkpoint is refused, not skipped: a complete one is never left damaged by a
+    crash, so damage means the disk or someone changed it; the message names the checkpoint
+    before it, to resume from instead.
+
+    Raises:
+        CheckpointError: one line naming the file and what is wrong.
+    """
+    path = find(resume)
+    older = [p for p in list_checkpoints(path.parent) if step_of(p) < step_of(path)]
+    ckpt = Checkpoint(path, {}, older[-1] if older else None)
+    trainer = path / TRAINER
+    state = _load(ckpt, trainer, "cpu")
+    if not isinstance(state, dict):
+        raise ckpt.refuse(trainer, f"holds a {type(state).__name__}, not a trainer checkpoint")
+    for key, kind in _TRAINER_ENTRIES.items():
+        if not isinstance(state.get(key), kind):
+            raise ckpt.refuse(trainer, f"wrong content: {key!r} missing or not a {kind.__name__}")
+    if state["format"] != FORMAT:
+        raise ckpt.refuse(trainer, f"checkpoint format {state['format']}, this gper reads format {FORMAT}")
+    num_envs = state["config"].get("num_envs")
+    if not isinstance(num_envs, int) or state["iteration"] * num_envs != step_of(path):
+        raise ckpt.refuse(trainer, f"wrong content: it is not the checkpoint of env step {step_of(path)}")
+    if not (path / REPLAY).is_file():
+        raise ckpt.refuse(path / REPLAY, "missing")
+    ckpt.state = state
+    return ckpt
+
+
+def stored_config(resume: str | Path) -> Config:
+    """The settings of the checkpoint ``resume`` names, as the :class:`Config` to resume it with:
+    ``run_dir`` and ``run_name`` are the defaults (so the run continues in the checkpoint's run
+    folder) and ``resume`` is ``resume``. ``gper train --resume`` starts from these; the flags
+    given change them. From Python: ``train(dataclasses.replace(stored_config(path), total_steps=...))``."""
+    ckpt = read(resume)
+    names = {f.name for f in dataclasses.fields(Config)} - {"run_dir", "run_name", "resume"}
+    settings = {k: v for k, v in ckpt.config.items() if k in names}
+    if isinstance(settings.get("hidden"), list | tuple):
+        settings["hidden"] = tuple(settings["hidden"])
+    return Config(**settings, resume=str(resume))
+
+
+def check_settings(cfg: Config, ckpt: Checkpoint) -> None:
+    """Refuse to resume ``ckpt`` with ``cfg`` (resolved) when a fixed setting differs, or when
+    ``total_steps`` is behind the checkpoint.
+
+    Raises:
+        ValueError: one line listing every differing setting, with the checkpoint's value.
+    """
+    ours, theirs = dataclasses.asdict(cfg), ckpt.config
+    missing = object()
+    differ = [name for name in fixed_settings() if theirs.get(name, missing) != ours[name]]
+    if differ:
+        changes = ", ".join(f"{name} {ours[name]!r} (checkpoint: {theirs.get(name, 'not set')!r})" for name in differ)
+        raise ValueError(
+            f"cannot resume {ckpt.path} with other settings: {changes}; a resumed run may change "
+            f"{' and '.join(HONOURED)}, and where it runs and what it writes, not its shapes or method"
+        )
+    if math.ceil(cfg.total_steps / cfg.num_envs) < ckpt.iteration:
+        raise ValueError(
+            f"cannot resume {ckpt.path}: total_steps {cfg.total_steps} is below its env step "
+            f"{ckpt.iteration * cfg.num_envs}"
+        )
+
+
+def save(agent: Agent, iteration: int, report: RunReport, runlog: RunLog) -> Path:
+    """Write the checkpoint of ``agent`` after ``iteration`` collection iterations to the run folder
+    of ``runlog``, keeping the newest ``keep_checkpoints``; return its directory."""
+    cfg = agent.cfg
+    counts = agent.rb.stats()  # also brings the buffer's host view of its size up to date
+    state = {
+        "format": FORMAT,
+        "agent": agent.state_dict(replay=False),
+        "rng": _rng_state(agent.device),
+        "iteration": iteration,
+        "returns": list(report.returns),
+        "report": report.state_dict(),
+        "metrics_bytes": runlog.metrics_bytes(),
+        "replay_counts": {name: int(counts[name]) for name in REPLAY_COUNTS},
+        "config": dataclasses.asdict(cfg),
+    }
+    files = {TRAINER: lambda path: torch.save(state, path), REPLAY: lambda path: save_replay(agent.rb, path)}
+    return write_checkpoint(runlog.folder / CHECKPOINTS, iteration * cfg.num_envs, files, keep=cfg.keep_checkpoints)
+
+
+def restore(agent: Agent, ckpt: Checkpoint) -> None:
+    """Load ``ckpt`` into ``agent`` (built with the settings :func:`check_settings` accepted), its
+    replay included, and torch's random generators; Adam then runs at the agent's learning rate.
+
+    Raises:
+        CheckpointError: a file cannot be read or does not fit the agent.
+    """
+    state, trainer, replay = ckpt.state, ckpt.path / TRAINER, ckpt.path / REPLAY
+    try:
+        agent.load_state_dict(state["agent"], replay=False)
+        _set_rng_state(state["rng"], agent.device)
+    except (KeyError, RuntimeError, TypeError, ValueError) as err:
+        raise ckpt.refuse(trainer, f"wrong content: {_one_line(err)}") from None
+    for group in agent.optimizer.param_groups:
+        group["lr"] = agent.cfg.learning_rate
+    if not replay.is_file():
+        raise ckpt.refuse(replay, "missing")
+    try:
+        load_replay(agent.rb, replay)
+    except Exception as err:
+        raise ckpt.refuse(replay, f"cannot be loaded: {_one_line(err)}") from None
+    counts = agent.rb.stats()
+    found = {name: int(counts[name]) for name in REPLAY_COUNTS}
+    if found != state["replay_counts"]:
+        raise ckpt.refuse(replay, f"wrong content: counts {found}, trainer.pt says {state['replay_counts']}")
+
+
+def _load(ckpt: Checkpoint, path: Path, map_location: str | torch.device) -> Any:
+    if not path.is_file():
+        raise ckpt.refuse(path, "missing")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as err:  # truncated, not a torch file, or holding more than tensors
+        raise ckpt.refuse(path, f"cannot be read: {_one_line(err)}") from None
+
+
+def _rng_state(device: torch.device) -> dict[str, torch.Tensor]:
+    # the collect step's epsilon-greedy draws and the device environments' resets come from
+    # torch's default generators (seeded once in setup)
+    state = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _set_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def _one_line(err: BaseException, limit: int = 300) -> str:
+    """What ``err`` says, on one line: its first sentence, or what a refused unpickling found."""
+    text = " ".join(str(err).split())
+    if isinstance(err, EOFError):
+        return "cut short (end of file)"
+    if isinstance(err, OSError):  # what reading a file cut short in the middle of a record raises
+        return f"cut short or damaged ({text})"
+    refused = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+    if refused:  # weights_only: the file holds an object of a class, which is never unpickled
+        return f"holds {refused.group(1)}, more than tensors and plain containers"
+    text = text.split(". ")[0].rstrip(".") or type(err).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,176 @@
+"""Checkpoints that survive crashes: written under a temporary name, flushed to disk, renamed into place.
+
+A checkpoint is a directory ``<folder>/step-<env step:012d>/`` of files. :func:`write_checkpoint`
+builds it as ``.tmp-step-<env step:012d>/``, fsyncs every file and the directory, renames it into
+place with :func:`os.replace` and fsyncs ``<folder>``: a directory with a ``step-`` name is
+complete, whenever the process was killed (or the machine lost power). Names that start with
+``.tmp-`` are what a killed writer left behind: :func:`list_checkpoints` ignores them,
+:func:`remove_temporaries` deletes them. Old checkpoints are deleted (:func:`prune`) only once a
+newer one is complete. :func:`atomic_write` does the same for a single file.
+
+Setting the environment variable ``GPER_CHECKPOINT_PAUSE`` to a number of seconds makes the writer
+sleep that long after each file of a checkpoint, the last one included (so before the rename):
+tests use it to kill a process at exactly those moments.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+#: prefix of the names a writer uses until its file or directory is complete
+TEMP_PREFIX = ".tmp-"
+#: seconds to sleep after each file of a checkpoint (for crash tests; unset: no pause)
+PAUSE_ENV = "GPER_CHECKPOINT_PAUSE"
+
+_NAME = re.compile(r"step-(\d{12})")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the message (one line) names the file and what is wrong."""
+
+
+def checkpoint_name(step: int) -> str:
+    """The directory name of the checkpoint at env step ``step``: ``step-<step:012d>``."""
+    if step < 0:
+        raise ValueError(f"a checkpoint's step must be >= 0, got {step}")
+    return f"step-{step:012d}"
+
+
+def step_of(path: str | Path) -> int | None:
+    """The env step in a complete checkpoint's directory name, or None for any other name."""
+    match = _NAME.fullmatch(Path(path).name)
+    return int(match.group(1)) if match else None
+
+
+def list_checkpoints(folder: str | Path) -> list[Path]:
+    """The complete checkpoints in ``folder``, oldest first (none when it does not exist)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.iterdir() if p.is_dir() and step_of(p) is not None]
+    return sorted(found, key=step_of)
+
+
+def remove_temporaries(folder: str | Path) -> list[Path]:
+    """Delete what killed writers left in ``folder`` (names starting ``.tmp-``); return their paths."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    removed = sorted(p for p in folder.iterdir() if p.name.startswith(TEMP_PREFIX))
+    for path in removed:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    return removed
+
+
+def fsync_path(path: str | Path) -> None:
+    """Flush ``path`` (a file or a directory) to disk: its data, or a directory's entries."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str | Path, write: Callable[[Path], object]) -> Path:
+    """Write the file ``path`` so that it holds either its old content or the whole new one.
+
+    ``write`` is called with a temporary path in the same folder and writes the file there; it is
+    then fsynced, renamed over ``path`` and the folder fsynced. If ``write`` raises, the temporary
+    file is deleted and ``path`` is untouched.
+    """
+    path = Path(path)
+    tmp = path.with_name(f"{TEMP_PREFIX}{path.name}")
+    try:
+        write(tmp)
+        fsync_path(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_path(path.parent)
+    return path
+
+
+def write_checkpoint(
+    folder: str | Path, step: int, files: Mapping[str, Callable[[Path], object]], keep: int | None = None
+) -> Path:
+    """Write the checkpoint ``<folder>/step-<step:012d>/``, one file per entry of ``files``.
+
+    Each writer is called with its file's path inside the temporary directory and writes it there;
+    every file and the directory are fsynced before the directory is renamed into place. If a
+    writer raises, the temporary directory is deleted and the checkpoints already in ``folder``
+    are untouched. Then, with ``keep``, :func:`prune` keeps the newest ``keep``.
+
+    Returns:
+        The complete checkpoint's directory.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    final = folder / checkpoint_name(step)
+    tmp = folder / f"{TEMP_PREFIX}{final.name}"
+    if tmp.exists():  # left by a writer that was killed
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        for name, write in files.items():
+            path = tmp / name
+            write(path)
+            fsync_path(path)
+            _pause()
+        fsync_path(tmp)
+        _rename_into_place(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fsync_path(folder)
+    if keep is not None:
+        prune(folder, keep, final)
+    return final
+
+
+def prune(folder: str | Path, keep: int, current: str | Path) -> list[Path]:
+    """Delete checkpoints of ``folder`` beyond the newest ``keep`` up to ``current`` (which counts as one).
+
+    Checkpoints of later steps than ``current`` are deleted too: they were left by a run that has
+    since been resumed from an earlier checkpoint, and this run is writing their steps again.
+    Returns the deleted directories.
+    """
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1, got {keep}")
+    newest = step_of(current)
+    if newest is None:
+        raise ValueError(f"{current} is not a complete checkpoint's directory")
+    found = list_checkpoints(folder)
+    later = [p for p in found if step_of(p) > newest]
+    older = [p for p in found if step_of(p) <= newest][:-keep]
+    for path in later + older:
+        shutil.rmtree(path)
+    return later + older
+
+
+def _rename_into_place(tmp: Path, final: Path) -> None:
+    if not final.exists():
+        os.replace(tmp, final)
+        return
+    # the same step written again (a finished run resumed): a directory cannot be renamed over
+    # another one, so the old one moves aside under a temporary name first
+    old = final.with_name(f"{TEMP_PREFIX}old-{final.name}")
+    if old.exists():
+        shutil.rmtree(old)
+    os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old)
+
+
+def _pause() -> None:
+    seconds = os.environ.get(PAUSE_ENV)
+    if seconds:
+        time.sleep(float(seconds))
