@@ -306,7 +306,9 @@ def filled_wide_buffer(capacity: int, device: torch.device | str = "cuda", **kw)
 
 
 def run_checkpoint(run_folder: str | Path) -> tuple[dict, dict]:
-    """(trainer.pt, replay.pt) of the newest complete checkpoint of a ``gper train`` run folder, on the CPU."""
+    """(trainer.pt, replay.safetensors) of the newest complete checkpoint of a ``gper train`` run folder, on the CPU."""
     path = list_checkpoints(Path(run_folder) / "checkpoints")[-1]
     trainer = torch.load(path / "trainer.pt", map_location="cpu", weights_only=True)
-    return trainer, torch.load(path / "replay.pt", map_location="cpu", weights_only=True)
+    from safetensors.torch import load_file
+
+    return trainer, load_file(path / "replay.safetensors")

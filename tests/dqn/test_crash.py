@@ -21,6 +21,8 @@ from gper.training.checkpoints import PAUSE_ENV, TEMP_PREFIX, list_checkpoints, 
 from gper.training.runlog import read_metrics
 from helpers import run_checkpoint
 
+REPLAY = "replay.safetensors"
+
 #: a short cartpole run on the CPU with a checkpoint every epoch (20 epochs of 200 env steps)
 SETTINGS = dict(
     env="cartpole",
@@ -136,7 +138,7 @@ def _resume(folder: Path) -> None:
 
 def test_sigkill_at_random_moments_and_mid_checkpoint_then_resume_gives_the_same_run(whole, tmp_path):
     """Three kills: at a seeded random moment after a checkpoint; while a checkpoint's directory
-    holds trainer.pt but not yet replay.pt; after both files are written, before the rename.
+    holds trainer.pt but not yet replay.safetensors; after both files are written, before the rename.
     Each resume starts from the newest complete checkpoint and removes the half-written one."""
     rng = random.Random(2024)
     folder = tmp_path / "run"
@@ -150,10 +152,12 @@ def test_sigkill_at_random_moments_and_mid_checkpoint_then_resume_gives_the_same
     proc.wait(TIMEOUT)
 
     def between_files():
-        return any((p / "trainer.pt").exists() and not (p / "replay.pt").exists() for p in _temporaries(folder))
+        return any(
+            (p / "trainer.pt").exists() and not (p / "replay.safetensors").exists() for p in _temporaries(folder)
+        )
 
     def before_rename():
-        return any((p / "replay.pt").exists() for p in _temporaries(folder))
+        return any((p / "replay.safetensors").exists() for p in _temporaries(folder))
 
     for moment, name in ((between_files, "a checkpoint between its files"), (before_rename, "one before its rename")):
         newest = _newest_step(folder)

@@ -233,9 +233,9 @@ class _Opaque:
 
 DAMAGE = {
     "trainer cut short": ("trainer.pt", _cut, "trainer.pt: cannot be read: PytorchStreamReader failed"),
-    "replay cut short": ("replay.pt", _cut, "replay.pt: cannot be loaded: "),
+    "replay cut short": ("replay.safetensors", _cut, "replay.safetensors: cannot be loaded: "),
     "empty trainer": ("trainer.pt", lambda p: p.write_bytes(b""), "trainer.pt: cannot be read: cut short"),
-    "replay missing": ("replay.pt", lambda p: p.unlink(), "replay.pt: missing"),
+    "replay missing": ("replay.safetensors", lambda p: p.unlink(), "replay.safetensors: missing"),
     "code in trainer": (
         "trainer.pt",
         lambda p: torch.save({"agent": _Opaque()}, p),
@@ -265,8 +265,8 @@ def test_a_damaged_checkpoint_is_refused_in_one_line(run, tmp_path, capsys, dama
 def test_a_replay_of_another_step_is_refused(run, tmp_path):
     train(Config(**{**run, "total_steps": 600}, run_name="a"), **QUIET)
     ckpts = tmp_path / "a" / "checkpoints"
-    (ckpts / "step-000000000400" / "replay.pt").replace(ckpts / "step-000000000600" / "replay.pt")
-    with pytest.raises(CheckpointError, match=r"step-000000000600/replay.pt: wrong content: counts \{"):
+    (ckpts / "step-000000000400" / "replay.safetensors").replace(ckpts / "step-000000000600" / "replay.safetensors")
+    with pytest.raises(CheckpointError, match=r"step-000000000600/replay.safetensors: wrong content: counts \{"):
         train(Config(**{**run, "total_steps": 800}, resume=str(tmp_path / "a")), **QUIET)
 
 

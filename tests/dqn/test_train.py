@@ -35,7 +35,7 @@ def test_smoke_training_writes_the_run_folder(tmp_path, smoke):
         assert (folder / name).exists(), name
     last = folder / "checkpoints" / "step-000000000600"  # the end's; with 3 epochs no periodic one is due
     assert [p.name for p in (folder / "checkpoints").iterdir()] == [last.name]
-    assert sorted(p.name for p in last.iterdir()) == ["replay.pt", "trainer.pt"]
+    assert sorted(p.name for p in last.iterdir()) == ["replay.safetensors", "trainer.pt"]
     rows = read_metrics(folder / "metrics.jsonl")
     assert any("charts/episodic_return" in r for r in rows)
     assert any("losses/td_loss" in r and "charts/SPS" in r for r in rows)

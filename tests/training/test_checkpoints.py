@@ -56,24 +56,24 @@ def test_a_checkpoint_is_fsynced_file_by_file_then_renamed_then_its_folder_fsync
         real_replace(src, dst)
 
     monkeypatch.setattr(checkpoints.os, "replace", replace)  # os itself: restored after the test
-    path = write_checkpoint(tmp_path, 40, {"trainer.pt": _text("t"), "replay.pt": _text("r")})
+    path = write_checkpoint(tmp_path, 40, {"trainer.pt": _text("t"), "replay.safetensors": _text("r")})
     tmp = f"{TEMP_PREFIX}step-000000000040"
     assert events == [
         ("fsync", "trainer.pt"),
-        ("fsync", "replay.pt"),
+        ("fsync", "replay.safetensors"),
         ("fsync", tmp),
         ("rename", tmp, "step-000000000040"),
         ("fsync", tmp_path.name),
     ]
-    assert path == tmp_path / "step-000000000040" and (path / "replay.pt").read_text() == "r"
+    assert path == tmp_path / "step-000000000040" and (path / "replay.safetensors").read_text() == "r"
 
 
 def test_a_writer_that_fails_leaves_the_previous_checkpoint_the_newest(tmp_path):
-    write_checkpoint(tmp_path, 10, {"trainer.pt": _text("10"), "replay.pt": _text("10")}, keep=1)
+    write_checkpoint(tmp_path, 10, {"trainer.pt": _text("10"), "replay.safetensors": _text("10")}, keep=1)
     with pytest.raises(OSError, match="disk full"):
-        write_checkpoint(tmp_path, 20, {"trainer.pt": _text("20"), "replay.pt": _fails}, keep=1)
+        write_checkpoint(tmp_path, 20, {"trainer.pt": _text("20"), "replay.safetensors": _fails}, keep=1)
     assert [p.name for p in tmp_path.iterdir()] == ["step-000000000010"]
-    assert (tmp_path / "step-000000000010" / "replay.pt").read_text() == "10"
+    assert (tmp_path / "step-000000000010" / "replay.safetensors").read_text() == "10"
 
 
 def test_what_a_killed_writer_left_is_ignored_then_removed(tmp_path):

@@ -9,9 +9,10 @@ A checkpoint directory holds two files, complete together or not at all
   without the replay), torch's random generator states, the collection iteration, the returns of
   the episodes so far, the report's state, the length of ``metrics.jsonl``, the replay's counts
   and the settings;
-- ``replay.pt``: the replay buffer (:func:`save_replay`, :func:`load_replay`).
+- ``replay.safetensors``: the replay buffer (:func:`save_replay`, :func:`load_replay`).
 
-Both are read with ``torch.load(weights_only=True)``: tensors and plain containers, never code.
+``trainer.pt`` is read with ``torch.load(weights_only=True)`` (tensors and plain containers, never
+code), ``replay.safetensors`` is a safetensors file (:mod:`gper.replay.files`), read without unpickling.
 With the same settings a resumed run computes what the uninterrupted run computes: on the CPU
 the same parameters bit for bit. A checkpoint that cannot be read, lacks a file or holds the
 wrong content is refused with a :class:`~gper.training.checkpoints.CheckpointError` naming the
@@ -38,7 +39,7 @@ from gper.training.runlog import RunLog
 
 #: the run folder's subfolder of checkpoints
 CHECKPOINTS = "checkpoints"
-TRAINER, REPLAY = "trainer.pt", "replay.pt"
+TRAINER, REPLAY = "trainer.pt", "replay.safetensors"
 #: the layout of trainer.pt; a checkpoint of another one is refused
 FORMAT = 1
 
@@ -62,7 +63,7 @@ FREE = (
     "progress",
     "solve_return",
 )
-#: the replay's counts that trainer.pt records, so a replay.pt of another step is refused
+#: the replay's counts that trainer.pt records, so a replay.safetensors of another step is refused
 REPLAY_COUNTS = ("size", "cursor", "rng_offset")
 
 
@@ -72,13 +73,15 @@ def fixed_settings() -> tuple[str, ...]:
 
 
 def save_replay(rb: gper.PrioritizedReplayBuffer, path: Path) -> None:
-    """Write the replay buffer ``rb`` to the file ``path``."""
-    torch.save(rb.state_dict(), path)
+    """Write the replay buffer ``rb`` to the file ``path``: streamed a chunk at a time, so a
+    buffer of many GB needs no more host memory than one chunk (:meth:`~gper.PrioritizedReplayBuffer.save`)."""
+    rb.save(path)
 
 
 def load_replay(rb: gper.PrioritizedReplayBuffer, path: Path) -> None:
-    """Restore the replay buffer ``rb`` from the file ``path`` that :func:`save_replay` wrote."""
-    rb.load_state_dict(torch.load(path, map_location=rb.device, weights_only=True))
+    """Restore the replay buffer ``rb`` from the file ``path`` that :func:`save_replay` wrote (checked
+    whole before anything is copied; nothing is unpickled)."""
+    rb.load(path)
 
 
 @dataclass

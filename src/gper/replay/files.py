@@ -68,17 +68,17 @@ def atomic_file(path: str | os.PathLike) -> Iterator[IO[bytes]]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    fsync_folder(path.parent)
+    with contextlib.suppress(OSError):  # some file systems and platforms cannot fsync a folder
+        fsync_path(path.parent)
 
 
-def fsync_folder(folder: str | os.PathLike) -> None:
-    """Flush a folder's entries (a rename into it) to disk, where the platform allows it."""
-    with contextlib.suppress(OSError):  # some file systems and platforms cannot open a folder
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+def fsync_path(path: str | os.PathLike) -> None:
+    """Flush ``path`` (a file or a folder) to disk: its data, or a folder's entries (a rename into it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:

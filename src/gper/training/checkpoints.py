@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from gper.replay.files import fsync_path
+
 #: prefix of the names a writer uses until its file or directory is complete
 TEMP_PREFIX = ".tmp-"
 #: seconds to sleep after each file of a checkpoint (for crash tests; unset: no pause)
@@ -68,15 +70,6 @@ def remove_temporaries(folder: str | Path) -> list[Path]:
         else:
             path.unlink()
     return removed
-
-
-def fsync_path(path: str | Path) -> None:
-    """Flush ``path`` (a file or a directory) to disk: its data, or a directory's entries."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def atomic_write(path: str | Path, write: Callable[[Path], object]) -> Path:
