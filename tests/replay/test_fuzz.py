@@ -111,7 +111,23 @@ def cases(shapes: list[tuple[int, int]], seed0: int) -> list[Case]:
     return [Case(seed0 + i, n, k, *COMBOS[(i * 3) % len(COMBOS)]) for i, (n, k) in enumerate(shapes)]
 
 
-# --------------------------------------------------------------------------- the run
+@dataclass(frozen=True)
+class Limits:
+    """How much of the slower work a run does (the interpreter, the CPU and the GPU afford different amounts).
+
+    Attributes:
+        dist_max: the distribution check runs only while at most this many slots are filled.
+        dist_draws: its batch's largest size (40 draws per filled slot, at least 5000).
+        dist_calls: in stratified mode it also draws this many batches of 2 (while at most 64 slots are filled).
+        max_batch: largest batch of the other samples and updates.
+        deep_every: the whole tree and storage are checked every this many steps (and at the end).
+    """
+
+    dist_max: int = 1100
+    dist_draws: int = 20000
+    dist_calls: int = 64
+    max_batch: int = 300
+    deep_every: int = 10
 
 
 @dataclass
@@ -136,11 +152,10 @@ class Run:
         device: torch.device,
         cuda_graphs: bool,
         tmp_path: Path,
-        dist_max: int,
-        dist_draws: int,
+        limits: Limits,
     ) -> None:
         self.case, self.backend, self.device, self.cuda_graphs = case, backend, device, cuda_graphs
-        self.tmp_path, self.dist_max, self.dist_draws = tmp_path, dist_max, dist_draws
+        self.tmp_path, self.limits = tmp_path, limits
         self.rng = random.Random(case.seed)
         self.step, self.op, self.trace = -1, "init", []
         self.rank = case.sampling == "rank"
@@ -192,8 +207,6 @@ class Run:
 
     def where(self, what: str = "") -> str:
         return f"[{self.case} {self.backend}/{self.device.type} step {self.step} {self.op}] {what}"
-
-    # ------------------------------------------------------------------ checks
 
     def check(self, deep: bool) -> None:
         """Everything the buffers expose against the model (``deep``: the whole tree and storage too)."""
@@ -313,13 +326,13 @@ def assert_same_batch(got: gper.SampledBatch, want: gper.SampledBatch, what: str
         assert_identical(getattr(got, name), getattr(want, name), f"{what}: {name}")
 
 
-# --------------------------------------------------------------------------- operations
-
 EPS = [1e-6, 1e-4, 1e-2, 0.5]
-#: rank mode ranks by the float32 key |td| + eps, which the model computes in float64 (and Triton as
-#: exp2(log2(.))): TD errors on a coarse grid and small eps keep distinct keys far apart, so that
-#: rounding never decides an order (equal TD errors give equal keys in every computation)
-EPS_RANK = [1e-6, 1e-4]
+#: rank mode ranks by the float32 key |td| + eps, which the model computes in float64 and Triton as
+#: exp2(log2(.)) (hardware approximations on CUDA, ~1e-6): with TD errors on the grid of
+#: :func:`random_td` and these eps, any two distinct keys differ by more than 1e-4 relative (3e-5
+#: with the powers of two of :func:`op_distribution`), so rounding never decides an order; equal TD
+#: errors give equal keys in every computation, and ties go by slot
+EPS_RANK = [1e-6, 2.0**-11]
 REFRESH_INTERVALS = [1, 2, 3, 7, 100]
 BATCH_SIZES = [1, 2, 3, 7, 33, 64, 256]
 TD_DTYPES = [torch.float32] * 5 + [torch.float64, torch.float16, torch.bfloat16]
@@ -354,7 +367,7 @@ def random_td(run: Run, b: int) -> tuple[torch.Tensor, list[float]]:
         elif u < 0.1:
             values.append(0.0)
         elif run.rank:
-            values.append(rng.choice([-1, 1]) * (1 + rng.randrange(16) / 16) * 2.0 ** rng.randrange(-6, 9))
+            values.append(rng.choice([-1, 1]) * (1 + rng.randrange(16) / 16) * 2.0 ** rng.randrange(-6, 2))
         else:
             values.append(rng.choice([-1, 1]) * 10 ** rng.uniform(-4, 4))
     dtype = rng.choice(TD_DTYPES)
@@ -402,7 +415,7 @@ def random_batch_size(run: Run) -> int:
     u = rng.random()
     if run.kept and u < 0.3:
         return len(rng.choice(run.kept).indices)
-    return rng.choice(BATCH_SIZES) if u < 0.8 else rng.randint(1, 300)
+    return min(rng.choice(BATCH_SIZES) if u < 0.8 else rng.randint(1, 300), run.limits.max_batch)
 
 
 def op_sample(run: Run, keep: float = 0.5) -> str:
@@ -596,7 +609,7 @@ def op_distribution(run: Run) -> str:
     sampling the priorities') wherever the two differ enough."""
     rng, m = run.rng, run.model
     n = m.size
-    if n < 2 or n > run.dist_max:
+    if n < 2 or n > run.limits.dist_max:
         return "skipped"
     idx = list(range(n))
     values = [rng.choice([-1, 1]) * 2.0 ** rng.randrange(-4, 5) for _ in idx]
@@ -609,7 +622,7 @@ def op_distribution(run: Run) -> str:
         for rb in run.bufs:
             rb.refresh_ranks()
         m.refresh()
-    b = min(run.dist_draws, max(5000, 40 * n))
+    b = min(run.limits.dist_draws, max(5000, 40 * n))
     beta, value = random_beta(run)
     batches = [rb.sample(b, beta=beta) for rb in run.bufs]
     m.sample(b)
@@ -643,11 +656,11 @@ def op_distribution(run: Run) -> str:
         )
     out = f"B={b} chi2={stat:.1f} df={df}" + (f", against the wrong one {stat_w:.1f}" if power else "")
     if m.sampling == "stratified" and n <= 64:
-        out += "; " + stratified_small_batches(run, probs)
+        out += "; " + stratified_small_batches(run, probs, run.limits.dist_calls)
     return out
 
 
-def stratified_small_batches(run: Run, probs: list[float], calls: int = 64, b: int = 2) -> str:
+def stratified_small_batches(run: Run, probs: list[float], calls: int, b: int = 2) -> str:
     """Many stratified batches of 2: each call draws a fresh point in each stratum, so their draws
     together follow the probabilities (a sampler that reused one point per stratum would not)."""
     counts = [0] * len(probs)
@@ -691,18 +704,10 @@ def fuzz(
     device: torch.device | str,
     tmp_path: Path,
     cuda_graphs: bool = False,
-    deep_every: int = 10,
-    dist_max: int = 1100,
-    dist_draws: int = 20000,
+    limits: Limits = Limits(),
 ) -> Run:
-    """Run ``steps`` random operations of ``case`` on a buffer and on the model, checking after each.
-
-    Args:
-        deep_every: check the whole tree and storage every this many steps (and at the end).
-        dist_max: run the distribution check only while at most this many slots are filled.
-        dist_draws: most draws of its batch (40 per filled slot, at least 5000).
-    """
-    run = Run(case, backend, torch.device(device), cuda_graphs, tmp_path, dist_max, dist_draws)
+    """Run ``steps`` random operations of ``case`` on a buffer and on the model, checking after each."""
+    run = Run(case, backend, torch.device(device), cuda_graphs, tmp_path, limits)
     names = list(OPS)
     weights = [OPS[name][1] for name in names]
     run.check(deep=True)
@@ -712,18 +717,16 @@ def fuzz(
         try:
             detail = OPS[name][0](run)
             run.trace.append(f"{step}:{name}({detail})")
-            run.check(deep=step % deep_every == deep_every - 1 or step == steps - 1)
+            run.check(deep=step % limits.deep_every == limits.deep_every - 1 or step == steps - 1)
         except Exception as e:
             last = "\n  ".join(run.trace[-8:])
             raise AssertionError(
-                f"fuzz case {case} ({case!r}) failed at step {step} ({name}); "
-                f"replay: fuzz(case, steps={step + 1}, backend={backend!r}, device={str(device)!r})\n"
+                f"fuzz case {case} failed at step {step} ({name}) on {backend}/{torch.device(device).type}; "
+                f"the sequence is fixed by the case: rerun it with -k '{case}'\n"
                 f"last operations:\n  {last}\n{type(e).__name__}: {e}"
             ) from e
     return run
 
-
-# --------------------------------------------------------------------------- the tests
 
 #: 26 cases of 300 steps: about 40 s in all on two shared CPU cores
 TORCH_CASES = cases(SHAPES, seed0=1000)
@@ -736,22 +739,38 @@ def test_fuzz_torch(case, tmp_path):
 
 
 #: the Triton kernels under the interpreter cost tens of milliseconds a launch: a few short sequences
-TRITON_CPU_CASES = cases([(1, 2), (9, 8), (33, 32), (64, 8), (100, 4)], seed0=2000)
-TRITON_CPU_STEPS = 40
+TRITON_CPU_CASES = [
+    Case(2000, 1, 2, "proportional", "global"),
+    Case(2001, 7, 8, "stratified", "batch"),
+    Case(2002, 16, 16, "rank", "global"),
+    Case(2003, 33, 32, "uniform", "batch"),
+    Case(2004, 63, 4, "rank", "batch"),
+    Case(2005, 100, 2, "proportional", "batch"),
+    Case(2006, 257, 16, "stratified", "global"),
+]
+TRITON_CPU_STEPS = 80
+#: the interpreter's time grows with the batch: smaller batches, distribution checks only while small
+TRITON_CPU_LIMITS = Limits(dist_max=64, dist_draws=2000, dist_calls=16, max_batch=64)
 
 
 @pytest.mark.skipif(not TRITON_ON_CPU, reason="Triton on CPU tensors needs triton and TRITON_INTERPRET=1")
 @pytest.mark.parametrize("case", TRITON_CPU_CASES, ids=str)
 def test_fuzz_triton_interpreted(case, tmp_path):
-    fuzz(case, int(TRITON_CPU_STEPS * SCALE), "triton", "cpu", tmp_path, dist_max=64, dist_draws=2000)
+    fuzz(case, int(TRITON_CPU_STEPS * SCALE), "triton", "cpu", tmp_path, limits=TRITON_CPU_LIMITS)
 
 
-#: every shape in every mode on the GPU, with longer sequences, through the buffer's own CUDA graphs
-GPU_CASES = [Case(3000 + i, n, k, s, w) for i, ((n, k), (s, w)) in enumerate((x, y) for x in SHAPES for y in COMBOS)]
-GPU_STEPS = 400
+#: on the GPU every shape in two more of the eight (sampling, weight_norm) combinations than on the
+#: CPU, with longer sequences, through the buffer's own CUDA graphs
+GPU_CASES = [
+    Case(3000 + 2 * i + j, n, k, *COMBOS[(i * 3 + shift) % len(COMBOS)])
+    for i, (n, k) in enumerate(SHAPES)
+    for j, shift in enumerate((1, 5))
+]
+GPU_STEPS = 800
+GPU_LIMITS = Limits(dist_draws=100000)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", GPU_CASES, ids=str)
 def test_fuzz_triton_cuda_graphs(case, tmp_path):
-    fuzz(case, int(GPU_STEPS * SCALE), "triton", "cuda", tmp_path, cuda_graphs=True, dist_draws=100000)
+    fuzz(case, int(GPU_STEPS * SCALE), "triton", "cuda", tmp_path, cuda_graphs=True, limits=GPU_LIMITS)
