@@ -168,10 +168,7 @@ class Run:
         self.rng = random.Random(case.seed)
         self.step, self.op, self.trace = -1, "init", []
         self.rank = case.sampling == "rank"
-        # settings that captured CUDA graphs do not see when assigned (the xfail reproduction
-        # test_settings_assigned_after_a_capture_take_effect[cuda]): not assigned where graphs run
-        graphs = cuda_graphs and self.device.type == "cuda"
-        self.settings = [s for s in SETTINGS if not (graphs and s in GRAPH_FROZEN_SETTINGS)]
+        self.settings = list(SETTINGS)
         rng = self.rng
         alpha = rng.choice([0.0, 0.5, 0.6, 1.0, round(rng.random(), 3)])
         beta = rng.choice([0.0, 0.4, 1.0, rng.randrange(65) / 64])
@@ -349,8 +346,6 @@ EPS_RANK = [1e-6, 2.0**-11]
 REFRESH_INTERVALS = [1, 2, 3, 7, 100]
 #: the settings a built buffer lets a caller assign
 SETTINGS = ("alpha", "beta", "eps", "weight_norm", "rank_refresh_interval")
-#: those a captured CUDA graph freezes today (see :data:`GRAPHS_FREEZE_SETTINGS`)
-GRAPH_FROZEN_SETTINGS = ("alpha", "eps", "weight_norm")
 BATCH_SIZES = [1, 2, 3, 7, 33, 64, 256]
 TD_DTYPES = [torch.float32] * 5 + [torch.float64, torch.float16, torch.bfloat16]
 
@@ -549,34 +544,45 @@ def op_settings(run: Run) -> str:
     return f"{name}={value}"
 
 
-def round_trip(run: Run, through_file: bool) -> str:
+def round_trip(run: Run, through: str | None) -> str:
     """Checkpoint the main buffer into a fresh one built with other seed (the same settings otherwise),
     continue on the fresh one, and keep the original in lock step with it; then sample both."""
     old = run.rb
     state = old.state_dict()
-    if through_file:
+    if through == "torch":
         path = run.tmp_path / f"state-{run.step}.pt"
         torch.save(state, path)
         state = torch.load(path, weights_only=True)
         path.unlink()
     m = run.model
     fresh = run.new_buffer(run.rng.randrange(2**63), m.alpha, m.beta, m.eps, m.weight_norm, m.rank_refresh_interval)
-    fresh.load_state_dict(state)
+    if through == "file":  # the buffer's own file: rb.save / rb.load
+        path = run.tmp_path / f"buffer-{run.step}.safetensors"
+        old.save(path)
+        fresh.load(path)
+        path.unlink()
+    else:
+        fresh.load_state_dict(state)
     assert fresh.seed == old.seed and len(fresh) == len(old), run.where("seed/len after load_state_dict")
     run.bufs = [fresh, old]
-    run.invalid_seen[id(fresh)] = 0  # a new buffer has reported no dropped entries yet
+    # a restored buffer takes the dropped entries its state counts as reported already
+    run.invalid_seen[id(fresh)] = m.stats()["invalid_indices"]
     # batches drawn before a load are not carried across it (their staleness there is the buffer's to define)
     run.kept.clear()
     assert_same_state(fresh, old, run.where("state after load_state_dict"))
-    return ("through a file; " if through_file else "") + op_sample(run, keep=0.0)
+    return {None: "", "torch": "through torch.save; ", "file": "through rb.save; "}[through] + op_sample(run, keep=0.0)
 
 
 def op_round_trip(run: Run) -> str:
-    return round_trip(run, through_file=False)
+    return round_trip(run, None)
 
 
 def op_save_load(run: Run) -> str:
-    return round_trip(run, through_file=True)
+    return round_trip(run, "torch")
+
+
+def op_buffer_file(run: Run) -> str:
+    return round_trip(run, "file")
 
 
 def op_snapshot(run: Run) -> str:
@@ -604,6 +610,8 @@ def op_rewind(run: Run) -> str:
     model = copy.deepcopy(saved)
     model.rank_refresh_interval = m.rank_refresh_interval  # a setting of the buffer, not of its checkpoint
     run.model = model
+    for rb in run.bufs:  # the dropped entries the snapshot counts are reported already
+        run.invalid_seen[id(rb)] = model.stats()["invalid_indices"]
     run.kept.clear()  # batches drawn before a load: see round_trip
     return f"back to size {model.size}; " + op_sample(run, keep=0.0)
 
@@ -707,6 +715,7 @@ OPS: dict[str, tuple[Callable[[Run], str], float]] = {
     "settings": (op_settings, 6),
     "round_trip": (op_round_trip, 1.5),
     "save_load": (op_save_load, 1.5),
+    "buffer_file": (op_buffer_file, 1.5),
     "snapshot": (op_snapshot, 1),
     "rewind": (op_rewind, 1.5),
     "refresh": (op_refresh, 2),
@@ -832,20 +841,11 @@ def settings_after_capture(device: str, name: str, value: object) -> tuple[torch
     return rb.priorities(idx).cpu(), ((td.double() + rb.eps) ** rb.alpha).float().cpu()
 
 
-GRAPHS_FREEZE_SETTINGS = (
-    "CUDA graphs captured before alpha, eps or weight_norm is assigned replay the old value: update "
-    "graphs pass alpha and eps to their kernels as launch arguments, and a sample graph ran "
-    "policy.normalise() for the weight_norm of its capture; assigning a setting clears no graph"
-)
-
-
 @pytest.mark.parametrize(
     "device",
     [
         pytest.param("cpu", id="cpu"),
-        pytest.param(
-            "cuda", id="cuda", marks=[pytest.mark.gpu, pytest.mark.xfail(strict=True, reason=GRAPHS_FREEZE_SETTINGS)]
-        ),
+        pytest.param("cuda", id="cuda", marks=pytest.mark.gpu),
     ],
 )
 @pytest.mark.parametrize("name, value", [("alpha", 1.0), ("eps", 0.5), ("weight_norm", "batch")])

@@ -153,6 +153,9 @@ class PrioritizedReplayBuffer:
 
     def _settings_changed(self) -> None:
         self.policy.configure(self._cfg.weight_norm, self._cfg.rank_refresh_interval)
+        # captured graphs froze alpha and eps (kernel arguments) and the weight normalisation:
+        # calls after the change capture new ones
+        self._graphs.clear()
 
     @property
     def capacity(self) -> int:
@@ -396,7 +399,7 @@ class PrioritizedReplayBuffer:
     ) -> None:
         config = json.loads(json.dumps(self._config())) if json_config else self._config()
         seed, host = check_state(state, config, self._tensors())
-        size = check_contents(state, self.tree.layout, host["size"], self.device)
+        size, invalid = check_contents(state, self.tree.layout, host["size"], self.device)
         with torch.no_grad():  # tensors that require grad must not pull the buffer into autograd
             copy_rows(self.rows.rows)
             self.tree.load_state_dict(state)
@@ -404,6 +407,7 @@ class PrioritizedReplayBuffer:
         self.seed = seed
         self._graphs.clear()  # graphs froze the old seed
         self._size = size  # the device's count: adds replayed from a caller's graph count too
+        self._invalid_reported = invalid  # dropped entries the saved buffer knew of are not new
         self.policy.updates_since_refresh = int(host["updates_since_refresh"])
         self._beta.forget()
         self._epoch = object()  # batches drawn before the load are stale now

@@ -71,8 +71,10 @@ def _real_cells(layout: TreeLayout, device: torch.device) -> torch.Tensor:
     return real
 
 
-def check_contents(state: Mapping[str, torch.Tensor], layout: TreeLayout, host_size: int, device: torch.device) -> int:
-    """Check what the tree's tensors of ``state`` hold; return the number of filled slots.
+def check_contents(
+    state: Mapping[str, torch.Tensor], layout: TreeLayout, host_size: int, device: torch.device
+) -> tuple[int, int]:
+    """Check what the tree's tensors of ``state`` hold; return (filled slots, dropped update entries).
 
     Works on copies on ``device`` (the tree, not the rows: they hold whatever was added) and
     reads the outcome of every check in one host sync.
@@ -131,11 +133,11 @@ def check_contents(state: Mapping[str, torch.Tensor], layout: TreeLayout, host_s
         checks["a rank key is negative, NaN or infinite"] = ~((keys >= 0) & (keys < float("inf"))).all()
         checks["a slot never filled has a rank key"] = (~filled & (keys != 0)).any()
     names = list(checks)
-    failed = torch.stack([checks[n].long() for n in names] + [size]).tolist()
-    bad = [n for n, f in zip(names, failed[:-1], strict=True) if f]
+    failed = torch.stack([checks[n].long() for n in names] + [size, counters[C_INVALID]]).tolist()
+    bad = [n for n, f in zip(names, failed[:-2], strict=True) if f]
     if bad:
         raise ValueError(f"load_state_dict(): the state is corrupt: {'; '.join(bad)}")
-    n = int(failed[-1])
+    n = int(failed[-2])
     if host_size > n:
         raise ValueError(f"load_state_dict(): host size {host_size} exceeds the {n} filled slots")
-    return n
+    return n, int(failed[-1])
