@@ -86,6 +86,26 @@ def test_a_run_resumed_mid_way_ends_where_the_whole_run_does(run, tmp_path, samp
         assert resumed[key] == whole[key], key
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("graphs", [True, False])
+def test_a_gpu_run_resumed_mid_way_ends_where_the_whole_run_does(run, tmp_path, graphs):
+    """The same on CUDA, with and without CUDA graphs: the CUDA generator's state and Adam's
+    capturable state travel in the checkpoint too."""
+    run = dict(run, device="cuda", cuda_graphs=graphs)
+    train(Config(**run, run_name="whole"), **QUIET)
+    middle = tmp_path / "whole" / "checkpoints" / "step-000000000400"
+    train(Config(**run, run_name="resumed", resume=str(middle)), **QUIET)
+    _assert_same_training(tmp_path / "whole", tmp_path / "resumed")
+
+
+@pytest.mark.gpu
+def test_a_gpu_checkpoint_resumes_on_the_cpu(run, tmp_path):
+    train(Config(**run, device="cuda", run_name="gpu"), **QUIET)
+    middle = tmp_path / "gpu" / "checkpoints" / "step-000000000600"
+    results = train(Config(**run, device="cpu", run_name="cpu", resume=str(middle)), **QUIET)
+    assert results.env_steps == 1000 and results.device == "cpu"
+
+
 @pytest.mark.parametrize("sig, raised", [(signal.SIGTERM, SystemExit), (signal.SIGINT, KeyboardInterrupt)])
 def test_a_signal_inside_an_epoch_checkpoints_that_iteration(run, tmp_path, monkeypatch, sig, raised):
     """A stop signal during iteration 130 (of 250; epochs of 50) ends the run after it, with a
