@@ -39,7 +39,12 @@ def _assert_same_training(a, b) -> None:
             assert torch.equal(value, tb["agent"]["optimizer"]["state"][slot][key]), f"adam {slot}.{key}"
     for key in ("counters", "sums", "beta", "obs"):
         assert torch.equal(ta["agent"][key], tb["agent"][key]), key
-    assert all(torch.equal(ra[k], rb[k]) for k in ra if isinstance(ra[k], torch.Tensor))
+    differ = {
+        k: (int((ra[k] != rb[k]).sum()), (ra[k] != rb[k]).nonzero()[:4].flatten().tolist())
+        for k in ra
+        if isinstance(ra[k], torch.Tensor) and not torch.equal(ra[k], rb[k])
+    }
+    assert not differ, f"replay tensors differ (count, first positions): {differ}"
     assert ta["returns"] == tb["returns"] and ta["iteration"] == tb["iteration"]
 
 
@@ -100,9 +105,9 @@ def test_a_gpu_run_resumed_mid_way_ends_where_the_whole_run_does(run, tmp_path, 
 
 @pytest.mark.gpu
 def test_a_gpu_checkpoint_resumes_on_the_cpu(run, tmp_path):
-    train(Config(**run, device="cuda", run_name="gpu"), **QUIET)
+    train(Config(**dict(run, device="cuda"), run_name="gpu"), **QUIET)
     middle = tmp_path / "gpu" / "checkpoints" / "step-000000000600"
-    results = train(Config(**run, device="cpu", run_name="cpu", resume=str(middle)), **QUIET)
+    results = train(Config(**dict(run, device="cpu"), run_name="cpu", resume=str(middle)), **QUIET)
     assert results.env_steps == 1000 and results.device == "cpu"
 
 
