@@ -4,6 +4,7 @@ what it was given and never joins the caller's autograd graph."""
 
 from __future__ import annotations
 
+import copy
 import gc
 import weakref
 
@@ -96,6 +97,37 @@ def test_an_out_of_range_beta_tensor_is_clamped_on_the_gpu(beta, like):
     twin.update_priorities(k, k.float())
     b = twin.sample(32, beta=like)
     assert torch.equal(a.indices, b.indices) and torch.equal(a.weights, b.weights)
+    copy.deepcopy(rb)  # the buffer's beta scalar holds the clamped value: its state still restores
+    for _ in range(2):  # also through the buffer's own graphs, whose beta is the scalar
+        rb.sample(32, beta=torch.tensor(beta, device="cuda"))
+    copy.deepcopy(rb)
+
+
+@pytest.mark.gpu
+def test_assigning_beta_keeps_the_buffers_graphs_and_alpha_recaptures(monkeypatch):
+    """beta is read from a device scalar, so its graphs stay; alpha was captured, so they go."""
+    from gper.replay import graphs
+
+    captures = []
+    real = graphs.capture
+
+    def counting(graph, pool=None, stream=None):
+        captures.append(1)
+        return real(graph, pool, stream)
+
+    monkeypatch.setattr(graphs, "capture", counting)
+    rb = _buffer("cuda", capacity=64)
+    rb.add({"obs": torch.ones(64, 4, device="cuda"), "action": torch.arange(64, device="cuda")})
+    for _ in range(3):
+        rb.sample(32)
+    n = len(captures)
+    for step in range(5):
+        rb.beta = 0.4 + 0.1 * step
+        rb.sample(32)
+    assert len(captures) == n, "assigning beta recaptured"
+    rb.alpha = 0.3
+    rb.sample(32)
+    assert len(captures) > n, "alpha changed and the old graphs were kept"
 
 
 def test_a_beta_tensor_that_requires_grad_keeps_the_buffer_out_of_autograd(device):

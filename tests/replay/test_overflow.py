@@ -102,3 +102,22 @@ def test_a_refused_eps_leaves_the_buffer_unchanged():
     with pytest.raises(ValueError):
         rb.eps = 0.0
     assert_unchanged(rb, before)
+
+
+def test_batch_normalised_weights_stay_finite_when_global_ones_round_to_zero(device, backend):
+    rb = _filled(2, 2, device, backend, alpha=1.0, eps=2.0**-126, weight_norm="batch")
+    rb.update_priorities(torch.arange(2, device=device), torch.tensor([0.0, 1e30], device=device))
+    for _ in range(20):
+        batch = rb.sample(8, beta=1.0)
+        assert bool(torch.isfinite(batch.weights).all()), batch.weights.tolist()
+        assert float(batch.weights.max()) == 1.0
+
+
+def test_a_float64_td_error_past_float32_gets_the_largest_priority_not_the_nonfinite_one(device, backend):
+    rb = _filled(4, 4, device, backend, alpha=1.0)
+    rb.update_priorities(
+        torch.arange(4, device=device),
+        torch.tensor([1e39, -1e300, 1.0, float("inf")], dtype=torch.float64, device=device),
+    )
+    assert rb.priorities(torch.arange(2, device=device)).tolist() == [P_MAX, P_MAX]
+    assert rb.stats()["nonfinite_td"] == 1

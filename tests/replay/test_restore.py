@@ -49,6 +49,7 @@ CORRUPTIONS = [
     ("inf priority", lambda s, rb: s["tree"].__setitem__(_leaf(rb, 3), math.inf), "infinite"),
     ("priority above 2**64", lambda s, rb: s["tree"].__setitem__(_leaf(rb, 3), 2.0**65), "2**64"),
     ("zero priority on a filled slot", lambda s, rb: s["tree"].__setitem__(_leaf(rb, 3), 0.0), "priority 0"),
+    ("subnormal priority", lambda s, rb: s["tree"].__setitem__(_leaf(rb, 3), 1e-40), "below 2**-126"),
     ("mass on a slot never filled", lambda s, rb: s["tree"].__setitem__(_leaf(rb, 40), 0.5), "never filled"),
     ("max priority NaN", lambda s, rb: s["scalars"].__setitem__(S_MAXP, math.nan), "max priority"),
     ("max priority 0", lambda s, rb: s["scalars"].__setitem__(S_MAXP, 0.0), "max priority"),
@@ -91,16 +92,23 @@ def test_rank_keys_are_checked(device):
         assert_unchanged(target, before)
 
 
-def test_every_state_a_buffer_reaches_loads(device, backend):
-    """The checks accept what buffers really hold: full, wrapped, each mode, after many updates."""
+@pytest.mark.parametrize("alpha, eps", [(0.6, 1e-6), (0.0, 1e-6), (1.0, 2.0**-126), (0.5, 2.0**64)])
+def test_every_state_a_buffer_reaches_loads(device, backend, alpha, eps):
+    """The checks accept what buffers really hold: full, wrapped, each mode, rank refreshes, after
+    many updates with huge, zero and non-finite TD errors, alpha 0 to 1, eps at both limits."""
     for sampling in ("proportional", "stratified", "rank", "uniform"):
-        rb = used(backend, device, sampling, n=130)  # wrapped more than twice
-        for step in range(5):
+        rb = used(backend, device, sampling, n=130, alpha=alpha, eps=eps, rank_refresh_interval=2)
+        g = torch.Generator().manual_seed(0)
+        for step in range(7):
             batch = rb.sample(32)
-            rb.update_priorities(batch, torch.randn(32, generator=torch.Generator().manual_seed(step)).to(device) * 50)
-        fresh = make_buffer(50, backend, device, arity=4, sampling=sampling)
+            td = torch.randn(32, generator=g) * 10.0 ** (step - 2)
+            td[:3] = torch.tensor([0.0, float("nan"), 3e38])
+            rb.update_priorities(batch, td.to(device))
+            if step == 3:
+                rb.add(transitions(9, device=device))
+        fresh = make_buffer(50, backend, device, arity=4, sampling=sampling, alpha=alpha, eps=eps)
         fresh.load_state_dict(state_of(rb))
-        assert len(fresh) == 50 and fresh.stats() == rb.stats()
+        assert len(fresh) == 50 and fresh.stats() == rb.stats(), sampling
 
 
 def test_a_batch_drawn_before_a_load_is_stale_after_it(device):
@@ -116,6 +124,24 @@ def test_a_batch_drawn_before_a_load_is_stale_after_it(device):
     fresh = rb.sample(8)  # a batch drawn after the load updates as usual
     rb.update_priorities(fresh, torch.full((8,), 100.0, device=rb.device))
     assert rb.stats()["stale_updates"] == stale + 8
+
+
+def test_a_batch_drawn_before_loading_a_smaller_state_is_stale_not_out_of_range(device):
+    small = used(device=device, n=4)
+    state = state_of(small)
+    rb = used(device=device, n=50)
+    batch = rb.sample(16)
+    rb.load_state_dict(state)  # 4 slots now: the batch's indices reach past them
+    stale = rb.stats()["stale_updates"]
+    rb.update_priorities(batch, torch.ones(16, device=rb.device))
+    assert rb.stats()["stale_updates"] == stale + 16
+
+
+def test_the_seed_is_fixed():
+    rb = used()
+    with pytest.raises(AttributeError):
+        rb.seed = 2**64
+    assert rb.seed == 5
 
 
 def test_a_batch_of_another_buffer_is_stale(device):
@@ -153,7 +179,9 @@ def test_save_and_load_a_file(tmp_path, device, backend):
     for name, view in rb.storage.items():
         assert torch.equal(fresh.storage[name], view), name
     a, b = rb.sample(32), fresh.sample(32)
-    assert_verbose_equal(a.indices, b.indices) and assert_verbose_equal(a.rows, b.rows)
+    assert_verbose_equal(a.indices, b.indices, what="indices")
+    assert_verbose_equal(a.rows, b.rows, what="rows")
+    assert_verbose_equal(a.weights, b.weights, what="weights")
 
 
 def test_a_buffer_file_is_a_plain_safetensors_file(tmp_path):

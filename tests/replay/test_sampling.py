@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from gper.ops import reference
 from gper.ops.state import C_SIZE, MODE_PROPORTIONAL, MODE_STRATIFIED, MODE_UNIFORM, S_BETA, S_MAXP, rng_blocks
 from gper.replay.sampling import SAMPLING, BetaInput, RankKeys, SamplingPolicy
 from gper.replay.tree import PriorityTree
@@ -288,12 +289,22 @@ def test_sampling_policy_counts_updates_to_the_refresh(device):
 @pytest.mark.parametrize("norm", ["global", "batch"])
 def test_normalise_divides_by_the_batch_max_in_batch_mode_only(device, mode, norm):
     policy = SamplingPolicy.build(mode, norm, 10, device, refresh_interval=4)
+    tree = PriorityTree.from_leaves([4.0, 2.0, 8.0], reference, arity=2, device=device)
     weights = torch.tensor([0.25, 0.5, 0.125], device=device)
-    out = {"weights": weights}
-    policy.normalise(out)
+    out = {"weights": weights, "indices": torch.tensor([0, 1, 2], device=device)}
+    policy.normalise(out, tree, torch.tensor(1.0, device=device))
     assert out["weights"] is weights, "in place"
     want = [0.5, 1.0, 0.25] if norm == "batch" and mode != "uniform" else [0.25, 0.5, 0.125]
     assert weights.tolist() == want
+
+
+def test_batch_normalisation_survives_global_weights_that_rounded_to_zero(device):
+    """Every draw's priority 2^150 times the smallest stored: global weights are 0, the batch's are not."""
+    policy = SamplingPolicy.build("proportional", "batch", 4, device, refresh_interval=4)
+    tree = PriorityTree.from_leaves([2.0**-126, 2.0**24, 2.0**25, 2.0**26], reference, arity=2, device=device)
+    out = {"weights": torch.zeros(3, device=device), "indices": torch.tensor([1, 2, 3], device=device)}
+    policy.normalise(out, tree, torch.tensor(1.0, device=device))
+    assert out["weights"].tolist() == [1.0, 0.5, 0.25]
 
 
 def test_rank_keys_on_add_update_and_refresh(ops, device):

@@ -104,7 +104,7 @@ class PrioritizedReplayBuffer:
             capacity, alpha, beta, eps, sampling, weight_norm, seed, rank_refresh_interval, arity, backend
         )
         self._cfg = cfg
-        self.seed = cfg.seed
+        self._seed = cfg.seed
         self.strict = bool(strict)
         self._backend_request = backend
         self._row_layout = RowLayout.build(spec)
@@ -151,11 +151,17 @@ class PrioritizedReplayBuffer:
     alpha, beta, eps, sampling = Setting(), Setting(), Setting(), Setting()
     weight_norm, rank_refresh_interval = Setting(), Setting()
 
-    def _settings_changed(self) -> None:
+    def _settings_changed(self, name: str) -> None:
         self.policy.configure(self._cfg.weight_norm, self._cfg.rank_refresh_interval)
-        # captured graphs froze alpha and eps (kernel arguments) and the weight normalisation:
-        # calls after the change capture new ones
-        self._graphs.clear()
+        if name in ("alpha", "eps", "weight_norm"):
+            # captured graphs froze these (kernel arguments, the normalisation): calls after the
+            # change capture new ones. beta is read from a device scalar, so its graphs stay
+            self._graphs.clear()
+
+    @property
+    def seed(self) -> int:
+        """The sampler's Philox key (fixed; a restore takes the saved one)."""
+        return self._seed
 
     @property
     def capacity(self) -> int:
@@ -250,7 +256,7 @@ class PrioritizedReplayBuffer:
         flat = self._flat.empty(b, self.device)
         out = self._flat.split(flat)
         self.tree.sample_into(self.rows.words, self.seed, self.policy.kernel_mode, beta, out)
-        self.policy.normalise(out)
+        self.policy.normalise(out, self.tree, beta)
         return flat
 
     @on_own_device
@@ -265,13 +271,15 @@ class PrioritizedReplayBuffer:
                 max priority and are counted (:meth:`stats`). For duplicate slots the last wins.
         """
         batch = batch_or_indices if isinstance(batch_or_indices, SampledBatch) else None
+        if batch is not None and batch.source is not self._epoch:
+            # drawn by another buffer, or by this one before a restore: every entry is stale (its
+            # indices are not checked against this buffer's size: they belong to another state)
+            check_td(td_errors, batch.indices, self.device)
+            self.tree.count_stale(batch.indices.numel())
+            return
         raw = batch.indices if batch is not None else batch_or_indices
         indices = check_indices(raw, self.device, self._size, self.strict, "update_priorities()")
         td = check_td(td_errors, indices, self.device)
-        if batch is not None and batch.source is not self._epoch:
-            # drawn by another buffer, or by this one before a load_state_dict: every entry is stale
-            self.tree.count_stale(indices.numel())
-            return
         expected = check_generations(batch.generations, indices) if batch is not None else None
         args = (indices, td) if expected is None else (indices, td, expected)
         try:
@@ -376,23 +384,40 @@ class PrioritizedReplayBuffer:
         Raises:
             ValueError: the file is missing, damaged, not a buffer file, from a buffer of other
                 settings, or corrupt (naming what is wrong); the buffer is then unchanged.
+            RuntimeError: the file was cut short in place after its checks passed, while its
+                rows were being read: the buffer then holds part of it (the message says so). A
+                save that replaces the file meanwhile cannot do this: the open file is read.
         """
-        f = TensorFile(path)
-        meta = f.metadata
-        state: dict[str, Any] = {"config": meta.get("config"), "seed": meta.get("seed"), "host": meta.get("host")}
-        mine = self._tensors()
-        for name in mine:
-            if name not in f.keys():
-                raise ValueError(f"load(): {path} has no tensor {name!r}")
-            shape, dtype = f.meta(name)
-            if name == "rows" or (shape, dtype) != (mine[name].shape, mine[name].dtype):
-                # a stand-in carries the shape: the rows are read into place only after every
-                # check, and a tensor of the wrong shape is refused by them
-                state[name] = torch.empty(shape, dtype=dtype, device="meta")
-            else:  # read to the device a chunk at a time: the checks run there
-                state[name] = torch.empty(shape, dtype=dtype, device=self.device)
-                f.copy_into(name, state[name])
-        self._restore(state, lambda rows: f.copy_into("rows", rows), json_config=True)
+        with TensorFile(path) as f:
+            meta = f.metadata
+            state: dict[str, Any] = {"config": meta.get("config"), "seed": meta.get("seed"), "host": meta.get("host")}
+            mine = self._tensors()
+            for name in mine:
+                if name not in f.keys():
+                    raise ValueError(f"load(): {path} has no tensor {name!r}")
+                shape, dtype = f.meta(name)
+                if name == "rows" or (shape, dtype) != (mine[name].shape, mine[name].dtype):
+                    # a stand-in carries the shape: the rows are read into place only after every
+                    # check, and a tensor of the wrong shape is refused by them
+                    state[name] = torch.empty(shape, dtype=dtype, device="meta")
+                else:  # read to the device a chunk at a time: the checks run there
+                    state[name] = torch.empty(shape, dtype=dtype, device=self.device)
+                    try:
+                        f.copy_into(name, state[name])
+                    except OSError as err:
+                        raise ValueError(f"load(): {err}") from err
+            self._restore(state, lambda rows: self._read_rows(f, rows, path), json_config=True)
+
+    def _read_rows(self, f: TensorFile, rows: torch.Tensor, path: str | os.PathLike) -> None:
+        try:
+            f.copy_into("rows", rows)
+        except OSError as err:
+            # the file was checked whole, then changed under the open file (truncated in place):
+            # the rows are partly overwritten, so the buffer no longer holds a consistent state
+            raise RuntimeError(
+                f"load(): {path} could not be read to the end after its checks passed ({err}); the buffer "
+                "now holds part of it: load a complete file into it, or build a new one"
+            ) from err
 
     def _restore(
         self, state: Mapping[str, Any], copy_rows: Callable[[torch.Tensor], object], json_config: bool = False
@@ -404,7 +429,7 @@ class PrioritizedReplayBuffer:
             copy_rows(self.rows.rows)
             self.tree.load_state_dict(state)
             self.policy.load_state_dict(state)
-        self.seed = seed
+        self._seed = seed
         self._graphs.clear()  # graphs froze the old seed
         self._size = size  # the device's count: adds replayed from a caller's graph count too
         self._invalid_reported = invalid  # dropped entries the saved buffer knew of are not new

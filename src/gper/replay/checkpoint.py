@@ -30,6 +30,9 @@ from gper.ops.state import (
     S_MAXP,
 )
 
+#: the smallest priority a buffer can store (the smallest eps, a normal float32)
+EPS_MIN = 2.0**-126
+
 #: how far a stored inner node of the sum tree may be from the sum of its leaves, relative to
 #: that sum: the float32 rounding of summing K children per level in another order (the back
 #: ends sum in different orders), a few levels deep, is below 1e-5
@@ -102,7 +105,9 @@ def check_contents(
         "the max priority is not in (0, 2**64]": ~((maxp > 0) & (maxp <= P_MAX)),
         "beta is not in [0, 1]": ~((scalars[S_BETA] >= 0) & (scalars[S_BETA] <= 1)),
         "a priority is negative, NaN, infinite or above 2**64": ~((leaves >= 0) & (leaves <= P_MAX)).all(),
-        "a filled slot has priority 0": (filled & (leaves == 0)).any(),
+        # every priority a buffer stores is at least min(eps ** alpha, 1 / capacity) >= 2**-126;
+        # a subnormal one could read as 0 on a GPU (its log2 may flush it)
+        "a filled slot has priority 0 or below 2**-126": (filled & (leaves < EPS_MIN)).any(),
         "a slot never filled has a priority (mass on empty slots)": (~filled & (leaves != 0)).any(),
         "a priority exceeds the max priority": (torch.where(filled, leaves, 0.0) > maxp).any(),
         "the min tree's leaves differ from the sum tree's": (filled & (minleaves != leaves)).any()

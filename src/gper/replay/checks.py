@@ -7,6 +7,8 @@ import warnings
 
 import torch
 
+from gper.ops.state import P_MAX
+
 
 class GperWarning(UserWarning):
     """Warnings from gper: CPU fallback, dropped invalid input found on the device."""
@@ -131,4 +133,7 @@ def check_td(td_errors: object, indices: torch.Tensor, device: torch.device) -> 
         )
     if td_errors.device != device:
         raise ValueError(f"{what}: td_errors are on {td_errors.device}, expected {device}")
-    return td_errors.detach().float()
+    td = td_errors.detach()
+    if td.dtype == torch.float64:  # finite values past float32's range stay finite: P_MAX after the clamp
+        td = torch.where(torch.isfinite(td), td.clamp(-P_MAX, P_MAX), td)
+    return td.float()

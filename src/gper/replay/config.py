@@ -59,7 +59,7 @@ MUTABLE = {
 
 class Setting:
     """A buffer attribute that reads its :class:`ReplayConfig` (``obj._cfg``); settings in
-    :data:`MUTABLE` can be assigned (checked, then ``obj._settings_changed()``), the others are
+    :data:`MUTABLE` can be assigned (checked, then ``obj._settings_changed(name)``), the others are
     fixed at construction."""
 
     def __set_name__(self, owner: type, name: str) -> None:
@@ -73,7 +73,7 @@ class Setting:
         if check is None:
             raise AttributeError(f"{self.name} is fixed when the buffer is built")
         obj._cfg = replace(obj._cfg, **{self.name: check(value)})
-        obj._settings_changed()
+        obj._settings_changed(self.name)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,9 @@ import torch
 #: bytes moved per device-to-host copy and per write: the save's host memory, whatever the buffer's size
 CHUNK_BYTES = 64 * 2**20
 
+#: the largest header read (the safetensors library's own limit is 100 MB)
+_MAX_HEADER = 100_000_000
+
 #: the value of ``__metadata__["format"]`` in a gper buffer file
 FORMAT = "gper.replay/1"
 
@@ -125,15 +128,17 @@ def write_tensors(
 
 
 class TensorFile:
-    """A safetensors file opened for reading.
+    """A safetensors file opened for reading, held open until :meth:`close` (or the ``with`` block ends).
 
-    The safetensors library opens it (checking its header against the file's size) and reads the
-    small tensors; :meth:`copy_into` reads a large one a chunk at a time with plain reads into one
-    reused host buffer, so a load's host memory is one chunk (a memory map would count the whole
-    file as resident as it is read).
+    The file is opened once and everything is read from that open file: a save that replaces
+    ``path`` meanwhile (an atomic rename: a new file) does not mix into the load. The safetensors
+    library checks the format (its header against the file's size) on the same file; tensors are
+    read with plain reads a chunk at a time into one reused host buffer, so a load's host memory
+    is one chunk (a memory map would count the whole file as resident as it is read).
 
     Raises:
-        ValueError: the file is missing, truncated or not a gper buffer file (the message names it).
+        ValueError: the file is missing, truncated, changed while being opened, or not a gper
+            buffer file (the message names it).
     """
 
     def __init__(self, path: str | os.PathLike) -> None:
@@ -144,34 +149,53 @@ class TensorFile:
             raise ImportError(msg) from err
         self.path = Path(path)
         try:
-            self._file = safe_open(str(self.path), framework="pt", device="cpu")
-            meta = self._file.metadata() or {}
-            with open(self.path, "rb") as f:
-                n = int.from_bytes(f.read(8), "little")
-                self._header = json.loads(f.read(n))
+            self._f = open(self.path, "rb")  # noqa: SIM115 - held until close()
+        except OSError as err:
+            raise ValueError(f"{self.path}: not a readable buffer file ({err})") from err
+        try:
+            st = os.fstat(self._f.fileno())
+            n = int.from_bytes(self._f.read(8), "little")
+            if not 0 < n <= min(st.st_size - 8, _MAX_HEADER):
+                raise ValueError(f"a header of {n} bytes in a file of {st.st_size}")
+            self._header = json.loads(self._f.read(n))
             self._data_start = 8 + n
-        except (SafetensorError, OSError, ValueError) as err:
+            # the format checked by the safetensors library, on this same file (same inode, size)
+            meta = safe_open(str(self.path), framework="pt", device="cpu").metadata() or {}
+            now = os.stat(self.path)
+            if (now.st_ino, now.st_dev, now.st_size) != (st.st_ino, st.st_dev, st.st_size):
+                raise ValueError("the file was replaced while it was being opened")
+            ends = [v["data_offsets"][1] for k, v in self._header.items() if k != "__metadata__"]
+            if self._data_start + max(ends, default=0) != st.st_size:
+                raise ValueError("its size differs from its header's")
+        except (SafetensorError, OSError, ValueError, KeyError, TypeError) as err:
+            self._f.close()
             raise ValueError(f"{self.path}: not a readable buffer file ({err})") from err
         if meta.get("format") != FORMAT:
+            self._f.close()
             got = meta.get("format")
             raise ValueError(f"{self.path}: not a gper buffer file (format {got!r}, expected {FORMAT!r})")
         try:
             self.metadata: dict[str, Any] = json.loads(meta["gper"])
         except (KeyError, json.JSONDecodeError) as err:
+            self._f.close()
             raise ValueError(f"{self.path}: the buffer file's settings are unreadable ({err})") from err
 
+    def __enter__(self) -> TensorFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._f.close()
+
     def keys(self) -> list[str]:
-        return list(self._file.keys())
+        return [k for k in self._header if k != "__metadata__"]
 
     def meta(self, name: str) -> tuple[torch.Size, torch.dtype | None]:
         """(shape, dtype) of tensor ``name`` without reading it."""
-        s = self._file.get_slice(name)
-        dtype = {v: k for k, v in _DTYPES.items()}.get(s.get_dtype())
-        return torch.Size(s.get_shape()), dtype
-
-    def read(self, name: str) -> torch.Tensor:
-        """Tensor ``name`` whole, on the CPU."""
-        return self._file.get_tensor(name)
+        entry = self._header[name]
+        return torch.Size(entry["shape"]), {v: k for k, v in _DTYPES.items()}.get(entry["dtype"])
 
     def copy_into(self, name: str, dst: torch.Tensor) -> None:
         """Copy tensor ``name`` into contiguous ``dst`` (same shape and dtype) a chunk at a time."""
@@ -181,10 +205,9 @@ class TensorFile:
             raise ValueError(f"copy_into({name!r}): needs a contiguous tensor of {end - begin} bytes")
         buf = torch.empty(min(CHUNK_BYTES, end - begin), dtype=torch.uint8)
         view = memoryview(buf.numpy())
-        with open(self.path, "rb") as f:
-            f.seek(self._data_start + begin)
-            for lo in range(0, end - begin, CHUNK_BYTES):
-                n = min(CHUNK_BYTES, end - begin - lo)
-                if f.readinto(view[:n]) != n:
-                    raise ValueError(f"{self.path}: ends inside tensor {name!r}")
-                flat[lo : lo + n].copy_(buf[:n])
+        self._f.seek(self._data_start + begin)
+        for lo in range(0, end - begin, CHUNK_BYTES):
+            n = min(CHUNK_BYTES, end - begin - lo)
+            if self._f.readinto(view[:n]) != n:
+                raise OSError(f"{self.path}: ends inside tensor {name!r} (cut short while being read)")
+            flat[lo : lo + n].copy_(buf[:n])

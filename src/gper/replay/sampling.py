@@ -21,11 +21,14 @@ from dataclasses import dataclass
 
 import torch
 
+from gper.ops import reference
 from gper.ops.state import MODE_PROPORTIONAL, MODE_STRATIFIED, MODE_UNIFORM, S_MAXP
 from gper.replay.checks import check_beta_tensor, check_unit
 from gper.replay.tree import PriorityTree
 
 SAMPLING = ("proportional", "stratified", "rank", "uniform")
+#: below this largest global weight in a batch, batch normalisation recomputes from the priorities
+_TINY_WEIGHT = 2.0**-24
 WEIGHT_NORMS = ("global", "batch")
 _KERNEL_MODES = {
     "proportional": MODE_PROPORTIONAL,
@@ -55,7 +58,9 @@ class BetaInput:
                 beta = beta.detach()
             if beta.dtype == torch.float32 and not graphed:
                 return beta
-            self.scalar.copy_(beta)
+            # clamped as the kernels clamp it (NaN reads as 1): the scalar is part of the state
+            # a checkpoint holds, which a restore checks
+            self.scalar.copy_(beta.clamp(0.0, 1.0).nan_to_num(1.0))
             self._written = None
             return self.scalar
         value = beta if checked else check_unit("beta", beta)
@@ -178,11 +183,17 @@ class SamplingPolicy:
         else:
             tree.update(indices, td, expected_gen, alpha, eps)
 
-    def normalise(self, out: Mapping[str, torch.Tensor]) -> None:
+    def normalise(self, out: Mapping[str, torch.Tensor], tree: PriorityTree, beta: torch.Tensor) -> None:
         """``batch`` normalisation of a sample's weights, in place (the kernel normalised globally)."""
         if self.weight_norm == "batch" and self.mode != "uniform":
-            # w_i / max_j w_j = (p_i / min_j p_j) ** -beta over the batch
-            out["weights"].div_(out["weights"].amax())
+            # w_i / max_j w_j = (p_i / min_j p_j) ** -beta over the batch. When the batch's largest
+            # global weight is tiny (every draw's priority far above the smallest stored one, so
+            # global weights may have rounded to 0), the same from the drawn priorities instead
+            w = out["weights"]
+            top = w.amax()
+            leaf = tree.tree[tree.layout.leaf_offset + out["indices"]]
+            wide = reference.is_weights(leaf, leaf.amin(), beta)
+            w.copy_(torch.where(top >= _TINY_WEIGHT, w / top, wide))
 
     @staticmethod
     def estimate_bytes(mode: str, capacity: int) -> int:
