@@ -18,6 +18,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 LAYERS: list[tuple[int, str]] = [
     (0, "gper._triton"),  # the one Triton import
     (0, "gper._device"),
+    (0, "gper._files"),  # atomic files: the order of fsyncs and renames
     (1, "gper.ops"),  # kernels
     (2, "gper.replay"),  # the library
     (3, "gper"),  # the public face: gper/__init__.py re-exports the library

@@ -73,6 +73,13 @@ INF, NAN = float("inf"), float("nan")
         ("episode_len", 0, "episode_len must be an integer >= 1, got 0"),
         ("episode_len", 2.5, "episode_len must be an integer >= 1, got 2.5"),
         ("total_steps", INF, "total_steps must be an integer >= 1, got inf"),
+        ("learning_starts", NAN, "learning_starts must be an integer, got nan"),
+        ("learning_starts", INF, "learning_starts must be an integer, got inf"),
+        ("time_every", NAN, "time_every must be an integer, got nan"),
+        ("bars", NAN, "bars must be an integer, got nan"),
+        ("test_bars", 2.5, "test_bars must be an integer, got 2.5"),
+        ("seed", NAN, "seed must be an integer, got nan"),
+        ("seed", -1, "seed must be >= 0, got -1"),
     ],
 )
 def test_non_finite_or_out_of_range_number_is_refused(smoke, name, value, message):

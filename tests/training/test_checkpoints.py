@@ -3,6 +3,7 @@ and renames, a writer that fails half-way, what killed writers leave, pruning.""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -36,13 +37,22 @@ def test_names_and_steps():
         checkpoint_name(-1)
 
 
+def _bytes(content: str):
+    return lambda f: f.write(content.encode())
+
+
+def _fails_midway(f) -> None:
+    f.write(b"half of it")
+    raise OSError("disk full")
+
+
 def test_atomic_write_keeps_the_old_file_when_the_writer_fails(tmp_path):
     path = tmp_path / "config.json"
-    atomic_write(path, _text("old"))
+    atomic_write(path, _bytes("old"))
     with pytest.raises(OSError, match="disk full"):
-        atomic_write(path, _fails)
+        atomic_write(path, _fails_midway)
     assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["config.json"]
-    atomic_write(path, _text("new"))
+    atomic_write(path, _bytes("new"))
     assert path.read_text() == "new" and [p.name for p in tmp_path.iterdir()] == ["config.json"]
 
 
@@ -117,3 +127,30 @@ def test_the_pause_for_crash_tests_comes_after_every_file(tmp_path, monkeypatch)
     monkeypatch.setenv(checkpoints.PAUSE_ENV, "0.25")
     write_checkpoint(tmp_path, 20, {"a": _text("a"), "b": _text("b")})
     assert slept == [0.25, 0.25]
+
+
+def test_a_crash_between_the_renames_of_a_rewritten_step_keeps_that_step(tmp_path, monkeypatch):
+    """Writing step N again moves the old step-N aside as step-N.replaced first: a crash before
+    the new one is renamed in leaves step-N.replaced, which counts as step N's checkpoint."""
+    write_checkpoint(tmp_path, 40, {"trainer.pt": _text("first")})
+    real = os.replace
+    calls = []
+
+    def crash_on_second(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise KeyboardInterrupt("killed between the renames")
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "replace", crash_on_second)
+    with pytest.raises(KeyboardInterrupt):
+        write_checkpoint(tmp_path, 40, {"trainer.pt": _text("second")})
+    monkeypatch.setattr(os, "replace", real)
+    (found,) = list_checkpoints(tmp_path)
+    assert found.name == "step-000000000040.replaced" and step_of(found) == 40
+    assert (found / "trainer.pt").read_text() == "first"
+    remove_temporaries(tmp_path)  # what a resume does first: the copy moved aside stays
+    assert list_checkpoints(tmp_path) == [found]
+    path = write_checkpoint(tmp_path, 40, {"trainer.pt": _text("third")}, keep=2)
+    assert list_checkpoints(tmp_path) == [path] and (path / "trainer.pt").read_text() == "third"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000000000040"]

@@ -226,6 +226,19 @@ def _check(cfg: Config) -> None:
         raise ValueError(f"cost_bps must be a finite number >= 0, got {cfg.cost_bps}")
     if cfg.solve_return is not None and not math.isfinite(cfg.solve_return):
         raise ValueError(f"solve_return must be a finite number, got {cfg.solve_return}")
+    # every other integer setting (bars, seed, learning_starts, ...): an int, not a float (NaN, inf)
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if f.type in ("int", int) and (not isinstance(value, int) or isinstance(value, bool)):
+            raise ValueError(f"{f.name} must be an integer, got {value!r}")
+        if (
+            f.type in ("int | None", "Optional[int]")
+            and value is not None
+            and (not isinstance(value, int) or isinstance(value, bool))
+        ):
+            raise ValueError(f"{f.name} must be an integer, got {value!r}")
+    if cfg.seed < 0:
+        raise ValueError(f"seed must be >= 0, got {cfg.seed}")
     if cfg.learning_starts < cfg.batch_size or cfg.learning_starts < 0:
         raise ValueError(f"learning_starts ({cfg.learning_starts}) must be >= batch_size ({cfg.batch_size})")
     if cfg.time_every < 0:

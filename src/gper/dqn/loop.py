@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from gper.dqn.config import Config, pick_device, resolve
 from gper.dqn.network import padded_width, replay_spec
 from gper.dqn.report import Results, RunReport
 from gper.envs import VecEnv, make_env
-from gper.training.checkpoints import list_checkpoints, remove_temporaries
+from gper.training.checkpoints import list_checkpoints, remove_temporaries, step_of
 from gper.training.readback import AsyncReadback
 from gper.training.runlog import RunLog, plot_run
 from gper.training.signals import StopSignals
@@ -164,6 +165,12 @@ def _open_run_folder(cfg: Config, device: torch.device, resume: Checkpoint | Non
     if continues:
         for path in remove_temporaries(folder / checkpoint.CHECKPOINTS):
             log(f"gper train: removed {path}, a checkpoint whose writing never finished")
+        # later checkpoints go before metrics.jsonl is cut back to this one: a crash in between
+        # must not leave a newest checkpoint whose metrics were cut away
+        for path in list_checkpoints(folder / checkpoint.CHECKPOINTS):
+            if step_of(path) > step_of(resume.path) and not _same(path, resume.path):
+                shutil.rmtree(path)
+                log(f"gper train: removed {path}, a checkpoint past the one this run resumes from")
     elif list_checkpoints(folder / checkpoint.CHECKPOINTS):
         raise ValueError(f"{folder} holds the checkpoints of another run: resume it, or give another run_name")
     runlog = RunLog(folder, metrics_bytes=resume.state["metrics_bytes"] if continues else None)

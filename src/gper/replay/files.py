@@ -18,15 +18,15 @@ disk, then renamed over ``path``; a crash at any moment leaves either the old fi
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import torch
+
+from gper._files import atomic_file
 
 #: bytes moved per device-to-host copy and per write: the save's host memory, whatever the buffer's size
 CHUNK_BYTES = 64 * 2**20
@@ -49,39 +49,6 @@ _DTYPES = {
     torch.float64: "F64",
     torch.bool: "BOOL",
 }
-
-
-@contextlib.contextmanager
-def atomic_file(path: str | os.PathLike) -> Iterator[IO[bytes]]:
-    """Open a binary file that appears at ``path`` only once it is complete.
-
-    The body writes to a temporary file in ``path``'s folder; on success the file is flushed,
-    fsynced and renamed over ``path``, and the folder is fsynced (so the rename survives a power
-    loss). If the body raises, the temporary file is removed and ``path`` is untouched.
-    """
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):  # some file systems and platforms cannot fsync a folder
-        fsync_path(path.parent)
-
-
-def fsync_path(path: str | os.PathLike) -> None:
-    """Flush ``path`` (a file or a folder) to disk: its data, or a folder's entries (a rename into it)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:

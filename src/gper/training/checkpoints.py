@@ -21,15 +21,16 @@ import shutil
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import IO
 
-from gper.replay.files import fsync_path
+from gper._files import TEMP_PREFIX, atomic_file, fsync_path
 
-#: prefix of the names a writer uses until its file or directory is complete
-TEMP_PREFIX = ".tmp-"
 #: seconds to sleep after each file of a checkpoint (for crash tests; unset: no pause)
 PAUSE_ENV = "GPER_CHECKPOINT_PAUSE"
 
-_NAME = re.compile(r"step-(\d{12})")
+_NAME = re.compile(r"step-(\d{12})(\.replaced)?")
+#: suffix of a complete checkpoint moved aside while the same step is written again
+REPLACED = ".replaced"
 
 
 class CheckpointError(ValueError):
@@ -50,12 +51,19 @@ def step_of(path: str | Path) -> int | None:
 
 
 def list_checkpoints(folder: str | Path) -> list[Path]:
-    """The complete checkpoints in ``folder``, oldest first (none when it does not exist)."""
+    """The complete checkpoints in ``folder``, oldest first (none when it does not exist).
+
+    A ``step-N.replaced`` directory (a complete checkpoint moved aside while step N was written
+    again) counts when no ``step-N`` exists: the writer died between its two renames."""
     folder = Path(folder)
     if not folder.is_dir():
         return []
-    found = [p for p in folder.iterdir() if p.is_dir() and step_of(p) is not None]
-    return sorted(found, key=step_of)
+    by_step: dict[int, Path] = {}
+    for p in sorted(folder.iterdir(), key=lambda p: p.name.endswith(REPLACED)):  # step-N before step-N.replaced
+        step = step_of(p)
+        if p.is_dir() and step is not None:
+            by_step.setdefault(step, p)
+    return [by_step[k] for k in sorted(by_step)]
 
 
 def remove_temporaries(folder: str | Path) -> list[Path]:
@@ -72,24 +80,14 @@ def remove_temporaries(folder: str | Path) -> list[Path]:
     return removed
 
 
-def atomic_write(path: str | Path, write: Callable[[Path], object]) -> Path:
-    """Write the file ``path`` so that it holds either its old content or the whole new one.
-
-    ``write`` is called with a temporary path in the same folder and writes the file there; it is
-    then fsynced, renamed over ``path`` and the folder fsynced. If ``write`` raises, the temporary
-    file is deleted and ``path`` is untouched.
-    """
-    path = Path(path)
-    tmp = path.with_name(f"{TEMP_PREFIX}{path.name}")
-    try:
-        write(tmp)
-        fsync_path(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_path(path.parent)
-    return path
+def atomic_write(path: str | Path, write: Callable[[IO[bytes]], object]) -> Path:
+    """Write the file ``path`` so that it holds either its old content or the whole new one:
+    ``write`` gets an open binary file (under a unique temporary name in the same folder), which
+    is then fsynced and renamed over ``path`` (:func:`gper._files.atomic_file`). If ``write``
+    raises, the temporary file is deleted and ``path`` is untouched."""
+    with atomic_file(path) as f:
+        write(f)
+    return Path(path)
 
 
 def write_checkpoint(
@@ -144,8 +142,11 @@ def prune(folder: str | Path, keep: int, current: str | Path) -> list[Path]:
     found = list_checkpoints(folder)
     later = [p for p in found if step_of(p) > newest]
     older = [p for p in found if step_of(p) <= newest][:-keep]
-    for path in later + older:
-        shutil.rmtree(path)
+    kept = {step_of(p) for p in found} - {step_of(p) for p in later + older}
+    # copies moved aside whose step has its own directory again, or whose step is pruned
+    stale = [p for p in Path(folder).glob(f"step-*{REPLACED}") if p not in found or step_of(p) not in kept]
+    for path in later + older + stale:
+        shutil.rmtree(path, ignore_errors=path in stale)
     return later + older
 
 
@@ -154,12 +155,15 @@ def _rename_into_place(tmp: Path, final: Path) -> None:
         os.replace(tmp, final)
         return
     # the same step written again (a finished run resumed): a directory cannot be renamed over
-    # another one, so the old one moves aside under a temporary name first
-    old = final.with_name(f"{TEMP_PREFIX}old-{final.name}")
+    # another one, so the old one moves aside first, under a name list_checkpoints still counts
+    # (step-N.replaced): a crash between the two renames leaves it as step N's checkpoint
+    old = final.with_name(final.name + REPLACED)
     if old.exists():
         shutil.rmtree(old)
     os.replace(final, old)
+    fsync_path(final.parent)
     os.replace(tmp, final)
+    fsync_path(final.parent)
     shutil.rmtree(old)
 
 

@@ -42,11 +42,13 @@ class RunLog:
     def write_json(self, name: str, data: Mapping[str, Any]) -> Path:
         """Write ``name`` in the run folder atomically: it holds the old content or the whole new one."""
         text = json.dumps(data, indent=2, default=str) + "\n"
-        return atomic_write(self.folder / name, lambda path: path.write_text(text, encoding="utf-8"))
+        return atomic_write(self.folder / name, lambda f: f.write(text.encode("utf-8")))
 
     def metrics_bytes(self) -> int:
-        """Flush ``metrics.jsonl`` and return its length in bytes (what a checkpoint records)."""
+        """Flush ``metrics.jsonl`` to disk and return its length in bytes (what a checkpoint
+        records: fsynced, so a checkpoint that survives a power loss never points past its end)."""
         self._file.flush()
+        os.fsync(self._file.fileno())
         return os.fstat(self._file.fileno()).st_size
 
     def log(self, global_step: int, **values: float) -> None:
