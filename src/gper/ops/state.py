@@ -28,6 +28,9 @@ N_SCALARS = 2
 #: clamped to it, so a node of the sum tree (at most ``capacity * P_MAX``) stays finite in float32
 #: for any capacity below 2^63 (FLT_MAX is about 2^128)
 P_MAX = 2.0**64
+#: the smallest priority a buffer stores: eps is at least float32's smallest normal number (a GPU's
+#: log2 may flush subnormals to 0), and every priority is at least min(eps ** alpha, 1 / capacity)
+P_MIN = 2.0**-126
 
 # sampling modes understood by the kernels
 MODE_PROPORTIONAL = 0

@@ -26,12 +26,10 @@ from gper.ops.state import (
     C_TICKET,
     C_TICKET_TOP,
     P_MAX,
+    P_MIN,
     S_BETA,
     S_MAXP,
 )
-
-#: the smallest priority a buffer can store (the smallest eps, a normal float32)
-EPS_MIN = 2.0**-126
 
 #: how far a stored inner node of the sum tree may be from the sum of its leaves, relative to
 #: that sum: the float32 rounding of summing K children per level in another order (the back
@@ -50,10 +48,7 @@ def check_state(state: object, config: dict[str, Any], tensors: Mapping[str, tor
     if theirs != config:
         diff = sorted(k for k in config if not isinstance(theirs, Mapping) or theirs.get(k) != config[k])
         raise ValueError(f"load_state_dict(): configuration differs in {diff}")
-    for name, dst in tensors.items():
-        src = state.get(name)
-        if not isinstance(src, torch.Tensor) or src.shape != dst.shape or src.dtype != dst.dtype:
-            raise ValueError(f"load_state_dict(): {name!r} missing or of the wrong shape/dtype")
+    check_tensors(state, tensors)
     host, seed = state.get("host"), state.get("seed")
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
         raise ValueError(f"load_state_dict(): 'seed' missing or invalid: {seed!r}")
@@ -64,6 +59,16 @@ def check_state(state: object, config: dict[str, Any], tensors: Mapping[str, tor
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"load_state_dict(): host[{key!r}] must be an int >= 0, got {value!r}")
     return seed, host
+
+
+def check_tensors(
+    state: Mapping[str, object], tensors: Mapping[str, torch.Tensor], what: str = "load_state_dict()"
+) -> None:
+    """Raise ValueError unless ``state`` holds every tensor of ``tensors`` with its shape and dtype."""
+    for name, dst in tensors.items():
+        src = state.get(name)
+        if not isinstance(src, torch.Tensor) or src.shape != dst.shape or src.dtype != dst.dtype:
+            raise ValueError(f"{what}: {name!r} missing or of the wrong shape/dtype")
 
 
 def _real_cells(layout: TreeLayout, device: torch.device) -> torch.Tensor:
@@ -105,9 +110,8 @@ def check_contents(
         "the max priority is not in (0, 2**64]": ~((maxp > 0) & (maxp <= P_MAX)),
         "beta is not in [0, 1]": ~((scalars[S_BETA] >= 0) & (scalars[S_BETA] <= 1)),
         "a priority is negative, NaN, infinite or above 2**64": ~((leaves >= 0) & (leaves <= P_MAX)).all(),
-        # every priority a buffer stores is at least min(eps ** alpha, 1 / capacity) >= 2**-126;
-        # a subnormal one could read as 0 on a GPU (its log2 may flush it)
-        "a filled slot has priority 0 or below 2**-126": (filled & (leaves < EPS_MIN)).any(),
+        # a subnormal priority could read as 0 on a GPU (its log2 may flush it)
+        "a filled slot has priority 0 or below 2**-126": (filled & (leaves < P_MIN)).any(),
         "a slot never filled has a priority (mass on empty slots)": (~filled & (leaves != 0)).any(),
         "a priority exceeds the max priority": (torch.where(filled, leaves, 0.0) > maxp).any(),
         "the min tree's leaves differ from the sum tree's": (filled & (minleaves != leaves)).any()

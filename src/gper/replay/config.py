@@ -7,7 +7,7 @@ from typing import Any
 
 from gper.ops import BACKENDS
 from gper.ops.layout import DEFAULT_ARITY, TreeLayout
-from gper.ops.state import P_MAX
+from gper.ops.state import P_MAX, P_MIN
 from gper.replay.checks import check_unit
 from gper.replay.sampling import SAMPLING, WEIGHT_NORMS, SamplingPolicy
 from gper.replay.storage import RowLayout
@@ -18,16 +18,12 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-#: the smallest eps: float32's smallest normal number (the kernels' log2 may flush subnormals to 0)
-EPS_MIN = 2.0**-126
-
-
 def check_eps(value: object) -> float:
     """``eps`` as a float in ``[2^-126, 2^64]``: positive and normal in float32, where the kernels
     compute with it, and no larger than the largest priority (``P_MAX``)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"eps must be a float, got {type(value).__name__}")
-    if not EPS_MIN <= float(value) <= P_MAX:  # False for NaN too
+    if not P_MIN <= float(value) <= P_MAX:  # False for NaN too
         raise ValueError(
             f"eps must be in [2**-126, 2**64]: positive, finite and normal as a float32, and at most "
             f"the largest priority; got {value!r}"

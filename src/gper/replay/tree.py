@@ -29,6 +29,7 @@ from gper.ops.state import (
     S_BETA,
     S_MAXP,
 )
+from gper.replay.checkpoint import check_tensors
 
 #: the tensors of :meth:`PriorityTree.state_dict`, by checkpoint name
 STATE_NAMES = ("tree", "mintree", "gen", "counters", "scalars")
@@ -261,10 +262,7 @@ class PriorityTree:
 
     def check_state(self, state: Mapping[str, object], what: str = "load_state_dict()") -> None:
         """Raise ValueError unless ``state`` holds every tensor of :meth:`state_dict` with its shape and dtype."""
-        for name, dst in self._tensors().items():
-            src = state.get(name)
-            if not isinstance(src, torch.Tensor) or src.shape != dst.shape or src.dtype != dst.dtype:
-                raise ValueError(f"{what}: {name!r} missing or of the wrong shape/dtype")
+        check_tensors(state, self._tensors(), what)
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
         """Copy a :meth:`state_dict` in place (addresses kept, so captured graphs stay valid)."""
