@@ -7,7 +7,24 @@
 torch.Size([4, 4])
 """
 
+import importlib
+from types import ModuleType
+
 from gper.replay import GperWarning, PrioritizedReplayBuffer, SampledBatch
 
 __version__ = "0.1.0"
 __all__ = ["GperWarning", "PrioritizedReplayBuffer", "SampledBatch", "__version__"]
+
+#: subpackages reachable as attributes after ``import gper`` (``gper.dqn.train(...)``), imported on
+#: first use so that ``import gper`` stays the replay buffer alone
+_SUBPACKAGES = ("bench", "dqn", "envs", "integrations", "ops", "replay", "training")
+
+
+def __getattr__(name: str) -> ModuleType:
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"gper.{name}")
+    raise AttributeError(f"module 'gper' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_SUBPACKAGES))
