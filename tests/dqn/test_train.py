@@ -16,6 +16,7 @@ from gper.training.runlog import read_metrics
 from gper.training.timing import PhaseTimer
 from helpers import run_checkpoint
 
+THREADS = torch.get_num_threads()
 SMALL = dict(device="cuda", total_steps=20_000, learning_starts=512, batch_size=256, buffer_size=4096, progress=False)
 
 
@@ -40,6 +41,24 @@ def test_smoke_training_writes_the_run_folder(tmp_path, smoke):
     assert any("charts/episodic_return" in r for r in rows)
     assert any("losses/td_loss" in r and "charts/SPS" in r for r in rows)
     assert json.loads((folder / "summary.json").read_text())["train_steps"] == 100
+
+
+def test_first_epoch_logs_its_losses_on_the_cpu(tmp_path, smoke):
+    # the epoch's losses are sums on the device minus those at the epoch's start: on the CPU a
+    # start "copy" that aliased the live sums made the first epoch's losses exactly 0
+    results = train(Config(**smoke | dict(learning_starts=32), run_dir=str(tmp_path)))
+    rows = [r for r in read_metrics(tmp_path / results.run_dir.split("/")[-1] / "metrics.jsonl") if "losses/td_loss" in r]
+    first = rows[0]
+    assert first["global_step"] == 200
+    assert first["losses/td_loss"] > 0 and first["losses/q_values"] != 0
+
+
+def test_cpu_run_records_what_ran(tmp_path, smoke):
+    results = train(Config(**smoke, run_dir=str(tmp_path)))
+    cfg = json.loads((tmp_path / results.run_dir.split("/")[-1] / "config.json").read_text())
+    # no CUDA graphs or TF32 on the CPU; one torch thread for this small network
+    assert cfg["cuda_graphs"] is False and cfg["precision"] == "fp32" and cfg["threads"] == 1
+    assert torch.get_num_threads() == THREADS  # put back after the run
 
 
 def test_resume_continues_from_the_checkpoint(tmp_path, smoke):

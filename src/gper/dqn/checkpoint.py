@@ -49,6 +49,7 @@ HONOURED = ("total_steps", "learning_rate")
 #: where the run computes and what it writes and shows: free to change on resume
 FREE = (
     "device",
+    "threads",
     "backend",
     "precision",
     "cuda_graphs",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -30,6 +31,10 @@ class Config:
     """environments stepped together"""
     device: str = "auto"
     """cuda, cuda:N, cpu, or auto (the GPU if there is one and the replay fits, else the CPU)"""
+    threads: int | None = None
+    """CPU threads for torch when training on the CPU; default 1 for a training step under 1 GFLOP
+    (every preset's network: more threads slow small steps down, and on cores other processes
+    share, by 10x), else the cores this process may use"""
     backend: Literal["auto", "triton", "torch"] = "auto"
     """replay kernels: triton on CUDA, torch on the CPU, when auto"""
     hidden: tuple[int, ...] | None = None
@@ -68,9 +73,9 @@ class Config:
     train_every: int = 1
     """collection steps (of num_envs env steps each) per training step"""
     precision: Literal["tf32", "fp32", "bf16"] = "tf32"
-    """matmul precision on CUDA: TF32 tensor cores, full FP32, or bf16 autocast"""
+    """matmul precision on CUDA: TF32 tensor cores, full FP32, or bf16 autocast (fp32 on the CPU)"""
     cuda_graphs: bool = True
-    """replay the collection and training steps from CUDA graphs"""
+    """replay the collection and training steps from CUDA graphs (on CUDA; off on the CPU)"""
     time_every: int = 10
     """time every N-th step phase by phase with CUDA events (0: no phase timing)"""
     epoch_steps: int | None = None
@@ -178,6 +183,33 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 
+#: a training step (forward, backward: about 6 flops per weight per transition) above this many
+#: flops is worth more than one CPU thread; below it, threads cost more in handoffs than they save
+#: (measured on a 2-core machine: a 256-wide step took 1.8 ms on one thread, 1.5 ms on two, and
+#: 2.7 ms against 4.9 ms with both cores busy elsewhere)
+MULTITHREAD_FLOPS = 1e9
+
+
+def step_flops(obs_dim: int, n_actions: int, hidden: tuple[int, ...], batch_size: int) -> float:
+    """Multiply-adds of one training step's forward and backward passes, times two (flops)."""
+    widths = (obs_dim, *hidden, n_actions)
+    weights = sum(a * b for a, b in zip(widths, widths[1:]))
+    return 6.0 * batch_size * weights
+
+
+def cpu_threads(cfg: Config, obs_dim: int, n_actions: int) -> int:
+    """The torch thread count for training ``cfg`` on the CPU: ``cfg.threads`` when set, else
+    1 below :data:`MULTITHREAD_FLOPS` a step, else the cores this process may use."""
+    if cfg.threads is not None:
+        return cfg.threads
+    if step_flops(obs_dim, n_actions, cfg.hidden, cfg.batch_size) < MULTITHREAD_FLOPS:
+        return 1
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
 def pick_device(request: str) -> torch.device:
     """``auto`` -> the current CUDA device when there is one, else the CPU; ``cuda`` -> ``cuda:N``."""
     return canonical_device(request)
@@ -196,6 +228,8 @@ def resolve(config: Config, device: torch.device) -> Config:
         for f in dataclasses.fields(config)
         if getattr(config, f.name) is None and f.name in preset
     }
+    if device.type != "cuda":  # what runs on the CPU: no graphs, plain fp32 matmuls (TF32 and bf16 are CUDA's)
+        filled.update(cuda_graphs=False, precision="fp32")
     cfg = dataclasses.replace(config, **filled)
     cfg.hidden = tuple(int(h) for h in cfg.hidden)
     _check(cfg)
@@ -239,6 +273,8 @@ def _check(cfg: Config) -> None:
             raise ValueError(f"{f.name} must be an integer, got {value!r}")
     if cfg.seed < 0:
         raise ValueError(f"seed must be >= 0, got {cfg.seed}")
+    if cfg.threads is not None and cfg.threads < 1:
+        raise ValueError(f"threads must be >= 1, got {cfg.threads}")
     if cfg.learning_starts < cfg.batch_size or cfg.learning_starts < 0:
         raise ValueError(f"learning_starts ({cfg.learning_starts}) must be >= batch_size ({cfg.batch_size})")
     if cfg.time_every < 0:

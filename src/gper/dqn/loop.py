@@ -17,7 +17,7 @@ from gper.dqn import checkpoint
 from gper.dqn._extra import INSTALL, require
 from gper.dqn.agent import Agent
 from gper.dqn.checkpoint import Checkpoint
-from gper.dqn.config import Config, pick_device, resolve
+from gper.dqn.config import Config, cpu_threads, pick_device, resolve
 from gper.dqn.network import padded_width, replay_spec
 from gper.dqn.report import Results, RunReport
 from gper.envs import VecEnv, make_env
@@ -100,6 +100,13 @@ def setup(config: Config, log: Any = print) -> tuple[Config, Agent, list[str]]:
         env.close()
         env = build_env(cfg, device)
         rb = build_replay(cfg, padded_width(env.obs_dim), device)
+    if device.type == "cpu":
+        cfg = dataclasses.replace(cfg, threads=cpu_threads(cfg, padded_width(env.obs_dim), env.n_actions))
+        if config.threads is None:
+            notes.append(
+                f"{cfg.threads} torch thread{'s' if cfg.threads > 1 else ''} for this network's size "
+                "(--threads to change)"
+            )
     for note in notes:
         log(f"gper train: {note}")
     total_train = train_steps_before(cfg, collect_iterations(cfg))  # beta reaches 1 at the last one
@@ -124,6 +131,16 @@ def train(config: Config, log: Any = print) -> Results:
     tqdm = require("tqdm.auto", "the progress bar", "or progress=False").tqdm if config.progress else None
     resume = checkpoint.read(config.resume) if config.resume else None
     cfg, agent, notes = setup(config, log)
+    threads = torch.get_num_threads()
+    if cfg.threads is not None:  # on the CPU; put back when the run ends
+        torch.set_num_threads(cfg.threads)
+    try:
+        return _train(cfg, agent, notes, resume, log, tqdm)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(cfg: Config, agent: Agent, notes: list[str], resume: Checkpoint | None, log: Any, tqdm: Any) -> Results:
     if resume is not None:
         checkpoint.check_settings(cfg, resume)
         checkpoint.restore(agent, resume)
@@ -213,7 +230,8 @@ def _run_epochs(
         bar = tqdm(total=iterations * n, initial=start_it * n, unit="step", dynamic_ncols=True, desc=desc)
     t0 = time.perf_counter()
     train_steps = train_steps_before(cfg, start_it)
-    report.start(t0, agent.sums.cpu(), train_steps)
+    # a copy: on the CPU .cpu() would return the live tensor, and the first epoch would read 0 losses
+    report.start(t0, agent.sums.to("cpu", copy=True), train_steps)
     if report_state is not None:
         report.load_state_dict(report_state)
     it = start_it
