@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
@@ -57,3 +58,23 @@ def test_train_without_a_progress_bar_needs_no_tqdm(tmp_path, capsys, monkeypatc
     argv += ["--run-dir", str(tmp_path), "--run-name", "plain"]
     assert main(argv) == 0
     assert "gper train: done" in capsys.readouterr().out
+
+
+def test_train_command_without_gymnasium_says_so_in_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "gymnasium", None)
+    argv = ["train", "--device", "cpu", "--env", "gym:CartPole-v1", "--progress", "False", "--run-dir", str(tmp_path)]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.err == "gper train: error: gym:CartPole-v1 needs Gymnasium: pip install 'gper[gym]'\n"
+    assert "Traceback" not in captured.out + captured.err
+
+
+def test_train_help_shows_the_values_that_run(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--env", "market", "--device", "cpu", "--help"])
+    out = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    for flag in ("--total-steps", "--num-envs", "--hidden", "--buffer-size", "--batch-size", "--learning-rate"):
+        text = re.split(r" --(?!env market on)", out.split(f" {flag} ")[1])[0]  # its help, up to the next flag
+        assert "(default: None)" not in text and "(default for --env market on the CPU: " in text, text
+    assert "(default for --env market on the CPU: 131072)" in out
+    assert "market 2000000 / 300000" in out  # every environment's presets, CUDA / CPU

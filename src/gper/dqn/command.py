@@ -18,9 +18,12 @@ import dataclasses
 import json
 import sys
 
+import torch
+
 from gper.dqn._extra import MissingExtra, require
 from gper.dqn.checkpoint import stored_config
-from gper.dqn.config import Config
+from gper.dqn.config import Config, pick_device
+from gper.dqn.help import command_config, from_config, presets_table, to_config
 from gper.dqn.loop import train
 
 
@@ -32,21 +35,29 @@ def main(argv: list[str]) -> int:
         print(err, file=sys.stderr)
         return 2
     default = None
-    resume = _resume_flag(argv)
-    if resume is not None:  # the checkpoint's settings are the defaults; the flags given change them
+    early = _early_flags(argv)
+    if early.resume is not None:  # the checkpoint's settings are the defaults; the flags given change them
         try:
-            default = stored_config(resume)
+            default = stored_config(early.resume)
         except ValueError as err:
             print(f"gper train: error: {err}", file=sys.stderr)
             return 2
-    config = tyro.cli(
-        Config,
+    env = early.env or (default.env if default is not None else Config.env)
+    try:
+        device = pick_device(early.device or (default.device if default is not None else Config.device))
+    except (ValueError, RuntimeError):  # a bad --device: the run's own check says so
+        device = torch.device("cpu")
+    cls = command_config(env, device)
+    parsed = tyro.cli(
+        cls,
         args=argv,
-        default=default,
+        default=from_config(cls, default) if default is not None else None,
         prog="gper train",
-        description="Train DQN with GPU prioritized replay; writes metrics, a plot and checkpoints to a run folder.",
+        description="Train DQN with GPU prioritized replay; writes metrics, a plot and checkpoints to a run folder.\n\n"
+        + presets_table(),
         config=(tyro.conf.FlagConversionOff,),
     )
+    config = to_config(parsed)
     log = print
     if config.progress:  # lines go above the progress bar; without one, plain prints need no tqdm
         try:
@@ -56,7 +67,7 @@ def main(argv: list[str]) -> int:
             return 2
     try:
         results = train(config, log=log)
-    except ValueError as err:
+    except (ValueError, ImportError) as err:  # bad settings, a missing package: one line, no traceback
         print(f"gper train: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # SIGINT: train wrote a checkpoint and said where
@@ -68,8 +79,10 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _resume_flag(argv: list[str]) -> str | None:
-    """The value of ``--resume`` in ``argv``, read before tyro parses the rest."""
+def _early_flags(argv: list[str]) -> argparse.Namespace:
+    """``--resume``, ``--env`` and ``--device`` in ``argv``, read before tyro parses the rest (they
+    decide the defaults that ``--help`` shows and that the flags not given keep)."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    parser.add_argument("--resume")
-    return parser.parse_known_args(argv)[0].resume
+    for flag in ("--resume", "--env", "--device"):
+        parser.add_argument(flag)
+    return parser.parse_known_args(argv)[0]

@@ -1,0 +1,105 @@
+"""What ``gper train --help`` shows for the settings whose default is a preset.
+
+:class:`~gper.dqn.config.Config` leaves those settings ``None`` (the environment's preset on the
+device that runs). Shown as ``(default: None)`` they say nothing, so the command parses into a
+copy of ``Config`` whose help hints name the value that will run: for the ``--env`` and
+``--device`` on the command line (cartpole, and this machine's device, when not given), and the
+description lists the presets of every environment on both kinds of device.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import textwrap
+import typing
+from typing import Annotated, Any
+
+import torch
+
+from gper.dqn import config as config_module
+from gper.dqn.config import PRESETS, Config
+
+
+def field_docs() -> dict[str, str]:
+    """Each :class:`Config` field's docstring (the string under it in the source), one line each."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(Config)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
+                docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def preset(env: str, device: torch.device) -> dict[str, Any]:
+    """The preset values that ``None`` stands for, for ``env`` on a device of ``device``'s type."""
+    family = "gym" if env.startswith("gym:") else env
+    if family not in PRESETS:
+        return {}
+    values = dict(PRESETS[family]["cuda"])
+    if device.type != "cuda":
+        values.update(PRESETS[family]["cpu"])
+    return values
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, tuple):
+        return " ".join(str(v) for v in value)
+    if isinstance(value, float) and value.is_integer() and abs(value) >= 1000:
+        return str(int(value))
+    return str(value)
+
+
+def presets_table() -> str:
+    """Lines listing every preset setting's value per environment, as ``CUDA / CPU``."""
+    names = [n for n in PRESETS["cartpole"]["cuda"] if n != "solve_return"] + ["solve_return", "bars", "test_bars"]
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    lines = ["presets (a setting left unset takes its environment's value, on CUDA / on the CPU):"]
+    for name in dict.fromkeys(names):
+        cells = []
+        for env in ("cartpole", "market", "gym:<ID>"):
+            g, c = preset(env, gpu).get(name), preset(env, cpu).get(name)
+            if g is None and c is None:
+                continue
+            cells.append(f"{env} {_show(g)}" + ("" if c == g else f" / {_show(c)}"))
+        if cells:
+            lines.append(f"  {name.replace('_', '-')}: " + "; ".join(cells))
+    lines.append(
+        "  threads (CPU only): 1 for a training step under 1 GFLOP (every preset's network), else the cores available"
+    )
+    return "\n".join(lines)
+
+
+def command_config(env: str, device: torch.device) -> type:
+    """A dataclass with :class:`Config`'s fields, defaults and help, whose preset settings' help
+    hints name the values that run for ``env`` on ``device``; :func:`to_config` converts its instances."""
+    import tyro
+
+    hints = typing.get_type_hints(Config, include_extras=True, localns=vars(config_module))
+    docs = field_docs()
+    values = preset(env, device)
+    where = "the CPU" if device.type != "cuda" else "CUDA"
+    fields = []
+    for f in dataclasses.fields(Config):
+        hint: str | None = None
+        if f.default is None and f.name in values:
+            hint = f"(default for --env {env} on {where}: {_show(values[f.name])})"
+        elif f.name == "threads":
+            hint = "(default: chosen for the network's size, on the CPU)"
+        arg = tyro.conf.arg(help=docs.get(f.name), help_behavior_hint=hint)
+        default = dataclasses.field(default=f.default) if f.default is not dataclasses.MISSING else f
+        fields.append((f.name, Annotated[hints[f.name], arg], default))
+    return dataclasses.make_dataclass("Config", fields)
+
+
+def to_config(parsed: Any) -> Config:
+    """The :class:`Config` holding the settings of an instance of a :func:`command_config` class."""
+    return Config(**{f.name: getattr(parsed, f.name) for f in dataclasses.fields(Config)})
+
+
+def from_config(cls: type, config: Config) -> Any:
+    """An instance of the :func:`command_config` class ``cls`` holding ``config``'s settings."""
+    return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(Config)})
