@@ -1,4 +1,4 @@
-"""``gper bench --train`` on the CPU: the trainer's learn step with replay, from a fixed batch, by phase, eager."""
+"""``gper bench --train`` on the CPU: the trainer's learn step with replay, from a fixed batch, by phase."""
 
 from __future__ import annotations
 
@@ -17,8 +17,12 @@ def test_bench_train_on_cpu(tmp_path):
         log=lambda _: None,
     )
     modes = [r["mode"] for r in rows]
-    assert modes == ["replay, one graph", "fixed batch, one graph", "replay, by phase", "replay, eager"]
+    # on the CPU nothing runs from a graph, so no row says so; and no GPU datasheet floor
+    assert modes == ["replay", "fixed batch", "replay, by phase"]
     assert all(r["ms_per_step"] > 0 for r in rows)
+    assert all(r["x_floor"] is None and r["floor_ms"] is None for r in rows)
+    md = next(tmp_path.glob("train-step-cpu-*.md")).read_text()
+    assert "GPU" not in md.replace("not a GPU", "") and "graph" not in md.split("| ---")[1]
     assert (
         len(list(tmp_path.glob("train-step-cpu-*.csv"))) == 1 and len(list(tmp_path.glob("train-step-cpu-*.md"))) == 1
     )

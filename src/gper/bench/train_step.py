@@ -187,11 +187,14 @@ def run_train_bench(cfg: TrainBenchConfig, log=print) -> list[dict]:
     gflop = step_flops(width, cfg.hidden, cfg.n_actions, cfg.batch) / 1e9
     nbytes = step_bytes(width, cfg.hidden, cfg.n_actions, cfg.batch)
     rows = []
+    # on the CPU there are no graphs, CUDA events or datasheet peaks: the rows say what ran
+    gpu = device.type == "cuda"
+    one, fixed_mode = ("replay, one graph", "fixed batch, one graph") if gpu else ("replay", "fixed batch")
     saved_tf32 = torch.backends.cuda.matmul.allow_tf32
     try:
         for precision in cfg.precisions:
             torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
-            floor_ms = max(gflop / PEAK_TFLOPS[precision], nbytes / PEAK_TBPS / 1e9)
+            floor_ms = max(gflop / PEAK_TFLOPS[precision], nbytes / PEAK_TBPS / 1e9) if gpu else None
             agent = _agent(cfg, precision, rb, graphs=True)
             for _ in range(agent.learn.warmup + 2):  # warm up, capture, replay once
                 agent.learn.run()
@@ -205,32 +208,33 @@ def run_train_bench(cfg: TrainBenchConfig, log=print) -> list[dict]:
             for _ in range(fixed.learn.warmup + 2):
                 fixed.learn.run()
             fixed_ms, fixed_wall = _time_steps(fixed.learn.run, cfg.steps, cfg.repeats, device)
-            base = dict(precision=precision, gflop=round(gflop, 2), floor_ms=round(floor_ms, 4))
+            base = dict(precision=precision, gflop=round(gflop, 2), floor_ms=round(floor_ms, 4) if gpu else None)
+            x_floor = (lambda t: t / floor_ms) if gpu else (lambda t: None)
             phase_sum = sum(phases.values())
             rows.append(
                 base
                 | dict(
-                    mode="replay, one graph",
+                    mode=one,
                     ms_per_step=ms,
                     wall_ms_per_step=wall,
-                    busy_pct=100 * phase_sum / wall,
+                    busy_pct=100 * phase_sum / wall if gpu else None,
                     replay_overhead_pct=100 * (ms / fixed_ms - 1),
-                    x_floor=ms / floor_ms,
+                    x_floor=x_floor(ms),
                 )
                 | {f"{k}_ms": v for k, v in phases.items()}
             )
             rows.append(
                 base
                 | dict(
-                    mode="fixed batch, one graph",
+                    mode=fixed_mode,
                     ms_per_step=fixed_ms,
                     wall_ms_per_step=fixed_wall,
-                    busy_pct=100 * fixed_ms / fixed_wall,
-                    x_floor=fixed_ms / floor_ms,
+                    busy_pct=100 * fixed_ms / fixed_wall if gpu else None,
+                    x_floor=x_floor(fixed_ms),
                 )
             )
-            rows.append(base | dict(mode="replay, by phase", ms_per_step=phase_sum, x_floor=phase_sum / floor_ms))
-            if cfg.eager and precision == cfg.precisions[0]:
+            rows.append(base | dict(mode="replay, by phase", ms_per_step=phase_sum, x_floor=x_floor(phase_sum)))
+            if cfg.eager and gpu and precision == cfg.precisions[0]:  # on the CPU every row is eager
                 eager = _agent(cfg, precision, rb, graphs=False)
                 eager.learn.run()
                 e_ms, e_wall = _time_steps(eager.learn.run, max(10, cfg.steps // 4), cfg.repeats, device)
@@ -253,16 +257,20 @@ def _fmt(v, digits: int = 3) -> str:
 def _report(cfg: TrainBenchConfig, env: dict, rows: list[dict], gflop: float, nbytes: float, log) -> None:
     from gper.dqn import padded_width
 
-    headers = ["precision", "mode", "ms/step (GPU)", "ms/step (wall)", "busy %", "replay +%", "x floor"]
+    gpu = torch.device(cfg.device).type == "cuda"
+    headers = ["precision", "mode", f"ms/step ({'GPU' if gpu else 'CPU'})", "ms/step (wall)", "busy %", "replay +%"]
+    headers += ["x floor"]
     headers += ["per_sample", "upload", "fwd_bwd", "adam", "per_update"]
     keys = ["ms_per_step", "wall_ms_per_step", "busy_pct", "replay_overhead_pct", "x_floor"]
     keys += ["per_sample_ms", "upload_ms", "fwd_bwd_ms", "adam_ms", "per_update_ms"]
     table = [[r["precision"], r["mode"], *(_fmt(r.get(k), 1 if k.endswith("pct") else 3) for k in keys)] for r in rows]
     right = [False, False] + [True] * len(keys)
     print_table(headers, table, right)
-    floor = (
-        f"step work: {gflop:.1f} GFLOP (matmuls) and at least {nbytes / 1e6:.0f} MB of memory traffic; floor = "
-        f"max(FLOP / dense peak, bytes / {PEAK_TBPS} TB/s) with peaks {PEAK_TFLOPS} TFLOP/s (H100/H200 SXM datasheet)"
+    work = f"step work: {gflop:.1f} GFLOP (matmuls) and at least {nbytes / 1e6:.0f} MB of memory traffic"
+    floor = work + (
+        f"; floor = max(FLOP / dense peak, bytes / {PEAK_TBPS} TB/s) with peaks {PEAK_TFLOPS} TFLOP/s (H100/H200 SXM datasheet)"
+        if gpu
+        else f"; on the CPU ({torch.get_num_threads()} torch threads), no floor (it is taken from an H100/H200 datasheet)"
     )
     log(floor)
     if cfg.out is None:
@@ -279,16 +287,24 @@ def _report(cfg: TrainBenchConfig, env: dict, rows: list[dict], gflop: float, nb
         "weights, fused capturable Adam, soft target update, no gradient clipping: the market preset), "
         f"batch {cfg.batch}, replay {cfg.capacity:,} "
         f"transitions, {cfg.steps} steps x {cfg.repeats} repeats, median. Times in ms per training step; "
-        "phase columns from the by-phase run (one graph per phase, CUDA events between, every phase in "
-        "turn; the one-graph step runs per_update alongside adam).",
+        + (
+            "phase columns from the by-phase run (one graph per phase, CUDA events between, every phase in "
+            "turn; the one-graph step runs per_update alongside adam)."
+            if gpu
+            else "on the CPU: no CUDA graphs, host times; phase columns from the by-phase run."
+        ),
         "",
         format_markdown(headers, table, right),
         "",
         floor + ".",
         "",
-        "busy % = sum of the GPU phase times / wall time per step (one graph) for the replay rows (over 100 "
-        "when phases overlap); GPU time / wall time for the fixed-batch row. "
-        "replay +% = (replay step / fixed-batch step - 1), same precision.",
+        (
+            "busy % = sum of the GPU phase times / wall time per step (one graph) for the replay rows (over 100 "
+            "when phases overlap); GPU time / wall time for the fixed-batch row. "
+            if gpu
+            else ""
+        )
+        + "replay +% = (replay step / fixed-batch step - 1), same precision.",
         "",
     ]
     files.write_markdown("\n".join(md))
