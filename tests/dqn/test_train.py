@@ -47,7 +47,8 @@ def test_first_epoch_logs_its_losses_on_the_cpu(tmp_path, smoke):
     # the epoch's losses are sums on the device minus those at the epoch's start: on the CPU a
     # start "copy" that aliased the live sums made the first epoch's losses exactly 0
     results = train(Config(**smoke | dict(learning_starts=32), run_dir=str(tmp_path)))
-    rows = [r for r in read_metrics(tmp_path / results.run_dir.split("/")[-1] / "metrics.jsonl") if "losses/td_loss" in r]
+    metrics = read_metrics(tmp_path / results.run_dir.split("/")[-1] / "metrics.jsonl")
+    rows = [r for r in metrics if "losses/td_loss" in r]
     first = rows[0]
     assert first["global_step"] == 200
     assert first["losses/td_loss"] > 0 and first["losses/q_values"] != 0

@@ -209,7 +209,6 @@ def run_train_bench(cfg: TrainBenchConfig, log=print) -> list[dict]:
                 fixed.learn.run()
             fixed_ms, fixed_wall = _time_steps(fixed.learn.run, cfg.steps, cfg.repeats, device)
             base = dict(precision=precision, gflop=round(gflop, 2), floor_ms=round(floor_ms, 4) if gpu else None)
-            x_floor = (lambda t: t / floor_ms) if gpu else (lambda t: None)
             phase_sum = sum(phases.values())
             rows.append(
                 base
@@ -219,7 +218,7 @@ def run_train_bench(cfg: TrainBenchConfig, log=print) -> list[dict]:
                     wall_ms_per_step=wall,
                     busy_pct=100 * phase_sum / wall if gpu else None,
                     replay_overhead_pct=100 * (ms / fixed_ms - 1),
-                    x_floor=x_floor(ms),
+                    x_floor=ms / floor_ms if gpu else None,
                 )
                 | {f"{k}_ms": v for k, v in phases.items()}
             )
@@ -230,10 +229,12 @@ def run_train_bench(cfg: TrainBenchConfig, log=print) -> list[dict]:
                     ms_per_step=fixed_ms,
                     wall_ms_per_step=fixed_wall,
                     busy_pct=100 * fixed_ms / fixed_wall if gpu else None,
-                    x_floor=x_floor(fixed_ms),
+                    x_floor=fixed_ms / floor_ms if gpu else None,
                 )
             )
-            rows.append(base | dict(mode="replay, by phase", ms_per_step=phase_sum, x_floor=x_floor(phase_sum)))
+            x_floor = phase_sum / floor_ms if gpu else None
+            by_phase = dict(mode="replay, by phase", ms_per_step=phase_sum, x_floor=x_floor)
+            rows.append(base | by_phase)
             if cfg.eager and gpu and precision == cfg.precisions[0]:  # on the CPU every row is eager
                 eager = _agent(cfg, precision, rb, graphs=False)
                 eager.learn.run()
@@ -268,9 +269,10 @@ def _report(cfg: TrainBenchConfig, env: dict, rows: list[dict], gflop: float, nb
     print_table(headers, table, right)
     work = f"step work: {gflop:.1f} GFLOP (matmuls) and at least {nbytes / 1e6:.0f} MB of memory traffic"
     floor = work + (
-        f"; floor = max(FLOP / dense peak, bytes / {PEAK_TBPS} TB/s) with peaks {PEAK_TFLOPS} TFLOP/s (H100/H200 SXM datasheet)"
+        f"; floor = max(FLOP / dense peak, bytes / {PEAK_TBPS} TB/s) with peaks {PEAK_TFLOPS} TFLOP/s "
+        "(H100/H200 SXM datasheet)"
         if gpu
-        else f"; on the CPU ({torch.get_num_threads()} torch threads), no floor (it is taken from an H100/H200 datasheet)"
+        else f"; on the CPU ({torch.get_num_threads()} torch threads), no floor (it comes from an H100/H200 datasheet)"
     )
     log(floor)
     if cfg.out is None:

@@ -193,7 +193,7 @@ MULTITHREAD_FLOPS = 1e9
 def step_flops(obs_dim: int, n_actions: int, hidden: tuple[int, ...], batch_size: int) -> float:
     """Multiply-adds of one training step's forward and backward passes, times two (flops)."""
     widths = (obs_dim, *hidden, n_actions)
-    weights = sum(a * b for a, b in zip(widths, widths[1:]))
+    weights = sum(a * b for a, b in zip(widths, widths[1:], strict=False))
     return 6.0 * batch_size * weights
 
 
