@@ -189,9 +189,45 @@ def test_a_buffer_file_is_a_plain_safetensors_file(tmp_path):
     rb = used()
     rb.save(tmp_path / "b.safetensors")
     got = safetensors.load_file(tmp_path / "b.safetensors")
+    size = len(rb)
     for name, t in rb.state_dict().items():
         if isinstance(t, torch.Tensor):
-            assert torch.equal(got[name], t.cpu()), name
+            # rows and generations of the filled slots only (the file costs what the buffer holds)
+            want = t[:size] if name in ("rows", "gen") else t
+            assert torch.equal(got[name], want.cpu()), name
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_a_partly_filled_buffer_file_costs_what_it_holds(tmp_path, backend):
+    spec = {"obs": ((51,), torch.float32), "next_obs": ((51,), torch.float32), "action": ((), torch.int64)}
+    rb = gper.PrioritizedReplayBuffer(100_000, spec, device="cpu", backend=backend, seed=3)
+    n = 300
+    rb.add({"obs": torch.randn(n, 51), "next_obs": torch.randn(n, 51), "action": torch.arange(n)})
+    rb.update_priorities(torch.arange(n), torch.rand(n))
+    nbytes = rb.save(tmp_path / "b.safetensors")
+    row = rb.state_dict()["rows"].shape[1]
+    # the filled rows, plus the trees' 8 bytes a slot of capacity (and a little for the header)
+    assert nbytes < n * row + 9 * 100_000 + 100_000 and nbytes == (tmp_path / "b.safetensors").stat().st_size
+    back = gper.PrioritizedReplayBuffer(100_000, spec, device="cpu", backend=backend, seed=0)
+    back.add({"obs": torch.ones(2000, 51), "next_obs": torch.ones(2000, 51), "action": torch.ones(2000).long()})
+    back.load(tmp_path / "b.safetensors")  # over a buffer holding more: the rows past the file's are cleared
+    for (name, a), b in zip(rb.state_dict().items(), back.state_dict().values(), strict=True):
+        assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, name
+    assert torch.equal(rb.sample(64).indices, back.sample(64).indices)
+
+
+def test_a_file_with_fewer_rows_than_filled_slots_is_refused(tmp_path):
+    rb = used()
+    rb.save(tmp_path / "b.safetensors")
+    tensors = pytest.importorskip("safetensors.torch").load_file(tmp_path / "b.safetensors")
+    with files.TensorFile(tmp_path / "b.safetensors") as f:
+        meta = f.metadata
+    files.write_tensors(tmp_path / "short.safetensors", tensors | {"rows": tensors["rows"][: len(rb) - 1]}, meta)
+    other = used(n=5)
+    before = snapshot(other)
+    with pytest.raises(ValueError, match=f"holds the rows of {len(rb) - 1} slots, but {len(rb)} are filled"):
+        other.load(tmp_path / "short.safetensors")
+    assert_unchanged(other, before)
 
 
 def test_save_streams_a_chunk_at_a_time(tmp_path, monkeypatch):

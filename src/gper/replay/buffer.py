@@ -365,7 +365,9 @@ class PrioritizedReplayBuffer:
 
         The host holds one chunk (:data:`gper.replay.files.CHUNK_BYTES`) at a time, whatever the
         buffer's size; the file appears at ``path`` only once complete (a crash leaves the old
-        one). Nothing in it is pickled: :meth:`load` reads it back.
+        one). Nothing in it is pickled: :meth:`load` reads it back. It holds the rows and
+        generations of the filled slots only (a buffer filled to 1% writes about 1% of its rows)
+        and the trees whole (8 bytes a slot of capacity).
 
         Args:
             path: the file to write (conventionally ``*.safetensors``).
@@ -375,7 +377,13 @@ class PrioritizedReplayBuffer:
             bytes written.
         """
         meta = {"config": self._config(), "seed": self.seed, "host": self._host_counts()}
-        return write_tensors(path, self._tensors(), meta, progress)
+        tensors = self._tensors()
+        # filled slots are 0..size-1 (a ring fills in order): the rows and generations past them
+        # are never read, so the file holds only the filled ones and costs what the buffer holds
+        filled = int(self.tree.size)  # the device's count (adds replayed from a graph count too)
+        for name in PREFIX_TENSORS:
+            tensors[name] = tensors[name][:filled]
+        return write_tensors(path, tensors, meta, progress)
 
     def load(self, path: str | os.PathLike) -> None:
         """Restore the state of a file written by :meth:`save`, in place, with the checks of
@@ -392,11 +400,22 @@ class PrioritizedReplayBuffer:
             meta = f.metadata
             state: dict[str, Any] = {"config": meta.get("config"), "seed": meta.get("seed"), "host": meta.get("host")}
             mine = self._tensors()
+            held: dict[str, int] = {}  # the filled slots' rows and generations, when the file holds only those
             for name in mine:
                 if name not in f.keys():
                     raise ValueError(f"load(): {path} has no tensor {name!r}")
                 shape, dtype = f.meta(name)
-                if name == "rows" or (shape, dtype) != (mine[name].shape, mine[name].dtype):
+                full = mine[name].shape
+                if name in PREFIX_TENSORS and len(shape) == len(full) and shape[1:] == full[1:] and shape[0] <= full[0]:
+                    held[name] = shape[0]
+                    shape = full  # checked as the whole tensor; the slots past the filled ones read as 0
+                if name == "gen" and dtype == mine[name].dtype and shape == full:
+                    state[name] = torch.zeros(shape, dtype=dtype, device=self.device)
+                    try:
+                        f.copy_into(name, state[name][: held.get(name, full[0])])
+                    except (OSError, ValueError) as err:
+                        raise ValueError(f"load(): {err}") from err
+                elif name == "rows" or (shape, dtype) != (mine[name].shape, mine[name].dtype):
                     # a stand-in carries the shape: the rows are read into place only after every
                     # check, and a tensor of the wrong shape is refused by them
                     state[name] = torch.empty(shape, dtype=dtype, device="meta")
@@ -406,11 +425,13 @@ class PrioritizedReplayBuffer:
                         f.copy_into(name, state[name])
                     except OSError as err:
                         raise ValueError(f"load(): {err}") from err
-            self._restore(state, lambda rows: self._read_rows(f, rows, path), json_config=True)
+            n = held.get("rows", self.capacity)
+            self._restore(state, lambda rows: self._read_rows(f, rows, n, path), json_config=True, rows_held=n)
 
-    def _read_rows(self, f: TensorFile, rows: torch.Tensor, path: str | os.PathLike) -> None:
+    def _read_rows(self, f: TensorFile, rows: torch.Tensor, n: int, path: str | os.PathLike) -> None:
         try:
-            f.copy_into("rows", rows)
+            f.copy_into("rows", rows[:n])
+            rows[n:].zero_()
         except OSError as err:
             # the file was checked whole, then changed under the open file (truncated in place):
             # the rows are partly overwritten, so the buffer no longer holds a consistent state
@@ -420,11 +441,17 @@ class PrioritizedReplayBuffer:
             ) from err
 
     def _restore(
-        self, state: Mapping[str, Any], copy_rows: Callable[[torch.Tensor], object], json_config: bool = False
+        self,
+        state: Mapping[str, Any],
+        copy_rows: Callable[[torch.Tensor], object],
+        json_config: bool = False,
+        rows_held: int | None = None,
     ) -> None:
         config = json.loads(json.dumps(self._config())) if json_config else self._config()
         seed, host = check_state(state, config, self._tensors())
         size, invalid = check_contents(state, self.tree.layout, host["size"], self.device)
+        if rows_held is not None and rows_held < size:
+            raise ValueError(f"load(): the file holds the rows of {rows_held} slots, but {size} are filled")
         with torch.no_grad():  # tensors that require grad must not pull the buffer into autograd
             copy_rows(self.rows.rows)
             self.tree.load_state_dict(state)
@@ -467,6 +494,10 @@ class PrioritizedReplayBuffer:
         graphs are copied: the copy captures its own). To store a buffer in a file, prefer
         :meth:`save`, which streams and which :meth:`load` reads without unpickling."""
         return (_rebuild, (self._init_args(), self.state_dict()))
+
+
+#: tensors a buffer file may hold for the filled slots only (their first ``size`` entries)
+PREFIX_TENSORS = ("rows", "gen")
 
 
 def _rebuild(args: dict[str, Any], state: Mapping[str, Any]) -> PrioritizedReplayBuffer:
