@@ -47,6 +47,7 @@ def test_bench_cpu_tiny(tmp_path, capsys):
         assert "ran on the cpu" in text.lower()
         assert "gper-torch" in text and "torch-multinomial" in text
     assert "| impl | op | capacity | batch | mode | median_us | vs_cumsum |" in md
+    assert out.startswith(f"gper bench: result files go to {tmp_path.resolve()} (--out DIR to change)\n")
 
 
 def test_parse_sizes():

@@ -50,7 +50,7 @@ PEERS_DEFAULTS = {
     ("cpu", False): ((16, 20), (256, 16384), 5),
     ("cpu", True): ((12, 16), (256,), 2),
 }
-OUT_HELP = f"results directory (default {DEFAULT_OUT})"
+OUT_HELP = f"results directory (default {DEFAULT_OUT} under the working directory; the command prints where)"
 
 
 def parse_sizes(tokens: list[str], log2_below: int | None) -> list[int]:
@@ -456,4 +456,6 @@ def main(argv: list[str]) -> int:
     """Run ``gper bench`` with the rest of the command line; the subcommand's exit status."""
     args = build_parser().parse_args(resolve_aliases(list(argv)))
     args.command_line = " ".join(["gper", "bench", *argv])
+    if getattr(args, "out", None):  # say where the files go before the (long) run starts
+        print(f"gper bench: result files go to {Path(args.out).resolve()} (--out DIR to change)", flush=True)
     return int(args._run(args) or 0)
