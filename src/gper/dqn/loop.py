@@ -22,8 +22,9 @@ from gper.dqn.network import padded_width, replay_spec
 from gper.dqn.report import Results, RunReport
 from gper.envs import VecEnv, make_env
 from gper.training.checkpoints import list_checkpoints, remove_temporaries, step_of
+from gper.training.plot import plot_run
 from gper.training.readback import AsyncReadback
-from gper.training.runlog import RunLog, plot_run
+from gper.training.runlog import RunLog
 from gper.training.signals import StopSignals
 from gper.training.timing import PhaseTimer
 
