@@ -95,7 +95,7 @@ class Config:
     """report when the mean return of the last 100 episodes first reaches this (cartpole: 475)"""
     eval_every: int = 5
     """evaluate the greedy policy every N epochs and after the last one, on an environment of its own
-    (market: the held-out test prices); 0: no evaluation along the way"""
+    (market: the held-out test prices); 0: no evaluation"""
     eval_episodes: int = 10
     """episodes per evaluation (one on each copy of the evaluation environment)"""
     tensorboard: bool = True

@@ -51,8 +51,9 @@ def figure(rows: list[dict[str, Any]], title: str = "", solve_return: float | No
     fig = Figure(figsize=(12, 8.5))
     grid = fig.add_gridspec(2, 2, height_ratios=(3, 2))
     ax_ret = fig.add_subplot(grid[0, :])
-    ax_loss = fig.add_subplot(grid[1, 0])
-    ax_time = fig.add_subplot(grid[1, 1])
+    # one env-step axis for all three, so a step lines up across the panels
+    ax_loss = fig.add_subplot(grid[1, 0], sharex=ax_ret)
+    ax_time = fig.add_subplot(grid[1, 1], sharex=ax_ret)
     _returns(ax_ret, rows, solve_return)
     ax_ret.set_title(f"{title}: return" if title else "return")
     _losses(ax_loss, rows)
