@@ -269,7 +269,8 @@ def _run_epochs(
             epoch = -(-it // epoch_its)  # from 1; the last one may be shorter
             if evaluator is not None and evaluation.due(cfg, epoch, last=it == iterations):
                 report.end_evaluation(it * n, evaluator.run(agent.greedy), time.perf_counter())
-            if it < iterations and (stop.requested or cfg.checkpoint_every > 0 and epoch % cfg.checkpoint_every == 0):
+            due = cfg.checkpoint_every > 0 and epoch % cfg.checkpoint_every == 0
+            if it < iterations and (due or stop.requested):
                 path = checkpoint.save(agent, it, report, report.runlog) if cfg.save else None
                 if stop.requested:
                     break
