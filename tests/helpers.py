@@ -14,7 +14,7 @@ import torch
 import gper
 from gper._triton import HAS_TRITON
 from gper.ops import reference
-from gper.ops.state import C_TICKET, N_COUNTERS
+from gper.ops.state import C_TICKET, N_COUNTERS, S_MAXP
 from gper.replay.tree import PriorityTree
 from gper.training.checkpoints import list_checkpoints
 
@@ -312,3 +312,68 @@ def run_checkpoint(run_folder: str | Path) -> tuple[dict, dict]:
     from safetensors.torch import load_file
 
     return trainer, load_file(path / "replay.safetensors")
+
+
+#: metrics that measure time, not what the run computed: they differ between two runs of the same settings
+TIMING_METRICS = ("charts/SPS", "charts/train_steps_per_s", "eval/seconds")
+
+
+def computed_records(run_folder: str | Path) -> list[dict]:
+    """The records of a run folder's ``metrics.jsonl`` without the metrics of time (``TIMING_METRICS``,
+    ``timing/*``): what two runs of the same settings on the CPU share bit for bit."""
+    from gper.training.runlog import read_metrics
+
+    return [
+        {k: v for k, v in row.items() if k not in TIMING_METRICS and not k.startswith("timing/")}
+        for row in read_metrics(Path(run_folder) / "metrics.jsonl")
+    ]
+
+
+def event_scalars(run_folder: str | Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar of the TensorBoard event files in ``run_folder`` as TensorBoard shows them
+    (events an event file's purge_step hides are left out): tag -> [(step, value)], in order."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_folder), size_guidance={"scalars": 0, "tensors": 0})  # 0: keep all
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def jsonl_scalars(run_folder: str | Path) -> dict[str, list[tuple[int, float]]]:
+    """The numbers of a run folder's ``metrics.jsonl`` as :func:`event_scalars` returns them: tag ->
+    [(step, value rounded to float32, as TensorBoard stores it)]; null values are left out."""
+    import numpy as np
+
+    from gper.training.runlog import read_metrics
+
+    out: dict[str, list[tuple[int, float]]] = {}
+    for row in read_metrics(Path(run_folder) / "metrics.jsonl"):
+        for key, value in row.items():
+            if key != "global_step" and value is not None:
+                out.setdefault(key, []).append((row["global_step"], float(np.float32(value))))
+    return out
+
+
+def assert_same_training(a: str | Path, b: str | Path) -> None:
+    """Two run folders whose newest checkpoints hold the same networks, optimizer, replay and history."""
+    (ta, ra), (tb, rb) = run_checkpoint(a), run_checkpoint(b)
+    for name in ("qnet", "target"):
+        for key, value in ta["agent"][name].items():
+            assert torch.equal(value, tb["agent"][name][key]), f"{name}.{key}"
+    for slot, state in ta["agent"]["optimizer"]["state"].items():
+        for key, value in state.items():
+            assert torch.equal(value, tb["agent"]["optimizer"]["state"][slot][key]), f"adam {slot}.{key}"
+    for key in ("counters", "sums", "beta", "obs"):
+        assert torch.equal(ta["agent"][key], tb["agent"][key]), key
+    ra, rb = dict(ra), dict(rb)
+    # the buffer's own beta scalar is scratch: every call writes it before a kernel reads it (a float
+    # beta after a restore, a beta tensor when the buffer's graphs run), and the trainer passes its
+    # own annealed beta tensor; so what it holds at the end depends on which calls ran eagerly
+    ra["scalars"], rb["scalars"] = ra["scalars"][S_MAXP], rb["scalars"][S_MAXP]
+    differ = {
+        k: (int((ra[k] != rb[k]).sum()), (ra[k] != rb[k]).nonzero()[:4].flatten().tolist())
+        for k in ra
+        if isinstance(ra[k], torch.Tensor) and not torch.equal(ra[k], rb[k])
+    }
+    assert not differ, f"replay tensors differ (count, first positions): {differ}"
+    assert ta["returns"] == tb["returns"] and ta["iteration"] == tb["iteration"]

@@ -4,6 +4,7 @@ ends with the parameters of the run that was never stopped, bit for bit."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -19,7 +20,7 @@ import gper
 from gper.dqn import Config, train
 from gper.training.checkpoints import PAUSE_ENV, TEMP_PREFIX, list_checkpoints, step_of
 from gper.training.runlog import read_metrics
-from helpers import run_checkpoint
+from helpers import computed_records, event_scalars, jsonl_scalars, run_checkpoint
 
 REPLAY = "replay.safetensors"
 
@@ -122,6 +123,9 @@ def _assert_same_as(whole: Path, folder: Path) -> None:
         return [r for r in read_metrics(run / "metrics.jsonl") if "charts/episodic_return" in r]
 
     assert episodes(folder) == episodes(whole)
+    # the whole record (evaluations and losses too), and TensorBoard's view of it: no step twice
+    assert computed_records(folder) == computed_records(whole)
+    assert event_scalars(folder) == jsonl_scalars(folder)
 
 
 def _resume(folder: Path) -> None:
@@ -191,5 +195,9 @@ def test_sigterm_and_sigint_stop_with_a_checkpoint_then_resume_gives_the_same_ru
     assert stopped >= before and not _temporaries(folder)
     assert f"gper train: {sig.name}: stopped after writing {folder / 'checkpoints'}/step-{stopped:012d}" in out
     assert stopped < SETTINGS["total_steps"], "the run finished before the signal"
+    assert "Traceback" not in out, out
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["stopped"] == sig.name and summary["env_steps"] == stopped
+    assert (folder / "plot.png").exists()
     _resume(folder)
     _assert_same_as(whole, folder)

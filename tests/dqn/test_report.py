@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import torch
@@ -72,3 +73,33 @@ def test_epoch_report_windows_solve_point_and_loss_metrics(tmp_path, smoke):
     results = report.results(1200, 9, 3.0, None, ["a note"])
     assert results.episodes == 120 and results.solved_at_step == report.solved_at[0] and results.notes == ["a note"]
     assert results.best_mean_return_last100 == report.best and results.phase_ms == {}
+
+
+def _evaluation(mean: float) -> dict[str, float]:
+    return {"eval/mean_return": mean, "eval/std_return": 1.0, "eval/episodes": 10, "eval/seconds": 0.01}
+
+
+def test_the_report_state_carries_the_clock_and_the_evaluations(tmp_path, smoke):
+    """A resumed run's report goes on from the checkpoint's: its clock counts the wall time already
+    spent, the last and best evaluations come along; a checkpoint from before these entries loads."""
+    cfg = resolve(Config(**smoke), CPU)
+    zeros = torch.zeros(N_SUMS, dtype=torch.float64)
+    report = RunReport(cfg, CPU, RunLog(tmp_path / "a"), [], lambda _: None)
+    report.start(t0=time.perf_counter(), sums=zeros, train_steps=0)
+    report.end_evaluation(400, _evaluation(30.0), now=time.perf_counter())
+    report.end_evaluation(800, _evaluation(20.0), now=time.perf_counter())
+    state = {**report.state_dict(), "wall": 100.0}
+    lines: list[str] = []
+    resumed = RunReport(cfg, CPU, RunLog(tmp_path / "b"), [], lines.append)
+    resumed.start(t0=time.perf_counter(), sums=zeros, train_steps=0)
+    resumed.load_state_dict(state)
+    assert 100.0 <= resumed.state_dict()["wall"] < 110.0
+    results = resumed.results(800, 0, 100.0, None, [])
+    assert (results.eval_at_step, results.eval_mean_return, results.best_eval_mean_return) == (800, 20.0, 30.0)
+    resumed.end_evaluation(1200, _evaluation(40.0), now=time.perf_counter())
+    assert lines == ["eval      1200  greedy return    40.00 ± 1.00  (10 episodes, 0.01s)"]
+    assert resumed.results(1200, 0, 1.0, None, [], stopped="SIGINT").stopped == "SIGINT"
+    older = RunReport(cfg, CPU, RunLog(tmp_path / "c"), [], lambda _: None)
+    older.start(t0=time.perf_counter(), sums=zeros, train_steps=0)
+    older.load_state_dict({k: state[k] for k in ("best", "solved_at", "epoch_sums", "epoch_train_steps")})
+    assert older.state_dict()["wall"] < 10.0 and older.results(0, 0, 0.0, None, []).eval_mean_return is None

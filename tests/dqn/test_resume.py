@@ -16,10 +16,9 @@ import torch
 from gper.cli import main
 from gper.dqn import Config, loop, setup, train
 from gper.dqn.checkpoint import fixed_settings, stored_config
-from gper.ops.state import S_MAXP
 from gper.training.checkpoints import CheckpointError, list_checkpoints, step_of
 from gper.training.runlog import read_metrics
-from helpers import run_checkpoint
+from helpers import assert_same_training, run_checkpoint
 
 QUIET = dict(log=lambda _: None)
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -27,31 +26,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def _steps(folder) -> list[int]:
     return [step_of(p) for p in list_checkpoints(folder / "checkpoints")]
-
-
-def _assert_same_training(a, b) -> None:
-    """Two run folders whose newest checkpoints hold the same networks, optimizer, replay and history."""
-    (ta, ra), (tb, rb) = run_checkpoint(a), run_checkpoint(b)
-    for name in ("qnet", "target"):
-        for key, value in ta["agent"][name].items():
-            assert torch.equal(value, tb["agent"][name][key]), f"{name}.{key}"
-    for slot, state in ta["agent"]["optimizer"]["state"].items():
-        for key, value in state.items():
-            assert torch.equal(value, tb["agent"]["optimizer"]["state"][slot][key]), f"adam {slot}.{key}"
-    for key in ("counters", "sums", "beta", "obs"):
-        assert torch.equal(ta["agent"][key], tb["agent"][key]), key
-    ra, rb = dict(ra), dict(rb)
-    # the buffer's own beta scalar is scratch: every call writes it before a kernel reads it (a float
-    # beta after a restore, a beta tensor when the buffer's graphs run), and the trainer passes its
-    # own annealed beta tensor; so what it holds at the end depends on which calls ran eagerly
-    ra["scalars"], rb["scalars"] = ra["scalars"][S_MAXP], rb["scalars"][S_MAXP]
-    differ = {
-        k: (int((ra[k] != rb[k]).sum()), (ra[k] != rb[k]).nonzero()[:4].flatten().tolist())
-        for k in ra
-        if isinstance(ra[k], torch.Tensor) and not torch.equal(ra[k], rb[k])
-    }
-    assert not differ, f"replay tensors differ (count, first positions): {differ}"
-    assert ta["returns"] == tb["returns"] and ta["iteration"] == tb["iteration"]
 
 
 @pytest.fixture
@@ -90,7 +64,7 @@ def test_a_run_resumed_mid_way_ends_where_the_whole_run_does(run, tmp_path, samp
     train(Config(**run, run_name="whole"), **QUIET)
     middle = tmp_path / "whole" / "checkpoints" / "step-000000000400"
     train(Config(**run, run_name="resumed", resume=str(middle)), **QUIET)
-    _assert_same_training(tmp_path / "whole", tmp_path / "resumed")
+    assert_same_training(tmp_path / "whole", tmp_path / "resumed")
     whole = json.loads((tmp_path / "whole" / "summary.json").read_text())
     resumed = json.loads((tmp_path / "resumed" / "summary.json").read_text())
     for key in ("env_steps", "train_steps", "episodes", "mean_return_last100", "best_mean_return_last100"):
@@ -106,7 +80,7 @@ def test_a_gpu_run_resumed_mid_way_ends_where_the_whole_run_does(run, tmp_path, 
     train(Config(**run, run_name="whole"), **QUIET)
     middle = tmp_path / "whole" / "checkpoints" / "step-000000000400"
     train(Config(**run, run_name="resumed", resume=str(middle)), **QUIET)
-    _assert_same_training(tmp_path / "whole", tmp_path / "resumed")
+    assert_same_training(tmp_path / "whole", tmp_path / "resumed")
 
 
 @pytest.mark.gpu
@@ -143,7 +117,7 @@ def test_a_signal_inside_an_epoch_checkpoints_that_iteration(run, tmp_path, monk
     )
     assert signal.getsignal(sig) is not None and "StopSignals" not in repr(signal.getsignal(sig))
     train(Config(**run, resume=str(tmp_path / "stopped")), **QUIET)
-    _assert_same_training(tmp_path / "whole", tmp_path / "stopped")
+    assert_same_training(tmp_path / "whole", tmp_path / "stopped")
 
 
 def test_resuming_a_run_folder_continues_it_in_place(run, tmp_path):
@@ -161,7 +135,7 @@ def test_resuming_a_run_folder_continues_it_in_place(run, tmp_path):
     train(Config(**run, resume=str(folder)), log=lines.append)
     assert "gper train: resumed from" in "\n".join(lines) and "never finished" in "\n".join(lines)
     assert not (folder / "checkpoints" / ".tmp-step-000000000800").exists()
-    _assert_same_training(tmp_path / "whole", folder)
+    assert_same_training(tmp_path / "whole", folder)
 
     def episodes(name):
         return [r for r in read_metrics(tmp_path / name / "metrics.jsonl") if "charts/episodic_return" in r]

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from gper.training.runlog import RunLog, plot_run, read_metrics
+from gper.training.plot import plot_run
+from gper.training.runlog import RunLog, read_metrics
 
 
 def test_runlog_writes_jsonl_and_plot(tmp_path):

@@ -11,8 +11,10 @@ The package, in reading order: :mod:`~gper.dqn.config` (``Config``, the per-envi
 ``PRESETS``), :mod:`~gper.dqn.network` (the Q-network, the replay's rows),
 :mod:`~gper.dqn.batch_source` (where a learn step's batch comes from), :mod:`~gper.dqn.agent`
 (the collect and learn steps), :mod:`~gper.dqn.loop` (``setup``, ``train``, the epochs),
-:mod:`~gper.dqn.report` (what an epoch and a run report), :mod:`~gper.dqn.checkpoint` (what a
-checkpoint holds, the resume rules), :mod:`~gper.dqn.command` (``gper train``).
+:mod:`~gper.dqn.evaluation` (the greedy policy's periodic evaluation), :mod:`~gper.dqn.report`
+(what an epoch and a run report), :mod:`~gper.dqn.run_folder` (which folder a run writes, what a
+resume continues there), :mod:`~gper.dqn.checkpoint` (what a checkpoint holds, the resume
+rules), :mod:`~gper.dqn.command` (``gper train``).
 
 What runs where, on a GPU:
 
@@ -26,7 +28,9 @@ What runs where, on a GPU:
   (capturable Adam, soft target update). A hard target update (tau = 1) is one device copy
   launched from the host loop between steps.
 - once an epoch: the sums and finished episodes are copied to pinned host memory and read (the
-  epoch's one synchronisation), one line of per-phase GPU times is printed, metrics are written.
+  epoch's one synchronisation), one line of per-phase GPU times is printed, metrics are written
+  (``metrics.jsonl``, TensorBoard event files); every ``eval_every`` epochs the greedy policy is
+  evaluated on an environment of its own, eagerly, outside the graphs.
 
 Every ``time_every``-th step runs phase by phase (one graph per phase) with CUDA events between
 the phases; the other steps replay the whole step as one graph. On the CPU the same code runs

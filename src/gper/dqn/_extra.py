@@ -1,12 +1,19 @@
-"""The trainer's third-party packages (tyro, tqdm, matplotlib) come with the ``train`` extra;
-each is imported where it is used, and a missing one gives one line that names the extra."""
+"""The trainer's third-party packages (tyro, tqdm, matplotlib) come with the ``train`` extra,
+tensorboard with the ``tensorboard`` extra; each is imported where it is used, and a missing one
+gives one line that names the extra."""
 
 from __future__ import annotations
 
 import importlib
 from types import ModuleType
 
-INSTALL = "pip install 'gper[train]'"
+
+def install(extra: str) -> str:
+    """The command that installs gper's optional dependencies ``extra``."""
+    return f"pip install 'gper[{extra}]'"
+
+
+INSTALL = install("train")
 
 
 class MissingExtra(ImportError):

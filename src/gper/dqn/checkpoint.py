@@ -63,6 +63,9 @@ FREE = (
     "resume",
     "progress",
     "solve_return",
+    "eval_every",
+    "eval_episodes",
+    "tensorboard",
 )
 #: the replay's counts that trainer.pt records, so a replay.safetensors of another step is refused
 REPLAY_COUNTS = ("size", "cursor", "rng_offset")

@@ -98,6 +98,13 @@ class Config:
     """show a progress bar"""
     solve_return: float | None = None
     """report when the mean return of the last 100 episodes first reaches this (cartpole: 475)"""
+    eval_every: int = 5
+    """evaluate the greedy policy every N epochs and after the last one, on an environment of its own
+    (market: the held-out test prices); 0: no evaluation"""
+    eval_episodes: int = 10
+    """episodes per evaluation (one on each copy of the evaluation environment)"""
+    tensorboard: bool = True
+    """also write the metrics as TensorBoard event files in the run folder (needs pip install 'gper[tensorboard]')"""
     episode_len: int = 256
     """market: bars per training episode"""
     bars: int | None = None
@@ -281,5 +288,9 @@ def _check(cfg: Config) -> None:
         raise ValueError(f"time_every must be >= 0, got {cfg.time_every}")
     if not isinstance(cfg.checkpoint_every, int) or cfg.checkpoint_every < 0:
         raise ValueError(f"checkpoint_every must be an integer >= 0, got {cfg.checkpoint_every!r}")
+    if cfg.eval_every < 0:
+        raise ValueError(f"eval_every must be an integer >= 0 (0: no evaluation), got {cfg.eval_every}")
+    if cfg.eval_episodes < 1:
+        raise ValueError(f"eval_episodes must be an integer >= 1, got {cfg.eval_episodes}")
     if not isinstance(cfg.keep_checkpoints, int) or cfg.keep_checkpoints < 1:
         raise ValueError(f"keep_checkpoints must be an integer >= 1, got {cfg.keep_checkpoints!r}")

@@ -2,28 +2,29 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
+import functools
 import math
-import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 import gper
-from gper.dqn import checkpoint
+from gper.dqn import checkpoint, evaluation
 from gper.dqn._extra import INSTALL, require
 from gper.dqn.agent import Agent
 from gper.dqn.checkpoint import Checkpoint
 from gper.dqn.config import Config, cpu_threads, pick_device, resolve
+from gper.dqn.evaluation import Evaluator
 from gper.dqn.network import padded_width, replay_spec
 from gper.dqn.report import Results, RunReport
+from gper.dqn.run_folder import open_run_folder
 from gper.envs import VecEnv, make_env
-from gper.training.checkpoints import list_checkpoints, remove_temporaries, step_of
+from gper.training.plot import plot_run
 from gper.training.readback import AsyncReadback
-from gper.training.runlog import RunLog, plot_run
+from gper.training.runlog import RunLog
 from gper.training.signals import StopSignals
 from gper.training.timing import PhaseTimer
 
@@ -50,10 +51,13 @@ def plan_steps(cfg: Config) -> tuple[int, int]:
     return iterations, train_steps_before(cfg, iterations)
 
 
-def build_env(cfg: Config, device: torch.device, split: str = "train") -> VecEnv:
-    # the device environments draw from torch's default generator (seeded in train): a CUDA
-    # graph capture handles that one by itself, so replays draw fresh numbers
-    kwargs: dict[str, Any] = {"graph_safe_rng": True} if not cfg.env.startswith("gym:") else {}
+def build_env(cfg: Config, device: torch.device, split: str = "train", own_rng: bool = False) -> VecEnv:
+    """The environment of ``cfg`` on ``device`` (market: its ``split``). The training one draws from
+    torch's default generator (seeded in :func:`setup`), which a CUDA graph capture handles by
+    itself, so replays draw fresh numbers; with ``own_rng`` it draws from a generator of its own
+    (seeded by ``cfg.seed`` and by its ``reset(seed)``), leaving torch's untouched (evaluation)."""
+    gym = cfg.env.startswith("gym:")
+    kwargs: dict[str, Any] = {"graph_safe_rng": True} if not gym and not own_rng else {}
     if cfg.env == "market":
         kwargs.update(data=cfg.data, split=split, episode_len=cfg.episode_len, cost_bps=cfg.cost_bps)
         if cfg.data is None:
@@ -107,6 +111,8 @@ def setup(config: Config, log: Any = print) -> tuple[Config, Agent, list[str]]:
                 f"{cfg.threads} torch thread{'s' if cfg.threads > 1 else ''} for this network's size "
                 "(--threads to change)"
             )
+    if cfg.solve_return is None and env.reward_threshold is not None:  # gym:<ID>: its registered threshold
+        cfg = dataclasses.replace(cfg, solve_return=float(env.reward_threshold))
     for note in notes:
         log(f"gper train: {note}")
     total_train = train_steps_before(cfg, collect_iterations(cfg))  # beta reaches 1 at the last one
@@ -119,9 +125,11 @@ def train(config: Config, log: Any = print) -> Results:
     ``log`` receives the human-readable lines (the progress bar's ``write`` in the command).
 
     With ``save``, checkpoints go to the run folder's ``checkpoints/`` (:mod:`gper.dqn.checkpoint`)
-    every ``checkpoint_every`` epochs and at the end; while it trains, SIGINT or SIGTERM makes it
-    finish the collection iteration in progress, write a checkpoint and raise ``KeyboardInterrupt``
-    (SIGINT) or ``SystemExit(143)`` (SIGTERM). With ``resume``, it continues from a checkpoint.
+    every ``checkpoint_every`` epochs and at the end. While it trains, SIGINT or SIGTERM makes it
+    finish the collection iteration in progress, write a checkpoint (with ``save``), then
+    ``summary.json`` (``stopped``: the signal) and ``plot.png`` of the run so far, and raise
+    ``KeyboardInterrupt`` (SIGINT) or ``SystemExit(143)`` (SIGTERM). With ``resume``, it continues
+    from a checkpoint, and continues its record (``metrics.jsonl``, TensorBoard, the report).
 
     Raises:
         ValueError: bad settings, settings a resume may not change, or a damaged checkpoint
@@ -144,61 +152,66 @@ def _train(cfg: Config, agent: Agent, notes: list[str], resume: Checkpoint | Non
     if resume is not None:
         checkpoint.check_settings(cfg, resume)
         checkpoint.restore(agent, resume)
-    runlog = _open_run_folder(cfg, agent.device, resume, log)
+    runlog = open_run_folder(cfg, agent.device, resume, log)
+    evaluator = None
     try:
+        if cfg.eval_every > 0:
+            evaluator = Evaluator(cfg, functools.partial(build_env, device=agent.device))
         start_it = 0 if resume is None else resume.iteration
         returns = [] if resume is None else [float(r) for r in resume.state["returns"]]
         iterations = collect_iterations(cfg)
         report = RunReport(cfg, agent.device, runlog, returns, log)
         report_state = None if resume is None else resume.state["report"]
-        with StopSignals() if cfg.save else contextlib.nullcontext() as stop:
-            train_steps, wall = _run_epochs(cfg, agent, report, start_it, iterations, tqdm, runlog, stop, report_state)
-            # the end of the run: checkpoint, market evaluation, summary.json, plot
-            if cfg.save:
+        with StopSignals() as stop:
+            run = _run_epochs(cfg, agent, report, start_it, iterations, tqdm, stop, report_state, evaluator)
+            # the end of the run: checkpoint, market evaluation (a signal stops it too), summary.json, plot
+            path = run.checkpoint
+            if cfg.save and run.iteration == iterations:
                 path = checkpoint.save(agent, iterations, report, runlog)
-                if stop.requested:
-                    _stop(stop, path, runlog, log)
-        evaluation = _evaluate(cfg, agent, log) if cfg.env == "market" else None
-        results = report.results(iterations * cfg.num_envs, train_steps, wall, evaluation, notes)
-        runlog.write_json("summary.json", dataclasses.asdict(results))
+            market = cfg.env == "market" and not stop.requested
+            evaluation = _evaluate(cfg, agent, log, stop) if market else None
+            if stop.requested:  # the record of the run so far, then the signal's exception
+                env_steps = run.iteration * cfg.num_envs
+                results = report.results(env_steps, run.train_steps, run.wall, None, notes, stop.name)
+                _write_record(cfg, results, runlog, log, stopped=True)
+                _say_stopped(stop, path, env_steps, runlog, log)
+                raise stop.exception()
+        results = report.results(iterations * cfg.num_envs, run.train_steps, run.wall, evaluation, notes)
+        _write_record(cfg, results, runlog, log)
     finally:
+        if evaluator is not None:
+            evaluator.close()
         runlog.close()
-    if plot_run(runlog.metrics_path, runlog.folder / "plot.png", title=cfg.env) is None:
-        log(f"gper train: no plot.png: the plot needs matplotlib: {INSTALL}")
     return results
 
 
-def _open_run_folder(cfg: Config, device: torch.device, resume: Checkpoint | None, log: Any) -> RunLog:
-    """The run's folder: a resumed run continues in its checkpoint's unless ``run_name`` is given
-    (``metrics.jsonl`` cut back to what it held at the checkpoint, the directories of checkpoint
-    writes that never finished deleted); any other run's must hold no checkpoints."""
-    if resume is not None and resume.run_folder is not None and cfg.run_name is None:
-        folder = resume.run_folder
+def _say_stopped(stop: StopSignals, path: Path | None, env_steps: int, runlog: RunLog, log: Any) -> None:
+    """The line a stopped run ends with: where its checkpoint is and how to go on."""
+    if path is None:
+        log(f"gper train: {stop.name}: stopped at env step {env_steps} (save is off: no checkpoint)")
     else:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        run_name = cfg.run_name or f"{cfg.env.replace(':', '_').replace('/', '_')}__s{cfg.seed}__{stamp}"
-        folder = Path(cfg.run_dir) / run_name
-    continues = resume is not None and resume.run_folder is not None and _same(folder, resume.run_folder)
-    if continues:
-        for path in remove_temporaries(folder / checkpoint.CHECKPOINTS):
-            log(f"gper train: removed {path}, a checkpoint whose writing never finished")
-        # later checkpoints go before metrics.jsonl is cut back to this one: a crash in between
-        # must not leave a newest checkpoint whose metrics were cut away
-        for path in list_checkpoints(folder / checkpoint.CHECKPOINTS):
-            if step_of(path) > step_of(resume.path) and not _same(path, resume.path):
-                shutil.rmtree(path)
-                log(f"gper train: removed {path}, a checkpoint past the one this run resumes from")
-    elif list_checkpoints(folder / checkpoint.CHECKPOINTS):
-        raise ValueError(f"{folder} holds the checkpoints of another run: resume it, or give another run_name")
-    runlog = RunLog(folder, metrics_bytes=resume.state["metrics_bytes"] if continues else None)
-    if resume is not None:
-        log(f"gper train: resumed from {resume.path} at env step {resume.iteration * cfg.num_envs}")
-    runlog.write_json("config.json", {**dataclasses.asdict(cfg), "device": str(device), "gper": gper.__version__})
-    return runlog
+        log(f"gper train: {stop.name}: stopped after writing {path}; continue with --resume {runlog.folder}")
 
 
-def _same(a: Path, b: Path) -> bool:
-    return a.exists() and b.exists() and a.samefile(b)
+def _write_record(cfg: Config, results: Results, runlog: RunLog, log: Any, stopped: bool = False) -> None:
+    """``summary.json`` and ``plot.png`` (one line instead when matplotlib is missing)."""
+    runlog.write_json("summary.json", dataclasses.asdict(results))
+    runlog.flush()
+    title = cfg.env + (f" (stopped at env step {results.env_steps:,})" if stopped else "")
+    if plot_run(runlog.metrics_path, runlog.folder / "plot.png", title=title, solve_return=cfg.solve_return) is None:
+        log(f"gper train: no plot.png: the plot needs matplotlib: {INSTALL}")
+
+
+class _Reached(NamedTuple):
+    """Where :func:`_run_epochs` stopped."""
+
+    iteration: int
+    """collection iterations done"""
+    train_steps: int
+    wall: float
+    """wall seconds of the run so far (all its segments)"""
+    checkpoint: Path | None
+    """the checkpoint a stop signal made it write, if any"""
 
 
 def _run_epochs(
@@ -208,17 +221,21 @@ def _run_epochs(
     start_it: int,
     iterations: int,
     tqdm: Any,
-    runlog: RunLog,
-    stop: StopSignals | None,
+    stop: StopSignals,
     report_state: dict[str, Any] | None,
-) -> tuple[int, float]:
+    evaluator: Evaluator | None,
+) -> _Reached:
     """Collection iterations ``start_it`` to ``iterations``, in epochs of ``epoch_steps`` env steps,
-    with a progress bar when ``tqdm`` (the class) is given; return (training steps done, wall seconds).
+    with a progress bar when ``tqdm`` (the class) is given, and evaluations of the greedy policy
+    after the epochs :func:`gper.dqn.evaluation.due` names.
 
     Epochs end at multiples of ``epoch_steps`` counted from the run's start, so a run resumed from
-    any iteration ends its epochs (and re-sorts ranks) where the uninterrupted run does. With
-    ``stop`` (``cfg.save``), checkpoints are written every ``checkpoint_every`` epochs, and a stop
-    signal ends the loop after the iteration in progress, with a checkpoint.
+    any iteration ends its epochs (and re-sorts ranks, and evaluates) where the uninterrupted run
+    does. With ``save``, checkpoints are written every ``checkpoint_every`` epochs (after the
+    epoch's evaluation). A stop signal ends the loop after the iteration in progress: inside an
+    epoch, with a checkpoint of that point (with ``save``) and then a report of the epoch so far
+    (which a resumed run cuts away from ``metrics.jsonl``, to report the whole epoch); at an
+    epoch's end, after its evaluation, with a checkpoint.
     """
     n = cfg.num_envs
     epoch_its = max(1, cfg.epoch_steps // n)
@@ -234,18 +251,21 @@ def _run_epochs(
     report.start(t0, agent.sums.to("cpu", copy=True), train_steps)
     if report_state is not None:
         report.load_state_dict(report_state)
-    it = start_it
+    it, path = start_it, None
     try:
         while it < iterations:
             end = min((it // epoch_its + 1) * epoch_its, iterations)
+            inside = False
             for i in range(it, end):
                 if _step(cfg, agent, i, timer, train_steps):
                     train_steps += 1
                 if bar is not None and (i + 1) % 64 == 0:
                     bar.update(64 * n)
-                if stop is not None and stop.requested and i + 1 < end:
+                if stop.requested and i + 1 < end:
                     # a consistent point: the episodes not reported yet are in the checkpoint's ring
-                    _stop(stop, checkpoint.save(agent, i + 1, report, runlog), runlog, report.log)
+                    path = checkpoint.save(agent, i + 1, report, report.runlog) if cfg.save else None
+                    end, inside = i + 1, True
+                    break
             host, now = _sync(cfg, agent, readback)
             episodes, lost = agent.episodes.drain(host)
             metrics = report.end_epoch(
@@ -263,22 +283,20 @@ def _run_epochs(
                 bar.update(end * n - bar.n)
                 bar.set_postfix(ret=f"{metrics['charts/mean_return_last100']:.1f}", sps=f"{metrics['charts/SPS']:.0f}")
             it = end
-            if stop is not None and it < iterations:
-                due = cfg.checkpoint_every > 0 and (it // epoch_its) % cfg.checkpoint_every == 0
-                if due or stop.requested:
-                    path = checkpoint.save(agent, it, report, runlog)
-                    if stop.requested:
-                        _stop(stop, path, runlog, report.log)
+            if inside:
+                break
+            epoch = -(-it // epoch_its)  # from 1; the last one may be shorter
+            if evaluator is not None and evaluation.due(cfg, epoch, last=it == iterations):
+                report.end_evaluation(it * n, evaluator.run(agent.greedy), time.perf_counter())
+            due = cfg.checkpoint_every > 0 and epoch % cfg.checkpoint_every == 0
+            if it < iterations and (due or stop.requested):
+                path = checkpoint.save(agent, it, report, report.runlog) if cfg.save else None
+                if stop.requested:
+                    break
     finally:
         if bar is not None:
             bar.close()
-    return train_steps, time.perf_counter() - t0
-
-
-def _stop(stop: StopSignals, path: Path, runlog: RunLog, log: Any) -> None:
-    """After a stop signal: say where the checkpoint is, then raise what the signal calls for."""
-    log(f"gper train: {stop.name}: stopped after writing {path}; continue with --resume {runlog.folder}")
-    raise stop.exception()
+    return _Reached(it, train_steps, time.perf_counter() - report.t0, path)
 
 
 def _step(cfg: Config, agent: Agent, it: int, timer: PhaseTimer, train_steps: int) -> bool:
@@ -308,15 +326,28 @@ def _sync(cfg: Config, agent: Agent, readback: AsyncReadback) -> tuple[dict[str,
     return host, now
 
 
-def _evaluate(cfg: Config, agent: Agent, log: Any) -> dict[str, float]:
-    """Market: the greedy policy on held-out prices, against buy-and-hold and flat."""
+def _evaluate(cfg: Config, agent: Agent, log: Any, stop: StopSignals) -> dict[str, float] | None:
+    """Market: the greedy policy on held-out prices, against buy-and-hold and flat; None when a
+    stop signal arrives before it is done (it walks the whole series, seconds on a long one)."""
     from gper.envs.market import evaluate
 
+    def greedy(obs: torch.Tensor) -> torch.Tensor:
+        if stop.requested:
+            raise _EvaluationStopped
+        return agent.greedy(obs)
+
     test_env = build_env(dataclasses.replace(cfg, num_envs=1), agent.device, split="test")
-    result = evaluate(agent.greedy, test_env)
+    try:
+        result = evaluate(greedy, test_env)
+    except _EvaluationStopped:
+        return None
     log(
         f"market test on held-out prices ({result['bars']} bars): greedy policy log P&L "
         f"{result['total_log_pnl']:+.4f} (Sharpe/bar {result['sharpe_per_bar']:+.4f}), buy-and-hold "
         f"{result['buy_and_hold_log_pnl']:+.4f}, flat {result['flat_log_pnl']:+.4f}"
     )
     return result
+
+
+class _EvaluationStopped(Exception):
+    """A stop signal arrived during the market evaluation."""

@@ -1,6 +1,6 @@
 """What a run reports: once an epoch, from the host copy of the device values, the episodes, the
-100-episode windows (the best one, the solve point), the metrics and two log lines; at the end,
-the :class:`Results`.
+100-episode windows (the best one, the solve point), the metrics and two log lines; after an
+evaluation, its metrics and one line; at the end, the :class:`Results`.
 
 The phase line has this format (the reference log line of the learn step's phases; one line):
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -38,6 +39,7 @@ class Results:
     env_steps: int
     train_steps: int
     wall_s: float
+    """wall seconds of training, over all the run's segments (a resumed run adds its own to the checkpoint's)"""
     episodes: int
     mean_return_last100: float
     best_mean_return_last100: float | None
@@ -50,6 +52,15 @@ class Results:
     evaluation: dict[str, float] | None = None
     """market: greedy test P&L on held-out prices against buy-and-hold and flat"""
     notes: list[str] = dataclasses.field(default_factory=list)
+    eval_mean_return: float | None = None
+    """the greedy policy's mean return at the last periodic evaluation (``eval_every``)"""
+    eval_at_step: int | None = None
+    """the env step of that evaluation"""
+    best_eval_mean_return: float | None = None
+    """the best mean return of the periodic evaluations"""
+    stopped: str | None = None
+    """the signal that stopped the run (SIGINT, SIGTERM) before it was done (``env_steps``: where); None
+    when it ran to its end"""
 
 
 def mean_last100(returns: list[float]) -> float:
@@ -77,6 +88,9 @@ class RunReport:
         """(env step, wall seconds) of the first 100-episode window at ``solve_return``"""
         self.last_phase: dict[str, float] = {}
         """mean ms per phase of the last epoch that was timed"""
+        self.last_eval: tuple[int, float] | None = None
+        """(env step, mean return) of the last evaluation"""
+        self.best_eval = -math.inf
 
     def start(self, t0: float, sums: torch.Tensor, train_steps: int) -> None:
         """The loop starts at ``t0`` (``time.perf_counter``) from the host copy of the device
@@ -92,6 +106,7 @@ class RunReport:
             "solved_at": self.solved_at,
             "epoch_sums": self._sums,
             "epoch_train_steps": self._train_steps,
+            **self._record_state(),
         }
 
     def load_state_dict(self, state: dict[str, object]) -> None:
@@ -101,6 +116,32 @@ class RunReport:
         self.solved_at = None if solved is None else (int(solved[0]), float(solved[1]))
         self._sums = state["epoch_sums"].clone()
         self._train_steps = int(state["epoch_train_steps"])
+        self._load_record_state(state)
+
+    def _record_state(self) -> dict[str, object]:
+        # the run's record beyond its windows: the wall time so far (the clock goes on from it)
+        # and the evaluations
+        return {"wall": time.perf_counter() - self.t0, "last_eval": self.last_eval, "best_eval": self.best_eval}
+
+    def _load_record_state(self, state: dict[str, object]) -> None:
+        # checkpoints written before these entries existed lack them: their run starts the clock afresh
+        self.t0 -= float(state.get("wall", 0.0))
+        last = state.get("last_eval")
+        self.last_eval = None if last is None else (int(last[0]), float(last[1]))
+        self.best_eval = float(state.get("best_eval", -math.inf))
+
+    def end_evaluation(self, env_step: int, metrics: dict[str, float], now: float) -> None:
+        """Report the evaluation after the epoch that ended at ``env_step`` (its ``eval/`` metrics);
+        ``now``: when it ended, from which the next epoch's rates count."""
+        self._t_epoch = now  # the next epoch's rates leave the evaluation out
+        mean = metrics["eval/mean_return"]
+        self.last_eval, self.best_eval = (env_step, mean), max(self.best_eval, mean)
+        self.runlog.log(env_step, **metrics)
+        self.runlog.flush()
+        self.log(
+            f"eval {env_step:>9d}  greedy return {mean:8.2f} ± {metrics['eval/std_return']:.2f}  "
+            f"({metrics['eval/episodes']} episodes, {metrics['eval/seconds']:.2f}s)"
+        )
 
     def end_epoch(
         self,
@@ -147,9 +188,11 @@ class RunReport:
         wall: float,
         evaluation: dict[str, float] | None,
         notes: list[str],
+        stopped: str | None = None,
     ) -> Results:
-        """The :class:`Results` of the run, ``wall`` seconds long."""
-        returns, best, solved = self.returns, self.best, self.solved_at
+        """The :class:`Results` of the run, ``wall`` seconds long (over all its segments);
+        ``stopped``: the signal that stopped it early."""
+        returns, best, solved, last_eval = self.returns, self.best, self.solved_at, self.last_eval
         return Results(
             run_dir=str(self.runlog.folder),
             device=str(self.device),
@@ -164,6 +207,10 @@ class RunReport:
             phase_ms=self.last_phase,
             evaluation=evaluation,
             notes=notes,
+            eval_mean_return=last_eval[1] if last_eval else None,
+            eval_at_step=last_eval[0] if last_eval else None,
+            best_eval_mean_return=self.best_eval if last_eval else None,
+            stopped=stopped,
         )
 
     def _record_episodes(self, episodes: list[tuple[float, int, int]], lost: int) -> None:

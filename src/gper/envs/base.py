@@ -49,6 +49,8 @@ class VecEnv(ABC):
     device: torch.device
     graph_safe: bool = False
     """True when :meth:`step` can be captured in a CUDA graph (see the module docstring)."""
+    reward_threshold: float | None = None
+    """The return at which the task counts as solved, where it has one (Gymnasium's ``reward_threshold``)."""
 
     @abstractmethod
     def reset(self, seed: int | None = None) -> torch.Tensor:

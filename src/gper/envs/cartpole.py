@@ -57,6 +57,7 @@ class CartPole(VecEnv):
     obs_dim = 4
     n_actions = 2
     graph_safe = True
+    reward_threshold = 475.0  # CartPole-v1's
 
     def __init__(
         self,

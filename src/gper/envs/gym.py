@@ -60,6 +60,9 @@ class GymVecEnv(VecEnv):
             self._env.close()
             raise ValueError(f"gym:{env_id} has action space {space}: only Discrete action spaces are supported")
         self._gym = gym
+        spec = getattr(self._env, "spec", None)  # the registered id's, as make_vec found it
+        threshold = getattr(spec, "reward_threshold", None)
+        self.reward_threshold = None if threshold is None else float(threshold)
         self._obs_space = self._env.single_observation_space
         self._action_start = int(space.start)
         self.n_actions = int(space.n)

@@ -1,10 +1,11 @@
-"""The run folder: ``config.json``, ``metrics.jsonl`` (CleanRL's metric names), ``summary.json``
-and ``plot.png`` (episodic return and per-phase times against env steps).
+"""The run folder's record: ``config.json``, ``metrics.jsonl`` (CleanRL's metric names),
+``summary.json``, and TensorBoard event files with the same records (:mod:`gper.training.tensorboard`).
 
 Each line of ``metrics.jsonl`` is one record: ``{"global_step": ..., "<name>": value, ...}``,
 with the names CleanRL's ``dqn.py`` logs (``charts/episodic_return``, ``charts/episodic_length``,
-``charts/SPS``, ``losses/td_loss``, ``losses/q_values``) plus ``charts/epsilon``, ``charts/beta``
-and ``timing/<phase>_ms``.
+``charts/SPS``, ``losses/td_loss``, ``losses/q_values``) plus ``charts/epsilon``, ``charts/beta``,
+``eval/<name>`` and ``timing/<phase>_ms``. Records are written in the order of their steps.
+:func:`gper.training.plot.plot_run` draws them.
 """
 
 from __future__ import annotations
@@ -12,32 +13,78 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from gper.training.checkpoints import atomic_write
+from gper.training.tensorboard import EventLog, event_files
+
+METRICS = "metrics.jsonl"
 
 
 class RunLog:
-    """Writes the files of one run under ``folder`` (created).
+    """Writes the record of one run under ``folder`` (created).
 
     Args:
         folder: the run folder.
-        metrics_bytes: continue a run from a checkpoint: cut ``metrics.jsonl`` back to the length
-            :meth:`metrics_bytes` returned when the checkpoint was written, dropping the records
-            of a run that went on past it, then append.
+        metrics_bytes: continue a run from a checkpoint: keep the first ``metrics_bytes`` bytes of
+            its ``metrics.jsonl`` (the length :meth:`metrics_bytes` returned when the checkpoint was
+            written), dropping the records of a run that went on past it, then append. Without it
+            the record starts afresh: an earlier ``metrics.jsonl`` and event files in ``folder``
+            (of a run that left no checkpoints there) are replaced.
+        history: with ``metrics_bytes``, continue the record of another run folder's ``metrics.jsonl``
+            (``history``) in ``folder``: its first ``metrics_bytes`` bytes start this one.
     """
 
-    def __init__(self, folder: str | Path, metrics_bytes: int | None = None) -> None:
+    def __init__(
+        self, folder: str | Path, metrics_bytes: int | None = None, *, history: str | Path | None = None
+    ) -> None:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.metrics_path = self.folder / "metrics.jsonl"
-        if metrics_bytes is not None and self.metrics_path.exists():
-            if self.metrics_path.stat().st_size > metrics_bytes:
-                with self.metrics_path.open("r+b") as f:
-                    f.truncate(metrics_bytes)
+        self.metrics_path = self.folder / METRICS
+        self.events: EventLog | None = None
+        """the TensorBoard event file the records also go to, once :meth:`open_events` opened it"""
+        self.continues = metrics_bytes is not None and history is None
+        """whether this record continues the one already in ``folder``"""
+        if metrics_bytes is None:
+            self.metrics_path.unlink(missing_ok=True)
+            for path in event_files(self.folder):
+                path.unlink()
+        elif history is not None:
+            with Path(history).open("rb") as src, self.metrics_path.open("wb") as dst:
+                shutil.copyfileobj(_Prefix(src, metrics_bytes), dst)
+        elif self.metrics_path.exists() and self.metrics_path.stat().st_size > metrics_bytes:
+            with self.metrics_path.open("r+b") as f:
+                f.truncate(metrics_bytes)
         self._file = self.metrics_path.open("a", encoding="utf-8")
+
+    def open_events(self, text: Mapping[str, str] | None = None) -> Path:
+        """Write the records to TensorBoard event files in the run folder too, from now on and the
+        ones before: a record continued in its folder opens a new file that purges the old files'
+        events past the records kept (:mod:`gper.training.tensorboard`); any other starts one with
+        the records so far. ``text``: entries (tag -> Markdown) written when the event log starts
+        from scratch (the settings table). Returns the folder.
+
+        Raises:
+            ImportError: the ``tensorboard`` package is not installed.
+        """
+        self._file.flush()
+        rows = read_metrics(self.metrics_path)
+        if self.continues and event_files(self.folder):
+            purge = max((r["global_step"] for r in rows), default=-1) + 1
+            self.events = EventLog(self.folder, purge_step=purge)
+            rows = []
+        else:
+            purge = 0
+            self.events = EventLog(self.folder)
+        if purge == 0:
+            for tag, value in (text or {}).items():
+                self.events.text(tag, value)
+        self.events.records(rows)
+        self.events.flush()
+        return self.folder
 
     def write_json(self, name: str, data: Mapping[str, Any]) -> Path:
         """Write ``name`` in the run folder atomically: it holds the old content or the whole new one."""
@@ -45,9 +92,9 @@ class RunLog:
         return atomic_write(self.folder / name, lambda f: f.write(text.encode("utf-8")))
 
     def metrics_bytes(self) -> int:
-        """Flush ``metrics.jsonl`` to disk and return its length in bytes (what a checkpoint
-        records: fsynced, so a checkpoint that survives a power loss never points past its end)."""
-        self._file.flush()
+        """Flush ``metrics.jsonl`` (and the event file) to disk and return its length in bytes (what a
+        checkpoint records: fsynced, so a checkpoint that survives a power loss never points past its end)."""
+        self.flush()
         os.fsync(self._file.fileno())
         return os.fstat(self._file.fileno()).st_size
 
@@ -56,60 +103,37 @@ class RunLog:
         row = {"global_step": int(global_step)}
         row.update({k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in values.items()})
         self._file.write(json.dumps(row) + "\n")
+        if self.events is not None:
+            self.events.scalars(row["global_step"], values)
 
     def flush(self) -> None:
         self._file.flush()
+        if self.events is not None:
+            self.events.flush()
 
     def close(self) -> None:
         self._file.close()
+        if self.events is not None:
+            self.events.close()
+
+
+class _Prefix:
+    """The first ``n`` bytes of a binary file, for :func:`shutil.copyfileobj`."""
+
+    def __init__(self, f: Any, n: int) -> None:
+        self.f, self.left = f, n
+
+    def read(self, size: int = -1) -> bytes:
+        size = self.left if size < 0 else min(size, self.left)
+        data = self.f.read(size)
+        self.left -= len(data)
+        return data
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a ``metrics.jsonl``."""
-    with Path(path).open(encoding="utf-8") as f:
+    """The records of a ``metrics.jsonl`` (none when it does not exist)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    with path.open(encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
-
-
-def plot_run(metrics_path: str | Path, out: str | Path, title: str = "") -> Path | None:
-    """Plot episodic return (and its 100-episode mean) and the per-phase times against env steps.
-
-    Returns the PNG's path, or None when matplotlib cannot be imported.
-    """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    rows = read_metrics(metrics_path)
-    episodes = [(r["global_step"], r["charts/episodic_return"]) for r in rows if "charts/episodic_return" in r]
-    timing = [r for r in rows if any(k.startswith("timing/") for k in r)]
-    fig, (ax_ret, ax_time) = plt.subplots(1, 2, figsize=(12, 4.5))
-    if episodes:
-        steps, returns = zip(*episodes, strict=True)
-        ax_ret.plot(steps, returns, ".", ms=2, alpha=0.3, label="episode")
-        window = [
-            sum(returns[max(0, i - 99) : i + 1]) / len(returns[max(0, i - 99) : i + 1]) for i in range(len(returns))
-        ]
-        ax_ret.plot(steps, window, "-", lw=2, label="mean of last 100")
-        ax_ret.legend(loc="lower right")
-    ax_ret.set_xlabel("env steps")
-    ax_ret.set_ylabel("episodic return")
-    ax_ret.set_title(f"{title} return" if title else "return")
-    names = sorted({k for r in timing for k in r if k.startswith("timing/")})
-    for name in names:
-        pts = [(r["global_step"], r[name]) for r in timing if r.get(name) is not None]
-        if pts:
-            xs, ys = zip(*pts, strict=True)
-            ax_time.plot(xs, ys, "o-", ms=3, label=name.removeprefix("timing/"))
-    ax_time.set_xlabel("env steps")
-    ax_time.set_ylabel("ms per step (mean over the epoch)")
-    ax_time.set_title("phase times")
-    if names:
-        ax_time.legend(loc="upper right", fontsize=8)
-    fig.tight_layout()
-    out = Path(out)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out

@@ -1,0 +1,127 @@
+"""``plot.png`` of a run folder, drawn from its ``metrics.jsonl`` (:mod:`gper.training.runlog`).
+
+Three panels against env steps: on top the training episodes' returns, their 100-episode mean,
+the greedy evaluations (``eval/mean_return`` with ``eval/std_return`` as error bars) and the
+environment's "solved" threshold with the step where the 100-episode mean first reached it;
+below, the losses (``losses/td_loss`` on a log scale, ``losses/q_values`` on its own axis) and
+the per-phase times.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gper.training.runlog import read_metrics
+
+#: the 100-episode window of the mean return (and of the solve point)
+WINDOW = 100
+
+
+def plot_run(
+    metrics_path: str | Path, out: str | Path, title: str = "", solve_return: float | None = None
+) -> Path | None:
+    """Draw the run whose ``metrics.jsonl`` is ``metrics_path`` into the PNG ``out``.
+
+    Args:
+        metrics_path: the run's ``metrics.jsonl``.
+        out: the PNG to write.
+        title: heads the figure (the environment, say).
+        solve_return: the return at which the environment counts as solved: a horizontal line,
+            and a vertical one where the mean of the last 100 episodes first reached it.
+
+    Returns:
+        The PNG's path, or None when matplotlib cannot be imported.
+    """
+    try:
+        import matplotlib  # noqa: F401 (the check: figure imports from it)
+    except ImportError:
+        return None
+    out = Path(out)
+    figure(read_metrics(metrics_path), title, solve_return).savefig(out, dpi=110)
+    return out
+
+
+def figure(rows: list[dict[str, Any]], title: str = "", solve_return: float | None = None) -> Any:
+    """The matplotlib figure of :func:`plot_run` from the records ``rows`` of a ``metrics.jsonl``
+    (its axes: return, losses, phase times; the losses' Q-value axis is a twin of the loss axis).
+    A plain :class:`matplotlib.figure.Figure`: no pyplot, no backend, nothing global to close."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(12, 8.5))
+    grid = fig.add_gridspec(2, 2, height_ratios=(3, 2))
+    ax_ret = fig.add_subplot(grid[0, :])
+    # one env-step axis for all three, so a step lines up across the panels
+    ax_loss = fig.add_subplot(grid[1, 0], sharex=ax_ret)
+    ax_time = fig.add_subplot(grid[1, 1], sharex=ax_ret)
+    _returns(ax_ret, rows, solve_return)
+    ax_ret.set_title(f"{title}: return" if title else "return")
+    _losses(ax_loss, rows)
+    _timing(ax_time, rows)
+    fig.tight_layout()
+    return fig
+
+
+def _series(rows: list[dict[str, Any]], name: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of the records that hold a number under ``name``."""
+    pts = [(r["global_step"], r[name]) for r in rows if r.get(name) is not None]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def _returns(ax: Any, rows: list[dict[str, Any]], solve_return: float | None) -> None:
+    steps, returns = _series(rows, "charts/episodic_return")
+    window: list[float] = []
+    if steps:
+        ax.plot(steps, returns, ".", ms=2, alpha=0.25, color="tab:blue", label="training episode")
+        window = [sum(returns[max(0, i - WINDOW + 1) : i + 1]) / min(i + 1, WINDOW) for i in range(len(returns))]
+        ax.plot(steps, window, "-", lw=2, color="tab:orange", label=f"mean of last {WINDOW}")
+    ev_steps, ev_mean = _series(rows, "eval/mean_return")
+    if ev_steps:
+        std = [r.get("eval/std_return") or 0.0 for r in rows if r.get("eval/mean_return") is not None]
+        episodes = next((r["eval/episodes"] for r in rows if r.get("eval/episodes")), None)
+        label = "greedy evaluation" + (f" (mean ± std of {episodes:g} episodes)" if episodes else "")
+        ax.errorbar(ev_steps, ev_mean, yerr=std, fmt="o-", ms=5, lw=1.5, capsize=3, color="tab:green", label=label)
+    if solve_return is not None:
+        ax.axhline(solve_return, ls="--", lw=1, color="tab:red", label=f"solved: {solve_return:g}")
+        solved = next((s for i, s in enumerate(steps) if i + 1 >= WINDOW and window[i] >= solve_return), None)
+        if solved is not None:
+            ax.axvline(solved, ls=":", lw=1, color="tab:red", label=f"mean of last {WINDOW} reached it: {solved:,}")
+    ax.set_xlabel("env steps")
+    ax.set_ylabel("episodic return")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="best", fontsize=9)
+
+
+def _losses(ax: Any, rows: list[dict[str, Any]]) -> None:
+    steps, loss = _series(rows, "losses/td_loss")
+    kept = [(s, v) for s, v in zip(steps, loss, strict=True) if v > 0]  # a log scale: the epochs that trained
+    lines = []
+    if kept:
+        lines += ax.plot([p[0] for p in kept], [p[1] for p in kept], "o-", ms=3, color="tab:blue", label="TD loss")
+        ax.set_yscale("log")
+    ax.set_ylabel("TD loss (Huber × IS weight, mean per step)")
+    q_steps, q = _series(rows, "losses/q_values")
+    if q_steps:
+        twin = ax.twinx()
+        lines += twin.plot(q_steps, q, "s-", ms=3, color="tab:purple", label="mean Q-value")
+        twin.set_ylabel("mean Q-value of the batch")
+    ax.set_xlabel("env steps")
+    ax.set_title("losses (mean over the epoch)")
+    ax.grid(alpha=0.3)
+    if lines:
+        ax.legend(lines, [line.get_label() for line in lines], loc="best", fontsize=8)
+
+
+def _timing(ax: Any, rows: list[dict[str, Any]]) -> None:
+    names = sorted({k for r in rows for k in r if k.startswith("timing/")})
+    for name in names:
+        steps, ms = _series(rows, name)
+        if steps:
+            ax.plot(steps, ms, "o-", ms=3, label=name.removeprefix("timing/").removesuffix("_ms"))
+    ax.set_xlabel("env steps")
+    ax.set_ylabel("ms per step (mean over the epoch)")
+    ax.set_title("phase times")
+    ax.grid(alpha=0.3)
+    if names:
+        ax.legend(loc="best", fontsize=8)

@@ -1,0 +1,97 @@
+"""TensorBoard event files beside ``metrics.jsonl``: the same records, under the same names, at the same steps.
+
+:class:`EventLog` writes through ``torch.utils.tensorboard.SummaryWriter`` into the run folder
+itself (``tensorboard --logdir runs`` then lists each run folder as one run). Each record of
+:class:`~gper.training.runlog.RunLog` becomes one event holding all its finite values as scalars
+(TensorBoard stores them as float32); non-finite values, which ``metrics.jsonl`` writes as
+``null``, are left out.
+
+A run continued in its folder from a checkpoint opens a new event file with
+``purge_step`` = the first step after what ``metrics.jsonl`` held at the checkpoint: TensorBoard
+then hides the events of the earlier files from that step on, which a run that went on past the
+checkpoint before it died had written, so no step appears twice. TensorBoard reads a folder's event
+files in the order of their names, which start with the creation time in whole seconds; so a
+new file is only made once the clock has passed the second of the newest one there.
+
+Needs the ``tensorboard`` package (``pip install 'gper[tensorboard]'``); without it, opening an
+:class:`EventLog` raises ``ImportError``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+#: the names TensorBoard's writers give event files
+EVENTS_PREFIX = "events.out.tfevents."
+
+
+def event_files(folder: str | Path) -> list[Path]:
+    """The TensorBoard event files directly in ``folder``, in the order TensorBoard reads them."""
+    folder = Path(folder)
+    return sorted(p for p in folder.glob(f"{EVENTS_PREFIX}*") if p.is_file()) if folder.is_dir() else []
+
+
+def _created_second(path: Path) -> int:
+    # events.out.tfevents.<time, whole seconds>.<host>.<pid>.<n>
+    field = path.name[len(EVENTS_PREFIX) :].split(".", 1)[0]
+    return int(field) if field.isdigit() else 0
+
+
+class EventLog:
+    """One TensorBoard event file in ``folder`` (created), written with ``SummaryWriter``.
+
+    Args:
+        folder: the run folder.
+        purge_step: continue a record: TensorBoard drops the events of the folder's earlier files
+            at this step and later (``SummaryWriter(purge_step=...)``).
+
+    Raises:
+        ImportError: the ``tensorboard`` package is not installed.
+    """
+
+    def __init__(self, folder: str | Path, purge_step: int | None = None) -> None:
+        try:
+            from tensorboard.compat.proto.summary_pb2 import Summary
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as err:
+            raise ImportError("TensorBoard event files need the tensorboard package") from err
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        newest = max((_created_second(p) for p in event_files(self.folder)), default=-1)
+        while int(time.time()) <= newest:  # at most a second, and only after a run shorter than one
+            time.sleep(newest + 1.001 - time.time())
+        self._summary = Summary
+        self.writer = SummaryWriter(str(self.folder), purge_step=purge_step)
+        # one event per record, all its values in it: half the cost of one add_scalar per value
+        self._file = self.writer._get_file_writer()
+
+    def scalars(self, step: int, values: Mapping[str, Any]) -> None:
+        """One event at ``step`` with every finite number of ``values`` as a scalar named by its key."""
+        Value = self._summary.Value
+        kept = [
+            Value(tag=name, simple_value=float(v))
+            for name, v in values.items()
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+        ]
+        if kept:
+            self._file.add_summary(self._summary(value=kept), int(step))
+
+    def records(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Write records of ``metrics.jsonl`` (``{"global_step": ..., name: value, ...}``), in order."""
+        for row in rows:
+            self.scalars(row["global_step"], {k: v for k, v in row.items() if k != "global_step"})
+
+    def text(self, tag: str, text: str, step: int = 0) -> None:
+        """A text entry (Markdown), shown under TensorBoard's Text tab."""
+        self.writer.add_text(tag, text, step)
+
+    def flush(self) -> None:
+        """Write what is queued to the event file."""
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()

@@ -1,0 +1,170 @@
+"""A run's record across stops and resumes, in process on the CPU: a stopped run writes its summary
+and plot; a resumed one continues metrics.jsonl, TensorBoard, the best window, the solve point,
+the episode count and the evaluations, and ends with the record of the run never stopped."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+
+import pytest
+
+from gper.dqn import Config, loop, train
+from gper.training.checkpoints import list_checkpoints, step_of
+from gper.training.tensorboard import event_files
+from helpers import assert_same_training, computed_records, event_scalars, jsonl_scalars, run_checkpoint
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+QUIET = dict(log=lambda _: None)
+
+#: what summary.json says about the run's course (not its times)
+COURSE = (
+    "env_steps",
+    "train_steps",
+    "episodes",
+    "mean_return_last100",
+    "best_mean_return_last100",
+    "solved_at_step",
+    "eval_mean_return",
+    "eval_at_step",
+    "best_eval_mean_return",
+    "stopped",
+)
+
+
+@pytest.fixture
+def run(smoke, tmp_path):
+    """2400 env steps in 6 epochs of 100 iterations (4 envs), about 240 episodes, the 100-episode
+    mean first at 10.5 after about 1500 steps; an evaluation every 2 epochs, a checkpoint every 2."""
+    return dict(
+        smoke,
+        total_steps=2400,
+        epoch_steps=400,
+        solve_return=10.5,
+        eval_every=2,
+        checkpoint_every=2,
+        keep_checkpoints=10,
+        run_dir=str(tmp_path),
+    )
+
+
+def _summary(folder) -> dict:
+    return json.loads((folder / "summary.json").read_text())
+
+
+def _stop_at(monkeypatch, sig: int, iteration: int) -> None:
+    """Send ``sig`` to this process during collection iteration ``iteration``."""
+    step = loop._step
+
+    def step_then_signal(cfg, agent, it, timer, train_steps):
+        trained = step(cfg, agent, it, timer, train_steps)
+        if it == iteration:
+            signal.raise_signal(sig)
+        return trained
+
+    monkeypatch.setattr(loop, "_step", step_then_signal)
+
+
+@pytest.mark.parametrize("iteration", [329, 399], ids=["inside an epoch", "at an epoch's end"])
+def test_a_stopped_run_writes_its_record_and_a_resumed_one_ends_with_the_whole_runs(
+    run, tmp_path, monkeypatch, iteration
+):
+    """Stopped by SIGINT inside epoch 4 (at env step 1320) or at its end (1600, after the epoch's
+    evaluation): summary.json says so and where, plot.png is there. Resumed, the run's summary,
+    metrics.jsonl (but for the times) and TensorBoard scalars are those of the run never stopped."""
+    whole = train(Config(**run, run_name="whole"), **QUIET)
+    assert whole.solved_at_step is not None and whole.episodes > 100 and whole.eval_at_step == 2400
+    _stop_at(monkeypatch, signal.SIGINT, iteration)
+    lines = []
+    with pytest.raises(KeyboardInterrupt):
+        train(Config(**run, run_name="stopped"), log=lines.append)
+    monkeypatch.undo()
+    folder, reached = tmp_path / "stopped", 4 * (iteration + 1)
+    stopped = _summary(folder)
+    assert stopped["stopped"] == "SIGINT" and stopped["env_steps"] == reached
+    assert stopped["episodes"] == sum("charts/episodic_return" in r for r in computed_records(folder))
+    assert (folder / "plot.png").stat().st_size > 10_000
+    assert lines[-1] == (
+        f"gper train: SIGINT: stopped after writing {folder / 'checkpoints' / f'step-{reached:012d}'}; "
+        f"continue with --resume {folder}"
+    )
+    assert [step_of(p) for p in list_checkpoints(folder / "checkpoints")][-1] == reached
+
+    stopped_wall = run_checkpoint(folder)[0]["report"]["wall"]
+    resumed = train(Config(**run, resume=str(folder)), **QUIET)
+    assert_same_training(tmp_path / "whole", folder)
+    assert {k: _summary(folder)[k] for k in COURSE} == {k: _summary(tmp_path / "whole")[k] for k in COURSE}
+    assert resumed.wall_s > stopped_wall  # the clock went on from the checkpoint's
+    assert computed_records(folder) == computed_records(tmp_path / "whole")
+    assert len(event_files(folder)) == 2
+    assert event_scalars(folder) == jsonl_scalars(folder)
+
+
+def test_a_run_resumed_in_another_folder_holds_the_whole_record(run, tmp_path):
+    """From a checkpoint of another run folder, the new folder's metrics.jsonl and event file start
+    with what that folder held at the checkpoint."""
+    train(Config(**run, run_name="whole"), **QUIET)
+    middle = tmp_path / "whole" / "checkpoints" / "step-000000000800"
+    train(Config(**run, run_name="branch", resume=str(middle)), **QUIET)
+    branch = tmp_path / "branch"
+    assert computed_records(branch) == computed_records(tmp_path / "whole")
+    assert event_scalars(branch) == jsonl_scalars(branch)
+    assert {k: _summary(branch)[k] for k in COURSE} == {k: _summary(tmp_path / "whole")[k] for k in COURSE}
+
+
+def test_the_event_file_holds_what_metrics_jsonl_holds(run, tmp_path):
+    """CleanRL's names, at the same steps, with the same values (as float32), and the settings."""
+    train(Config(**run, run_name="a"), **QUIET)
+    scalars = event_scalars(tmp_path / "a")
+    assert scalars == jsonl_scalars(tmp_path / "a")
+    expected = {"charts/episodic_return", "charts/episodic_length", "charts/SPS", "losses/td_loss"}
+    assert expected | {"losses/q_values", "charts/epsilon", "eval/mean_return", "timing/fwd_bwd_ms"} <= set(scalars)
+    assert [step for step, _ in scalars["eval/mean_return"]] == [800, 1600, 2400]
+
+
+def test_without_tensorboard_one_line_says_how_to_get_event_files(run, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
+    monkeypatch.setitem(sys.modules, "tensorboard", None)
+    lines = []
+    results = train(Config(**{**run, "total_steps": 800}, run_name="a"), log=lines.append)
+    assert results.env_steps == 800 and not event_files(tmp_path / "a")
+    assert [line for line in lines if "tensorboard" in line.lower()] == [
+        "gper train: no TensorBoard event files: they need tensorboard: pip install 'gper[tensorboard]', "
+        "or tensorboard=False"
+    ]
+    lines.clear()
+    train(Config(**{**run, "total_steps": 800, "tensorboard": False}, run_name="b"), log=lines.append)
+    assert not [line for line in lines if "tensorboard" in line.lower()] and not event_files(tmp_path / "b")
+
+
+def test_without_save_a_stop_still_writes_the_summary_and_plot(run, tmp_path, monkeypatch):
+    _stop_at(monkeypatch, signal.SIGTERM, 130)
+    lines = []
+    with pytest.raises(SystemExit) as info:
+        train(Config(**run, run_name="a", save=False), log=lines.append)
+    assert info.value.code == 128 + signal.SIGTERM
+    folder = tmp_path / "a"
+    assert _summary(folder)["stopped"] == "SIGTERM" and _summary(folder)["env_steps"] == 524
+    assert (folder / "plot.png").exists() and not (folder / "checkpoints").exists()
+    assert lines[-1] == "gper train: SIGTERM: stopped at env step 524 (save is off: no checkpoint)"
+
+
+def test_a_stop_during_the_market_evaluation_ends_it_with_the_record(smoke, tmp_path, monkeypatch):
+    """The held-out walk after the last epoch checks for a stop signal at every bar: stopped there,
+    the run writes its summary (no evaluation, stopped) after its final checkpoint."""
+    import gper.envs.market
+
+    evaluate = gper.envs.market.evaluate
+
+    def signal_then_evaluate(policy, source):
+        signal.raise_signal(signal.SIGINT)
+        return evaluate(policy, source)
+
+    monkeypatch.setattr(gper.envs.market, "evaluate", signal_then_evaluate)
+    market = dict(env="market", num_envs=4, episode_len=32, hidden=(32,), bars=5000, test_bars=1000)
+    with pytest.raises(KeyboardInterrupt):
+        train(Config(**{**smoke, **market}, run_dir=str(tmp_path), run_name="m"), **QUIET)
+    summary = _summary(tmp_path / "m")
+    assert summary["stopped"] == "SIGINT" and summary["evaluation"] is None and summary["env_steps"] == 600
+    assert [step_of(p) for p in list_checkpoints(tmp_path / "m" / "checkpoints")] == [600]

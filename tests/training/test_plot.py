@@ -1,0 +1,55 @@
+"""plot_run: the return panel (episodes, their 100-episode mean, the greedy evaluations, the solved
+threshold and where it was reached), the losses and the phase times."""
+
+from __future__ import annotations
+
+import pytest
+
+from gper.training.plot import figure, plot_run
+from gper.training.runlog import RunLog, read_metrics
+
+
+def _run(folder):
+    """200 episodes, 100 of return 10 then 100 of 100: the mean of the last 100 after episode
+    100 + k is 10 + 0.9 k, which first reaches 50 at k = 45, at env step 1450."""
+    log = RunLog(folder)
+    for i in range(200):
+        ret = 10.0 if i < 100 else 100.0
+        log.log(10 * (i + 1), **{"charts/episodic_return": ret, "charts/episodic_length": int(ret)})
+        if (i + 1) % 50 == 0:
+            step = 10 * (i + 1)
+            log.log(step, **{"losses/td_loss": 1.0 / (i + 1), "losses/q_values": i / 10, "timing/fwd_bwd_ms": 0.5})
+            log.log(step, **{"eval/mean_return": ret * 2, "eval/std_return": 3.0, "eval/episodes": 10})
+    log.close()
+    return read_metrics(folder / "metrics.jsonl")
+
+
+def test_the_return_panel_marks_the_threshold_the_evaluations_and_the_solve_point(tmp_path):
+    fig = figure(_run(tmp_path), title="cartpole", solve_return=50.0)
+    ret, loss, timing, q = fig.axes  # the Q-value axis, a twin of the loss axis, comes last
+    assert ret.get_title() == "cartpole: return"
+    lines = {line.get_label(): line for line in ret.lines}
+    assert list(lines["solved: 50"].get_ydata()) == [50.0, 50.0]
+    assert list(lines["mean of last 100 reached it: 1,450"].get_xdata()) == [1450, 1450]
+    assert list(lines["mean of last 100"].get_ydata())[143:145] == pytest.approx([49.6, 50.5])
+    (evals,) = ret.containers  # the error bars of the evaluations
+    assert list(evals.lines[0].get_xdata()) == [500, 1000, 1500, 2000]
+    assert list(evals.lines[0].get_ydata()) == [20.0, 20.0, 200.0, 200.0]
+    assert "10 episodes" in evals.get_label()
+    assert loss.get_yscale() == "log" and list(loss.lines[0].get_ydata()) == [1 / 50, 1 / 100, 1 / 150, 1 / 200]
+    assert list(q.lines[0].get_ydata()) == [4.9, 9.9, 14.9, 19.9]
+    assert [line.get_label() for line in timing.lines] == ["fwd_bwd"]
+
+
+def test_without_a_threshold_or_evaluations_the_panels_leave_them_out(tmp_path):
+    rows = [r for r in _run(tmp_path) if "eval/mean_return" not in r]
+    ret = figure(rows).axes[0]
+    assert [line.get_label() for line in ret.lines] == ["training episode", "mean of last 100"]
+    assert not ret.containers
+    assert [line.get_label() for line in figure(rows, solve_return=1000.0).axes[0].lines][-1] == "solved: 1000"
+
+
+def test_plot_run_writes_the_png(tmp_path):
+    _run(tmp_path)
+    png = plot_run(tmp_path / "metrics.jsonl", tmp_path / "plot.png", title="t", solve_return=50.0)
+    assert png == tmp_path / "plot.png" and png.stat().st_size > 10_000
