@@ -40,7 +40,7 @@ def _data(n: int, start: int = 0) -> TensorDict:
                 "observation": i[:, None].float().expand(n, 4) + 1,
                 "reward": i[:, None].float(),
                 "done": (i % 3 == 0)[:, None],
-            },  # fmt: skip
+            },
             ("collector", "traj_ids"): i,
         },
         batch_size=[n],
@@ -67,8 +67,15 @@ def test_nested_keys_round_trip_with_wrap_around():
     first = rb.extend(_data(5))
     second = rb.extend(_data(5, start=5))  # 10 items in 7 slots: items 3..9 stay
     assert first.tolist() == [0, 1, 2, 3, 4] and second.tolist() == [5, 6, 0, 1, 2]
-    assert rb.keys == [("observation",), ("action",), ("pixels",), ("next", "observation"), ("next", "reward"),
-                       ("next", "done"), ("collector", "traj_ids")]  # fmt: skip
+    assert rb.keys == [
+        ("observation",),
+        ("action",),
+        ("pixels",),
+        ("next", "observation"),
+        ("next", "reward"),
+        ("next", "done"),
+        ("collector", "traj_ids"),
+    ]
     s = rb.sample(200)
     assert s.batch_size == torch.Size([200]) and s.device == torch.device("cpu")
     item = s["collector", "traj_ids"]
@@ -94,6 +101,9 @@ def test_index_and_weights_agree_with_gper_and_torchrl_formula():
     # TorchRL's PrioritizedSampler: w_i = (p_i / p_min) ** -beta with p = (priority + eps) ** alpha
     stored = (p + EPS) ** ALPHA
     torch.testing.assert_close(s["priority_weight"], (stored[s["index"]] / stored.min()) ** -BETA, rtol=1e-5, atol=0)
+    s, info = rb.sample(8, return_info=True)  # TorchRL's info: the same tensors as in the sample
+    assert set(info) == {"index", "priority_weight", "index_generation"}
+    assert all(info[k] is s.get(k) for k in info)
     rb.beta = 1.0  # annealed: the next sample's weights use it
     assert rb.beta == 1.0 and rb.buffer.beta == 1.0
     s = rb.sample(64)
@@ -291,11 +301,25 @@ def _dqn_loop(device: str, frames: int):
     loss.make_value_estimator(gamma=0.99)
     target = SoftUpdate(loss, eps=0.99)
     opt = torch.optim.Adam(loss.parameters(), lr=1e-3)
-    rb = PrioritizedReplayBuffer(alpha=0.6, beta=0.4, capacity=10_000, batch_size=64, device=device,
-                                 backend="torch" if device == "cpu" else "auto", seed=0)  # fmt: skip
-    collector = Collector(env, TensorDictSequential(actor, explore), frames_per_batch=100, total_frames=frames,
-                          policy_device=device, storing_device=device, env_device="cpu",
-                          auto_register_policy_transforms=False)  # fmt: skip
+    rb = PrioritizedReplayBuffer(
+        alpha=0.6,
+        beta=0.4,
+        capacity=10_000,
+        batch_size=64,
+        device=device,
+        backend="torch" if device == "cpu" else "auto",
+        seed=0,
+    )
+    collector = Collector(
+        env,
+        TensorDictSequential(actor, explore),
+        frames_per_batch=100,
+        total_frames=frames,
+        policy_device=device,
+        storing_device=device,
+        env_device="cpu",
+        auto_register_policy_transforms=False,
+    )
     first = None
     for data in collector:
         rb.extend(data)
@@ -357,8 +381,9 @@ def test_a_trained_buffer_round_trips_and_samples_the_same(trained, tmp_path):
     rb, _, _ = trained
     rb.dumps(tmp_path / "rb")
     want = rb.sample(128)
-    restored = PrioritizedReplayBuffer(alpha=0.6, beta=0.4, capacity=10_000, batch_size=64, device="cpu",
-                                       backend="torch", seed=123)  # fmt: skip
+    restored = PrioritizedReplayBuffer(
+        alpha=0.6, beta=0.4, capacity=10_000, batch_size=64, device="cpu", backend="torch", seed=123
+    )
     restored.loads(tmp_path / "rb")
     got = restored.sample(128)
     assert torch.equal(got["index"], want["index"]) and torch.equal(got["priority_weight"], want["priority_weight"])

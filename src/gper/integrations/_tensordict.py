@@ -108,14 +108,16 @@ class KeyLayout:
         """What gper's ``add`` takes: ``{field: tensor}``."""
         return {leaf.name: stored[leaf.key] for leaf in self.leaves}
 
-    def nest(self, fields: Mapping[str, torch.Tensor]) -> dict[str, Any]:
-        """gper's fields (a sampled batch) as the nested dict a TensorDict is built from."""
+    def nest(self, fields: Mapping[str, Any], extra: Mapping[Key, Any] | None = None) -> dict[str, Any]:
+        """gper's fields (a sampled batch), and ``extra`` entries by key, as the nested dict a
+        TensorDict is built from (one constructor call: cheaper than setting entries one by one)."""
         out: dict[str, Any] = {}
-        for leaf in self.leaves:
+        pairs = [(leaf.key, fields[leaf.name]) for leaf in self.leaves] + list((extra or {}).items())
+        for key, value in pairs:
             node = out
-            for part in leaf.key[:-1]:
+            for part in key[:-1]:
                 node = node.setdefault(part, {})
-            node[leaf.key[-1]] = fields[leaf.name]
+            node[key[-1]] = value
         return out
 
     def record(self) -> list:

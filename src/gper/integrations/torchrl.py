@@ -122,10 +122,20 @@ class PrioritizedReplayBuffer:
         self.reduction = reduction
         self._device = canonical_device(device)
         self._args: dict[str, Any] = dict(
-            capacity=capacity, alpha=alpha, beta=beta, eps=eps, sampling=sampling, weight_norm=weight_norm,
-            device=self._device, backend=backend, seed=seed, strict=strict, cpu_fallback=cpu_fallback,
-            rank_refresh_interval=rank_refresh_interval, cuda_graphs=cuda_graphs,
-        )  # fmt: skip
+            capacity=capacity,
+            alpha=alpha,
+            beta=beta,
+            eps=eps,
+            sampling=sampling,
+            weight_norm=weight_norm,
+            device=self._device,
+            backend=backend,
+            seed=seed,
+            strict=strict,
+            cpu_fallback=cpu_fallback,
+            rank_refresh_interval=rank_refresh_interval,
+            cuda_graphs=cuda_graphs,
+        )
         self._metadata = {(INDEX_KEY,), (GENERATION_KEY,), (STATE_KEY,), self.weight_key, self.priority_key}
         self._layout: KeyLayout | None = None
         self._rb: gper.PrioritizedReplayBuffer | None = None
@@ -293,12 +303,10 @@ class PrioritizedReplayBuffer:
         rb = self._built("sample()")
         batch = rb.sample(check_batch_size(b))
         self._source = batch.source
-        td = TensorDict(self._layout.nest(batch), batch_size=[b], device=rb.device)
-        info = {INDEX_KEY: batch.indices, show(self.weight_key): batch.weights, GENERATION_KEY: batch.generations}
-        td.set(INDEX_KEY, batch.indices)
-        td.set(self.weight_key, batch.weights)
-        td.set(GENERATION_KEY, batch.generations)
-        td.set(STATE_KEY, NonTensorData(self._token, batch_size=[b], device=rb.device))
+        extra = {(INDEX_KEY,): batch.indices, self.weight_key: batch.weights, (GENERATION_KEY,): batch.generations}
+        state = NonTensorData(self._token, batch_size=[b], device=rb.device)
+        td = TensorDict(self._layout.nest(batch, extra | {(STATE_KEY,): state}), batch_size=[b], device=rb.device)
+        info = {show(k): v for k, v in extra.items()}
         return (td, info) if return_info else td
 
     def __iter__(self) -> Iterator[TensorDict]:
@@ -408,8 +416,12 @@ class PrioritizedReplayBuffer:
         (streamed a chunk at a time, written atomically; nothing pickled)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        record = {"format": _FORMAT, "keys": self._keys_record(), "batch_size": self._batch_size,
-                  "buffer": self._rb is not None}  # fmt: skip
+        record = {
+            "format": _FORMAT,
+            "keys": self._keys_record(),
+            "batch_size": self._batch_size,
+            "buffer": self._rb is not None,
+        }
         with atomic_file(path / _KEYS_FILE) as f:
             f.write(json.dumps(record).encode())
         if self._rb is not None:
