@@ -142,6 +142,7 @@ def test_a_sample_from_before_a_load_or_another_buffer_updates_nothing():
     s = rb.sample(5)
     s["td_error"] = torch.full((5,), 9.0)
     rb.load_state_dict(state)
+    rb.sample(3), other.sample(3)  # both have drawn since: only the sample's own state tells it apart
     before = rb.buffer.priorities(torch.arange(10))
     rb.update_tensordict_priority(s)
     other.update_tensordict_priority(s)
