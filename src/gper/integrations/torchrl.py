@@ -37,6 +37,7 @@ import gper
 from gper._device import canonical_device
 from gper._files import atomic_file
 from gper.integrations._tensordict import KeyLayout, NestedKey, as_key, reduce_priority, show, stored_leaves
+from gper.ops.layout import DEFAULT_ARITY
 from gper.replay.checks import check_batch_size
 from gper.replay.config import MUTABLE, ReplayConfig
 from gper.replay.files import TensorFile
@@ -114,18 +115,20 @@ class PrioritizedReplayBuffer:
         if seed is None:
             seed = int(torch.randint(2**62, ()))
         # every setting checked now, though the buffer is built at the first extend
-        ReplayConfig.check(capacity, alpha, beta, eps, sampling, weight_norm, seed, rank_refresh_interval, 32, backend)
+        cfg = ReplayConfig.check(
+            capacity, alpha, beta, eps, sampling, weight_norm, seed, rank_refresh_interval, DEFAULT_ARITY, backend
+        )
         if reduction not in REDUCTIONS:
             raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
         self._batch_size = None if batch_size is None else check_batch_size(batch_size)
-        self.priority_key, self.weight_key = as_key(priority_key), as_key(weight_key)
-        self.reduction = reduction
+        self._priority_key, self._weight_key = as_key(priority_key), as_key(weight_key)
+        self._reduction = reduction
         self._device = canonical_device(device)
         self._args: dict[str, Any] = dict(
             capacity=capacity,
-            alpha=alpha,
-            beta=beta,
-            eps=eps,
+            alpha=cfg.alpha,
+            beta=cfg.beta,
+            eps=cfg.eps,
             sampling=sampling,
             weight_norm=weight_norm,
             device=self._device,
@@ -136,7 +139,7 @@ class PrioritizedReplayBuffer:
             rank_refresh_interval=rank_refresh_interval,
             cuda_graphs=cuda_graphs,
         )
-        self._metadata = {(INDEX_KEY,), (GENERATION_KEY,), (STATE_KEY,), self.weight_key, self.priority_key}
+        self._metadata = {(INDEX_KEY,), (GENERATION_KEY,), (STATE_KEY,), self._weight_key, self._priority_key}
         self._layout: KeyLayout | None = None
         self._rb: gper.PrioritizedReplayBuffer | None = None
         self._new_state()
@@ -164,6 +167,18 @@ class PrioritizedReplayBuffer:
     @property
     def capacity(self) -> int:
         return self._args["capacity"]
+
+    @property
+    def priority_key(self) -> tuple[str, ...]:
+        return self._priority_key
+
+    @property
+    def weight_key(self) -> tuple[str, ...]:
+        return self._weight_key
+
+    @property
+    def reduction(self) -> str:
+        return self._reduction
 
     @property
     def keys(self) -> list[tuple[str, ...]] | None:
