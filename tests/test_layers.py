@@ -25,7 +25,7 @@ LAYERS: list[tuple[int, str]] = [
     (4, "gper.envs"),
     (4, "gper.training"),  # the RL runtime: no algorithm
     (5, "gper.dqn"),  # the application
-    (5, "gper.integrations"),  # adapters to other RL libraries (SB3), beside the application
+    (5, "gper.integrations"),  # adapters to other RL libraries' replay APIs, beside the application
     (6, "gper.bench"),  # measurement: nothing in the package imports it
     (7, "gper.cli"),  # the command line
     (8, "gper.__main__"),

@@ -1,7 +1,11 @@
-"""Adapters that put gper's buffer under other RL libraries.
+"""Adapters that put gper's replay buffer behind other RL libraries' replay APIs.
 
-Each adapter is a subpackage that imports its library when it is imported itself (never here),
-and raises ImportError naming the pip extra when that library is missing:
+Each adapter imports its library when it is imported itself (never here), and raises ImportError
+naming the pip extra when that library is missing:
 
-* :mod:`gper.integrations.sb3`: Stable-Baselines3 (``pip install "gper[sb3]"``).
+* :mod:`gper.integrations.sb3`: Stable-Baselines3's ``ReplayBuffer`` interface and a prioritized
+  ``DQN`` (``pip install "gper[sb3]"``).
+* :mod:`gper.integrations.torchrl`: ``PrioritizedReplayBuffer``, TorchRL's
+  ``TensorDictPrioritizedReplayBuffer`` interface (TensorDict in and out, ``priority_weight``
+  for TorchRL's losses, ``update_tensordict_priority``); ``pip install "gper[torchrl]"``.
 """
