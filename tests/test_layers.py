@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -146,3 +148,15 @@ def test_every_capture_in_the_package_goes_through_the_gc_safe_one():
 def test_the_rule_itself(module, target, ok):
     (layer, unit), (t_layer, t_unit) = _unit(module), _unit(target)
     assert (t_unit == unit or t_layer < layer) == ok
+
+
+def test_import_gper_loads_only_the_buffer_and_its_layers_below():
+    """``gper.dqn`` and the other upper packages are attributes of ``gper`` resolved on first use
+    (``gper.__getattr__``), not imports: ``import gper`` must not load them."""
+    code = (
+        "import sys, gper; upper = ('gper.dqn', 'gper.envs', 'gper.training', 'gper.integrations', 'gper.bench');"
+        "print(sorted(m for m in sys.modules if m.startswith(upper)));"
+        "gper.dqn.train; print('gper.dqn' in sys.modules, hasattr(gper, 'bench') and 'gper.bench' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[:2] == ["[]", "True False"], out

@@ -78,3 +78,32 @@ def test_train_help_shows_the_values_that_run(capsys):
         assert "(default: None)" not in text and "(default for --env market on the CPU: " in text, text
     assert "(default for --env market on the CPU: 131072)" in out
     assert "market 2000000 / 300000" in out  # every environment's presets, CUDA / CPU
+
+
+def test_train_help_after_a_resume_shows_the_checkpoint_settings(tmp_path, capsys):
+    argv = ["train", "--device", "cpu", "--total-steps", "300", "--learning-starts", "100", "--batch-size", "16"]
+    argv += ["--buffer-size", "500", "--epoch-steps", "100", "--hidden", "8", "--progress", "False"]
+    argv += ["--run-dir", str(tmp_path), "--run-name", "a", "--tensorboard", "False"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["train", "--resume", str(tmp_path / "a"), "--help"])
+    out = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    batch = re.split(r" --(?!env )", out.split(" --batch-size ")[1])[0]
+    assert "(default: 16)" in batch and "default for --env" not in batch
+
+
+def test_train_help_for_a_gymnasium_id_names_its_threshold(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--env", "gym:CartPole-v1", "--device", "cpu", "--help"])
+    out = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    assert "Gymnasium's reward_threshold for the id" in out.split(" --solve-return ")[1][:200]
+
+
+def test_train_command_shows_a_real_import_error_with_its_traceback(monkeypatch):
+    def broken(*args, **kwargs):
+        raise ImportError("cannot import name 'x' from 'y'")
+
+    monkeypatch.setattr("gper.dqn.command.train", broken)
+    with pytest.raises(ImportError, match="cannot import name"):
+        main(["train", "--device", "cpu", "--progress", "False"])

@@ -189,7 +189,9 @@ def test_the_command_resumes_with_the_checkpoints_settings(run, tmp_path, capsys
         "run_dir": "runs",
         "run_name": None,
         "resume": str(folder),
-    } | {"hidden": (16,), "device": "cpu"}
+    } | {"hidden": (16,), "device": "cpu"} | {"cuda_graphs": True, "precision": "tf32", "threads": None}
+    # config.json records what ran on the CPU; the checkpoint keeps what was asked (a GPU resume runs as one)
+    assert (recorded["cuda_graphs"], recorded["precision"], recorded["threads"]) == (False, "fp32", 1)
     assert main(["train", "--resume", str(folder), "--total-steps", "600"]) == 0
     assert '"env_steps": 600' in capsys.readouterr().out and _steps(folder)[-1] == 600
     assert main(["train", "--resume", str(folder), "--seed", "6"]) == 2

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from gper.dqn import Config, setup, train
+from gper.dqn.checkpoint import stored_config
 from gper.training.runlog import read_metrics
 from gper.training.timing import PhaseTimer
 from helpers import run_checkpoint
 
-THREADS = torch.get_num_threads()
 SMALL = dict(device="cuda", total_steps=20_000, learning_starts=512, batch_size=256, buffer_size=4096, progress=False)
 
 
@@ -54,12 +54,21 @@ def test_first_epoch_logs_its_losses_on_the_cpu(tmp_path, smoke):
     assert first["losses/td_loss"] > 0 and first["losses/q_values"] != 0
 
 
-def test_cpu_run_records_what_ran(tmp_path, smoke):
-    results = train(Config(**smoke, run_dir=str(tmp_path)))
-    cfg = json.loads((tmp_path / results.run_dir.split("/")[-1] / "config.json").read_text())
-    # no CUDA graphs or TF32 on the CPU; one torch thread for this small network
+def test_cpu_run_records_what_ran_and_keeps_what_was_asked(tmp_path, smoke):
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        results = train(Config(**smoke, run_dir=str(tmp_path)))
+        assert torch.get_num_threads() == 2  # put back after the run
+    finally:
+        torch.set_num_threads(before)
+    folder = tmp_path / results.run_dir.split("/")[-1]
+    cfg = json.loads((folder / "config.json").read_text())
+    # what ran: no CUDA graphs or TF32 on the CPU; one torch thread for this small network
     assert cfg["cuda_graphs"] is False and cfg["precision"] == "fp32" and cfg["threads"] == 1
-    assert torch.get_num_threads() == THREADS  # put back after the run
+    # what the checkpoint keeps is what was asked: resumed on a GPU, it runs as a GPU run
+    stored = stored_config(folder)
+    assert stored.cuda_graphs is True and stored.precision == "tf32" and stored.threads is None
 
 
 def test_resume_continues_from_the_checkpoint(tmp_path, smoke):

@@ -359,6 +359,10 @@ def test_save_and_load_replay_buffer_reproduce_the_draws(tmp_path, optimize):
     model.learn(400)
     rb = model.replay_buffer
     model.save_replay_buffer(tmp_path / "rb.pkl")
+    # the file holds the filled rows (400 of the buffer's), not its whole capacity
+    row_bytes = rb.gper.state_dict()["rows"][0].numel()
+    # (the trees take 8 bytes a slot of capacity; the whole rows would be 5000 * row_bytes)
+    assert (tmp_path / "rb.pkl").stat().st_size < 400 * row_bytes + 12 * rb.gper.capacity + 10_000
     other = PrioritizedDQN("MlpPolicy", "CartPole-v1", **SMALL_DQN, **kwargs)
     other.load_replay_buffer(tmp_path / "rb.pkl")
     loaded = other.replay_buffer

@@ -4,11 +4,12 @@ the same names, steps and values; a record continued from a checkpoint shows no 
 from __future__ import annotations
 
 import sys
+import time
 
 import pytest
 
 from gper.training.runlog import RunLog, read_metrics
-from gper.training.tensorboard import EventLog, event_files
+from gper.training.tensorboard import event_files
 from helpers import event_scalars, jsonl_scalars
 
 
@@ -41,7 +42,7 @@ def test_the_event_file_holds_the_records_of_metrics_jsonl(tmp_path):
 def test_a_record_continued_from_a_checkpoint_shows_no_step_twice(tmp_path):
     """A run wrote epochs 1-5, its checkpoint recorded the length of metrics.jsonl after epoch 3,
     it died after epoch 5; the resumed run writes epochs 4-6 again (other values: what TensorBoard
-    shows must be the new ones). purge_step hides the first file's events from step 31 on."""
+    shows must be the new ones). The event files are rewritten from metrics.jsonl, cut back to step 30."""
     log = RunLog(tmp_path)
     log.open_events()
     for k in range(1, 4):
@@ -55,7 +56,7 @@ def test_a_record_continued_from_a_checkpoint_shows_no_step_twice(tmp_path):
     for k in range(4, 7):
         _epoch(log, 10 * k, 100.0 + k)
     log.close()
-    assert len(event_files(tmp_path)) == 2
+    assert len(event_files(tmp_path)) == 1
     scalars = event_scalars(tmp_path)
     assert scalars == jsonl_scalars(tmp_path)
     assert [s for s, _ in scalars["charts/SPS"]] == [10, 20, 30, 40, 50, 60]
@@ -95,15 +96,39 @@ def test_a_new_record_replaces_an_earlier_runs_files(tmp_path):
     assert [r["global_step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [13, 17, 20]
 
 
-def test_event_files_made_in_the_same_second_are_read_in_the_order_they_were_made(tmp_path):
-    """TensorBoard reads a folder's event files in the order of their names, which start with the
-    second they were made in: a file made in the same second as the one before waits for the next."""
-    EventLog(tmp_path).close()
+def test_a_record_continued_after_a_stretch_without_event_files_holds_every_step(tmp_path):
+    """Event files on, then a resumed stretch with them off, then on again: TensorBoard shows every
+    epoch of metrics.jsonl, the stretch's too."""
+    log = RunLog(tmp_path)
+    log.open_events()
+    _epoch(log, 10, 1.0)
+    log.close()
+    for step, events in ((20, False), (30, True)):
+        log = RunLog(tmp_path, metrics_bytes=(tmp_path / "metrics.jsonl").stat().st_size)
+        if events:
+            log.open_events()
+        _epoch(log, step, step / 10)
+        log.close()
+    assert [s for s, _ in event_scalars(tmp_path)["charts/SPS"]] == [10, 20, 30]
+    assert event_scalars(tmp_path) == jsonl_scalars(tmp_path)
+
+
+def test_an_event_file_named_in_the_future_does_not_hold_up_a_resume(tmp_path):
+    """A folder copied from a machine whose clock ran ahead: its file sorts after any new one."""
+    log = RunLog(tmp_path)
+    log.open_events()
+    _epoch(log, 10, 1.0)
+    log.close()
     (old,) = event_files(tmp_path)
-    EventLog(tmp_path, purge_step=5).close()
-    new = next(p for p in event_files(tmp_path) if p != old)
-    assert event_files(tmp_path) == [old, new]
-    assert int(new.name.split(".")[3]) > int(old.name.split(".")[3])
+    future = old.with_name(f"events.out.tfevents.{int(time.time()) + 10**8}.host.1.0")
+    old.rename(future)
+    started = time.monotonic()
+    log = RunLog(tmp_path, metrics_bytes=(tmp_path / "metrics.jsonl").stat().st_size)
+    log.open_events()
+    _epoch(log, 20, 2.0)
+    log.close()
+    assert time.monotonic() - started < 5 and not future.exists()
+    assert [s for s, _ in event_scalars(tmp_path)["charts/SPS"]] == [10, 20]
 
 
 def test_without_tensorboard_an_event_log_cannot_open(tmp_path, monkeypatch):

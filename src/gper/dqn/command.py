@@ -47,7 +47,7 @@ def main(argv: list[str]) -> int:
         device = pick_device(early.device or (default.device if default is not None else Config.device))
     except (ValueError, RuntimeError):  # a bad --device: the run's own check says so
         device = torch.device("cpu")
-    cls = command_config(env, device)
+    cls = command_config(env, device, default)
     parsed = tyro.cli(
         cls,
         args=argv,
@@ -67,7 +67,12 @@ def main(argv: list[str]) -> int:
             return 2
     try:
         results = train(config, log=log)
-    except (ValueError, ImportError) as err:  # bad settings, a missing package: one line, no traceback
+    except ValueError as err:  # bad settings: one line, no traceback
+        print(f"gper train: error: {err}", file=sys.stderr)
+        return 2
+    except ImportError as err:
+        if "pip install" not in str(err):  # not a missing optional package: a real bug, with its traceback
+            raise
         print(f"gper train: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # SIGINT: train wrote a checkpoint and said where

@@ -33,8 +33,8 @@ class Config:
     """cuda, cuda:N, cpu, or auto (the GPU if there is one and the replay fits, else the CPU)"""
     threads: int | None = None
     """CPU threads for torch when training on the CPU; default 1 for a training step under 1 GFLOP
-    (every preset's network: more threads slow small steps down, and on cores other processes
-    share, by 10x), else the cores this process may use"""
+    (every preset's network: more threads slow such steps down, about 2x with the cores shared
+    with other processes), else the cores this process may use"""
     backend: Literal["auto", "triton", "torch"] = "auto"
     """replay kernels: triton on CUDA, torch on the CPU, when auto"""
     hidden: tuple[int, ...] | None = None
@@ -217,6 +217,17 @@ def cpu_threads(cfg: Config, obs_dim: int, n_actions: int) -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def as_run(cfg: Config, device: torch.device, threads: int | None) -> dict[str, Any]:
+    """``cfg``'s settings as they take effect on ``device`` (what ``config.json`` records): on the
+    CPU no CUDA graphs, plain fp32 matmuls (TF32 and bf16 autocast are CUDA's) and ``threads``
+    torch threads. ``cfg`` itself keeps what was asked, so a checkpoint resumed on a GPU runs as
+    a GPU run."""
+    settings = dataclasses.asdict(cfg)
+    if device.type != "cuda":
+        settings.update(cuda_graphs=False, precision="fp32", threads=threads)
+    return settings
+
+
 def pick_device(request: str) -> torch.device:
     """``auto`` -> the current CUDA device when there is one, else the CPU; ``cuda`` -> ``cuda:N``."""
     return canonical_device(request)
@@ -235,8 +246,6 @@ def resolve(config: Config, device: torch.device) -> Config:
         for f in dataclasses.fields(config)
         if getattr(config, f.name) is None and f.name in preset
     }
-    if device.type != "cuda":  # what runs on the CPU: no graphs, plain fp32 matmuls (TF32 and bf16 are CUDA's)
-        filled.update(cuda_graphs=False, precision="fp32")
     cfg = dataclasses.replace(config, **filled)
     cfg.hidden = tuple(int(h) for h in cfg.hidden)
     _check(cfg)

@@ -24,7 +24,10 @@ from gper.dqn.config import PRESETS, Config
 
 def field_docs() -> dict[str, str]:
     """Each :class:`Config` field's docstring (the string under it in the source), one line each."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(Config)))
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(Config)))
+    except (OSError, TypeError):  # installed without its sources: the flags go without help text
+        return {}
     body = tree.body[0].body  # type: ignore[attr-defined]
     docs: dict[str, str] = {}
     for node, nxt in zip(body, body[1:], strict=False):
@@ -67,15 +70,19 @@ def presets_table() -> str:
             cells.append(f"{env} {_show(g)}" + ("" if c == g else f" / {_show(c)}"))
         if cells:
             lines.append(f"  {name.replace('_', '-')}: " + "; ".join(cells))
+    lines.append("  solve-return for gym:<ID>: Gymnasium's reward_threshold for the id, if it has one")
     lines.append(
         "  threads (CPU only): 1 for a training step under 1 GFLOP (every preset's network), else the cores available"
     )
     return "\n".join(lines)
 
 
-def command_config(env: str, device: torch.device) -> type:
+def command_config(env: str, device: torch.device, default: Config | None = None) -> type:
     """A dataclass with :class:`Config`'s fields, defaults and help, whose preset settings' help
-    hints name the values that run for ``env`` on ``device``; :func:`to_config` converts its instances."""
+    hints name the values that run for ``env`` on ``device``; :func:`to_config` converts its instances.
+
+    With ``default`` (a resumed run's settings), only the settings it leaves ``None`` get a
+    preset's hint; tyro shows the others' values as their defaults."""
     import tyro
 
     hints = typing.get_type_hints(Config, include_extras=True, localns=vars(config_module))
@@ -85,13 +92,16 @@ def command_config(env: str, device: torch.device) -> type:
     fields = []
     for f in dataclasses.fields(Config):
         hint: str | None = None
-        if f.default is None and f.name in values:
+        unset = (f.default if default is None else getattr(default, f.name)) is None
+        if unset and f.name == "solve_return" and env.startswith("gym:"):
+            hint = f"(default for --env {env}: Gymnasium's reward_threshold for the id, if it has one)"
+        elif unset and f.name in values:
             hint = f"(default for --env {env} on {where}: {_show(values[f.name])})"
-        elif f.name == "threads":
+        elif unset and f.name == "threads":
             hint = "(default: chosen for the network's size, on the CPU)"
         arg = tyro.conf.arg(help=docs.get(f.name), help_behavior_hint=hint)
-        default = dataclasses.field(default=f.default) if f.default is not dataclasses.MISSING else f
-        fields.append((f.name, Annotated[hints[f.name], arg], default))
+        spec = dataclasses.field(default=f.default) if f.default is not dataclasses.MISSING else f
+        fields.append((f.name, Annotated[hints[f.name], arg], spec))
     return dataclasses.make_dataclass("Config", fields)
 
 

@@ -104,13 +104,9 @@ def setup(config: Config, log: Any = print) -> tuple[Config, Agent, list[str]]:
         env.close()
         env = build_env(cfg, device)
         rb = build_replay(cfg, padded_width(env.obs_dim), device)
-    if device.type == "cpu":
-        cfg = dataclasses.replace(cfg, threads=cpu_threads(cfg, padded_width(env.obs_dim), env.n_actions))
-        if config.threads is None:
-            notes.append(
-                f"{cfg.threads} torch thread{'s' if cfg.threads > 1 else ''} for this network's size "
-                "(--threads to change)"
-            )
+    if device.type == "cpu" and cfg.threads is None:
+        n = cpu_threads(cfg, padded_width(env.obs_dim), env.n_actions)
+        notes.append(f"{n} torch thread{'s' if n > 1 else ''} for this network's size (--threads to change)")
     if cfg.solve_return is None and env.reward_threshold is not None:  # gym:<ID>: its registered threshold
         cfg = dataclasses.replace(cfg, solve_return=float(env.reward_threshold))
     for note in notes:
@@ -139,20 +135,24 @@ def train(config: Config, log: Any = print) -> Results:
     tqdm = require("tqdm.auto", "the progress bar", "or progress=False").tqdm if config.progress else None
     resume = checkpoint.read(config.resume) if config.resume else None
     cfg, agent, notes = setup(config, log)
-    threads = torch.get_num_threads()
-    if cfg.threads is not None:  # on the CPU; put back when the run ends
-        torch.set_num_threads(cfg.threads)
-    try:
-        return _train(cfg, agent, notes, resume, log, tqdm)
-    finally:
+    before = torch.get_num_threads()
+    threads = None
+    if agent.device.type == "cpu":  # put back when the run ends
+        threads = cpu_threads(cfg, agent.obs_width, agent.env.n_actions)
         torch.set_num_threads(threads)
+    try:
+        return _train(cfg, agent, notes, resume, log, tqdm, threads)
+    finally:
+        torch.set_num_threads(before)
 
 
-def _train(cfg: Config, agent: Agent, notes: list[str], resume: Checkpoint | None, log: Any, tqdm: Any) -> Results:
+def _train(
+    cfg: Config, agent: Agent, notes: list[str], resume: Checkpoint | None, log: Any, tqdm: Any, threads: int | None
+) -> Results:
     if resume is not None:
         checkpoint.check_settings(cfg, resume)
         checkpoint.restore(agent, resume)
-    runlog = open_run_folder(cfg, agent.device, resume, log)
+    runlog = open_run_folder(cfg, agent.device, resume, log, threads)
     evaluator = None
     try:
         if cfg.eval_every > 0:

@@ -6,7 +6,6 @@ Checkpoints, ``summary.json`` and ``plot.png`` are written into it later (:mod:`
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 import time
 from pathlib import Path
@@ -18,12 +17,14 @@ import gper
 from gper.dqn import checkpoint
 from gper.dqn._extra import install
 from gper.dqn.checkpoint import Checkpoint
-from gper.dqn.config import Config
+from gper.dqn.config import Config, as_run
 from gper.training.checkpoints import list_checkpoints, remove_temporaries, step_of
 from gper.training.runlog import METRICS, RunLog
 
 
-def open_run_folder(cfg: Config, device: torch.device, resume: Checkpoint | None, log: Any) -> RunLog:
+def open_run_folder(
+    cfg: Config, device: torch.device, resume: Checkpoint | None, log: Any, threads: int | None = None
+) -> RunLog:
     """The run's folder: ``<run_dir>/<run_name>`` (default ``<env>__s<seed>__<time>``), or, for a
     resumed run without ``run_name``, its checkpoint's.
 
@@ -32,7 +33,8 @@ def open_run_folder(cfg: Config, device: torch.device, resume: Checkpoint | None
     hold no checkpoints. A run resumed in another folder starts its ``metrics.jsonl`` with what its
     checkpoint's run folder held at the checkpoint, so each folder holds a whole run's record. With
     ``tensorboard``, the record goes to TensorBoard event files too (one line instead when the
-    package is missing). ``config.json`` gets the settings in force.
+    package is missing). ``config.json`` gets the settings in force on ``device``
+    (:func:`~gper.dqn.config.as_run`: on the CPU, ``threads`` torch threads).
 
     Raises:
         ValueError: a new run's folder holds the checkpoints of another run.
@@ -64,7 +66,7 @@ def open_run_folder(cfg: Config, device: torch.device, resume: Checkpoint | None
         runlog = RunLog(folder)
     if resume is not None:
         log(f"gper train: resumed from {resume.path} at env step {resume.iteration * cfg.num_envs}")
-    settings = {**dataclasses.asdict(cfg), "device": str(device), "gper": gper.__version__}
+    settings = {**as_run(cfg, device, threads), "device": str(device), "gper": gper.__version__}
     runlog.write_json("config.json", settings)
     if cfg.tensorboard:
         # CleanRL's table of the settings, under TensorBoard's Text tab

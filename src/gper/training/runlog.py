@@ -48,10 +48,11 @@ class RunLog:
         """the TensorBoard event file the records also go to, once :meth:`open_events` opened it"""
         self.continues = metrics_bytes is not None and history is None
         """whether this record continues the one already in ``folder``"""
-        if metrics_bytes is None:
-            self.metrics_path.unlink(missing_ok=True)
+        if metrics_bytes is None or history is not None:  # a record afresh here: no earlier run's events
             for path in event_files(self.folder):
                 path.unlink()
+        if metrics_bytes is None:
+            self.metrics_path.unlink(missing_ok=True)
         elif history is not None:
             with Path(history).open("rb") as src, self.metrics_path.open("wb") as dst:
                 shutil.copyfileobj(_Prefix(src, metrics_bytes), dst)
@@ -61,27 +62,24 @@ class RunLog:
         self._file = self.metrics_path.open("a", encoding="utf-8")
 
     def open_events(self, text: Mapping[str, str] | None = None) -> Path:
-        """Write the records to TensorBoard event files in the run folder too, from now on and the
-        ones before: a record continued in its folder opens a new file that purges the old files'
-        events past the records kept (:mod:`gper.training.tensorboard`); any other starts one with
-        the records so far. ``text``: entries (tag -> Markdown) written when the event log starts
-        from scratch (the settings table). Returns the folder.
+        """Write the records to a TensorBoard event file in the run folder too, from now on and the
+        ones before: the folder's event files are rewritten from ``metrics.jsonl`` (so a continued
+        record shows each step once, with what ``metrics.jsonl`` holds: see
+        :mod:`gper.training.tensorboard`). ``text``: entries (tag -> Markdown) written first (the
+        settings table). Returns the folder.
 
         Raises:
-            ImportError: the ``tensorboard`` package is not installed.
+            ImportError: the ``tensorboard`` package is not installed (the folder's event files are
+                then left as they were).
         """
         self._file.flush()
         rows = read_metrics(self.metrics_path)
-        if self.continues and event_files(self.folder):
-            purge = max((r["global_step"] for r in rows), default=-1) + 1
-            self.events = EventLog(self.folder, purge_step=purge)
-            rows = []
-        else:
-            purge = 0
-            self.events = EventLog(self.folder)
-        if purge == 0:
-            for tag, value in (text or {}).items():
-                self.events.text(tag, value)
+        old = event_files(self.folder)
+        self.events = EventLog(self.folder)
+        for path in old:
+            path.unlink()
+        for tag, value in (text or {}).items():
+            self.events.text(tag, value)
         self.events.records(rows)
         self.events.flush()
         return self.folder

@@ -6,12 +6,11 @@ itself (``tensorboard --logdir runs`` then lists each run folder as one run). Ea
 (TensorBoard stores them as float32); non-finite values, which ``metrics.jsonl`` writes as
 ``null``, are left out.
 
-A run continued in its folder from a checkpoint opens a new event file with
-``purge_step`` = the first step after what ``metrics.jsonl`` held at the checkpoint: TensorBoard
-then hides the events of the earlier files from that step on, which a run that went on past the
-checkpoint before it died had written, so no step appears twice. TensorBoard reads a folder's event
-files in the order of their names, which start with the creation time in whole seconds; so a
-new file is only made once the clock has passed the second of the newest one there.
+A record continued from a checkpoint rewrites its folder's event files from ``metrics.jsonl``,
+the record's own truth (:meth:`~gper.training.runlog.RunLog.open_events`): no step appears twice
+(the records a run wrote past its checkpoint before it died are gone from both), the records of a
+stretch run with event files off are there too, and nothing depends on the order TensorBoard
+reads several files of a folder in (by name, which starts with the second a file was made).
 
 Needs the ``tensorboard`` package (``pip install 'gper[tensorboard]'``); without it, opening an
 :class:`EventLog` raises ``ImportError``.
@@ -20,7 +19,6 @@ Needs the ``tensorboard`` package (``pip install 'gper[tensorboard]'``); without
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -35,25 +33,17 @@ def event_files(folder: str | Path) -> list[Path]:
     return sorted(p for p in folder.glob(f"{EVENTS_PREFIX}*") if p.is_file()) if folder.is_dir() else []
 
 
-def _created_second(path: Path) -> int:
-    # events.out.tfevents.<time, whole seconds>.<host>.<pid>.<n>
-    field = path.name[len(EVENTS_PREFIX) :].split(".", 1)[0]
-    return int(field) if field.isdigit() else 0
-
-
 class EventLog:
     """One TensorBoard event file in ``folder`` (created), written with ``SummaryWriter``.
 
     Args:
         folder: the run folder.
-        purge_step: continue a record: TensorBoard drops the events of the folder's earlier files
-            at this step and later (``SummaryWriter(purge_step=...)``).
 
     Raises:
         ImportError: the ``tensorboard`` package is not installed.
     """
 
-    def __init__(self, folder: str | Path, purge_step: int | None = None) -> None:
+    def __init__(self, folder: str | Path) -> None:
         try:
             from tensorboard.compat.proto.summary_pb2 import Summary
             from torch.utils.tensorboard import SummaryWriter
@@ -61,11 +51,8 @@ class EventLog:
             raise ImportError("TensorBoard event files need the tensorboard package") from err
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
-        newest = max((_created_second(p) for p in event_files(self.folder)), default=-1)
-        while int(time.time()) <= newest:  # at most a second, and only after a run shorter than one
-            time.sleep(newest + 1.001 - time.time())
         self._summary = Summary
-        self.writer = SummaryWriter(str(self.folder), purge_step=purge_step)
+        self.writer = SummaryWriter(str(self.folder))
         # one event per record, all its values in it: half the cost of one add_scalar per value
         self._file = self.writer._get_file_writer()
 

@@ -28,6 +28,8 @@ from stable_baselines3.common.vec_env import VecNormalize
 
 import gper
 from gper._device import canonical_device
+from gper.ops.state import C_SIZE
+from gper.replay.buffer import PREFIX_TENSORS
 
 
 class PrioritizedReplayBufferSamples(NamedTuple):
@@ -179,7 +181,14 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         if state is None:
             self._ring_pos, self._held = 0, 0
             return
-        self.gper.load_state_dict(state["gper"])
+        saved = dict(state["gper"])
+        for name, mine in self.gper.state_dict().items():
+            if name in PREFIX_TENSORS and isinstance(saved.get(name), torch.Tensor) and saved[name].shape != mine.shape:
+                # a prefix of the filled slots (what _gper_state pickles): the rest reads as 0
+                full = torch.zeros_like(mine, device="cpu")
+                full[: saved[name].shape[0]] = saved[name]
+                saved[name] = full
+        self.gper.load_state_dict(saved)
         if self._next_obs is not None:
             self._next_obs.copy_(state["next_obs"])
 
@@ -201,6 +210,11 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._keep_settings()
         g = self.gper
         state = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in g.state_dict().items()}
+        # the filled slots' rows and generations only (as gper's own files): a buffer filled to 1%
+        # pickles about 1% of its rows; _build pads them back
+        filled = int(state["counters"][C_SIZE])
+        for name in PREFIX_TENSORS:
+            state[name] = state[name][:filled].clone()
         return {"gper": state, "next_obs": None if self._next_obs is None else self._next_obs.cpu()}
 
     @property
