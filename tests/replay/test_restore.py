@@ -339,3 +339,17 @@ def test_a_buffer_with_a_kernel_module_refuses_to_be_copied():
     rb = gper.PrioritizedReplayBuffer(8, {"x": ((), torch.float32)}, backend=reference)
     with pytest.raises(TypeError, match="kernel module"):
         copy.deepcopy(rb)
+
+
+def test_a_state_of_the_filled_slots_only_loads_and_one_short_of_them_is_refused():
+    rb = used()
+    state = rb.state_dict()
+    prefix = dict(state, rows=state["rows"][: len(rb)].clone(), gen=state["gen"][: len(rb)].clone())
+    back = used(n=5)
+    back.load_state_dict(prefix)
+    assert_unchanged(back, snapshot(rb))
+    short = dict(prefix, rows=prefix["rows"][:-1])
+    before = snapshot(back)
+    with pytest.raises(ValueError, match=f"holds the rows of {len(rb) - 1} slots, but {len(rb)} are filled"):
+        back.load_state_dict(short)
+    assert_unchanged(back, before)

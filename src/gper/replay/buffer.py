@@ -23,7 +23,7 @@ from gper.ops import backend_module, select_backend
 from gper.ops.layout import DEFAULT_ARITY
 from gper.ops.probe import triton_problem
 from gper.replay.batch import FlatSample, SampledBatch
-from gper.replay.checkpoint import check_contents, check_state
+from gper.replay.checkpoint import PREFIX_TENSORS, check_contents, check_state, widen_prefixes
 from gper.replay.checks import (
     check_batch_size,
     check_generations,
@@ -354,11 +354,15 @@ class PrioritizedReplayBuffer:
         which costs one host sync. Batches sampled before the load count as stale afterwards:
         ``update_priorities`` ignores them (and counts them in ``stats()["stale_updates"]``).
 
+        ``rows`` and ``gen`` may hold the filled slots only (their first ``size`` entries, as
+        :meth:`save` writes them); the slots past them then read as 0.
+
         Raises:
             ValueError: the state comes from a buffer of another configuration, is incomplete,
                 or is corrupt (naming what is wrong); the buffer is then unchanged.
         """
-        self._restore(state, lambda rows: rows.copy_(state["rows"]))
+        state, held = widen_prefixes(state, self._tensors())
+        self._restore(state, lambda rows: rows.copy_(state["rows"]), rows_held=held)
 
     def save(self, path: str | os.PathLike, progress: Callable[[int, int], None] | None = None) -> int:
         """Write the buffer's state to a safetensors file at ``path``, atomically and a chunk at a time.
@@ -409,21 +413,15 @@ class PrioritizedReplayBuffer:
                 if name in PREFIX_TENSORS and len(shape) == len(full) and shape[1:] == full[1:] and shape[0] <= full[0]:
                     held[name] = shape[0]
                     shape = full  # checked as the whole tensor; the slots past the filled ones read as 0
-                if name == "gen" and dtype == mine[name].dtype and shape == full:
+                if name == "rows" or (shape, dtype) != (full, mine[name].dtype):
+                    # a stand-in carries the shape: the rows are read into place only after every
+                    # check, and a tensor of the wrong shape is refused by them
+                    state[name] = torch.empty(shape, dtype=dtype, device="meta")
+                else:  # read to the device a chunk at a time (the filled slots' part): the checks run there
                     state[name] = torch.zeros(shape, dtype=dtype, device=self.device)
                     try:
                         f.copy_into(name, state[name][: held.get(name, full[0])])
                     except (OSError, ValueError) as err:
-                        raise ValueError(f"load(): {err}") from err
-                elif name == "rows" or (shape, dtype) != (mine[name].shape, mine[name].dtype):
-                    # a stand-in carries the shape: the rows are read into place only after every
-                    # check, and a tensor of the wrong shape is refused by them
-                    state[name] = torch.empty(shape, dtype=dtype, device="meta")
-                else:  # read to the device a chunk at a time: the checks run there
-                    state[name] = torch.empty(shape, dtype=dtype, device=self.device)
-                    try:
-                        f.copy_into(name, state[name])
-                    except OSError as err:
                         raise ValueError(f"load(): {err}") from err
             n = held.get("rows", self.capacity)
             self._restore(state, lambda rows: self._read_rows(f, rows, n, path), json_config=True, rows_held=n)
@@ -451,7 +449,7 @@ class PrioritizedReplayBuffer:
         seed, host = check_state(state, config, self._tensors())
         size, invalid = check_contents(state, self.tree.layout, host["size"], self.device)
         if rows_held is not None and rows_held < size:
-            raise ValueError(f"load(): the file holds the rows of {rows_held} slots, but {size} are filled")
+            raise ValueError(f"load_state_dict(): the state holds the rows of {rows_held} slots, but {size} are filled")
         with torch.no_grad():  # tensors that require grad must not pull the buffer into autograd
             copy_rows(self.rows.rows)
             self.tree.load_state_dict(state)
@@ -494,10 +492,6 @@ class PrioritizedReplayBuffer:
         graphs are copied: the copy captures its own). To store a buffer in a file, prefer
         :meth:`save`, which streams and which :meth:`load` reads without unpickling."""
         return (_rebuild, (self._init_args(), self.state_dict()))
-
-
-#: tensors a buffer file may hold for the filled slots only (their first ``size`` entries)
-PREFIX_TENSORS = ("rows", "gen")
 
 
 def _rebuild(args: dict[str, Any], state: Mapping[str, Any]) -> PrioritizedReplayBuffer:

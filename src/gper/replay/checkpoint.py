@@ -37,6 +37,33 @@ from gper.ops.state import (
 _SUM_RTOL = 1e-4
 
 
+#: tensors a state or a buffer file may hold for the filled slots only (their first ``size``
+#: entries: slots fill in order, and the rows and generations past them are never read)
+PREFIX_TENSORS = ("rows", "gen")
+
+
+def widen_prefixes(state: object, tensors: Mapping[str, torch.Tensor]) -> tuple[object, int | None]:
+    """``state`` with a ``rows`` / ``gen`` of the filled slots only widened to the shape of
+    ``tensors``' (zeros past them), and how many rows it held (None when whole)."""
+    if not isinstance(state, Mapping):
+        return state, None  # refused by check_state
+    out, held = dict(state), None
+    for name in PREFIX_TENSORS:
+        mine, theirs = tensors[name], state.get(name)
+        if (
+            isinstance(theirs, torch.Tensor)
+            and theirs.dtype == mine.dtype
+            and theirs.dim() == mine.dim()
+            and theirs.shape[1:] == mine.shape[1:]
+            and theirs.shape[0] < mine.shape[0]
+        ):
+            out[name] = torch.zeros_like(mine, device=theirs.device)
+            out[name][: theirs.shape[0]] = theirs
+            if name == "rows":
+                held = theirs.shape[0]
+    return out, held
+
+
 def check_state(state: object, config: dict[str, Any], tensors: Mapping[str, torch.Tensor]) -> tuple[int, Mapping]:
     """The ``(seed, host counts)`` of ``state``, after checking that it was saved by a buffer with
     ``config`` and holds every tensor of ``tensors`` with its shape and dtype.

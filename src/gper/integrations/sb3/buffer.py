@@ -29,7 +29,7 @@ from stable_baselines3.common.vec_env import VecNormalize
 import gper
 from gper._device import canonical_device
 from gper.ops.state import C_SIZE
-from gper.replay.buffer import PREFIX_TENSORS
+from gper.replay.checkpoint import PREFIX_TENSORS
 
 
 class PrioritizedReplayBufferSamples(NamedTuple):
@@ -181,14 +181,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         if state is None:
             self._ring_pos, self._held = 0, 0
             return
-        saved = dict(state["gper"])
-        for name, mine in self.gper.state_dict().items():
-            if name in PREFIX_TENSORS and isinstance(saved.get(name), torch.Tensor) and saved[name].shape != mine.shape:
-                # a prefix of the filled slots (what _gper_state pickles): the rest reads as 0
-                full = torch.zeros_like(mine, device="cpu")
-                full[: saved[name].shape[0]] = saved[name]
-                saved[name] = full
-        self.gper.load_state_dict(saved)
+        self.gper.load_state_dict(state["gper"])  # its rows and generations of the filled slots only
         if self._next_obs is not None:
             self._next_obs.copy_(state["next_obs"])
 
@@ -208,13 +201,14 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     def _gper_state(self) -> dict[str, Any]:
         """The gper buffer's state and the staging tensor, with tensors on the CPU."""
         self._keep_settings()
-        g = self.gper
-        state = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in g.state_dict().items()}
-        # the filled slots' rows and generations only (as gper's own files): a buffer filled to 1%
-        # pickles about 1% of its rows; _build pads them back
-        filled = int(state["counters"][C_SIZE])
+        state = dict(self.gper.state_dict())
+        # the filled slots' rows and generations only (as gper's own files; load_state_dict takes
+        # them so): a buffer filled to 1% copies and pickles about 1% of its rows
+        filled = int(state["counters"][C_SIZE])  # the device's count: adds replayed from graphs too
         for name in PREFIX_TENSORS:
-            state[name] = state[name][:filled].clone()
+            state[name] = state[name][:filled]
+        # copies on the host (.cpu() of a CPU tensor would return the buffer's own)
+        state = {k: v.to("cpu", copy=True) if isinstance(v, torch.Tensor) else v for k, v in state.items()}
         return {"gper": state, "next_obs": None if self._next_obs is None else self._next_obs.cpu()}
 
     @property
