@@ -80,3 +80,45 @@ def test_missing_gymnasium_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "gymnasium", None)
     with pytest.raises(ImportError, match=r"gym:CartPole-v1 needs Gymnasium: pip install 'gper\[gym\]'"):
         GymVecEnv("CartPole-v1", 1, "cpu")
+
+
+def test_next_step_autoreset_matches_single_gymnasium_envs():
+    """In next-step mode the step that ends an episode returns its final observation as both
+    ``next_obs`` and ``obs``; the copy's next step is a reset step: reward 0, flags false, and the
+    observation a lone env seeded the same way resets to."""
+    n, seed = 3, 10
+    env = make_env("gym:CartPole-v1", n, "cpu", seed=seed, autoreset="next-step")
+    assert env.autoreset == "next-step" and make_env("gym:CartPole-v1", 1, "cpu").autoreset == "same-step"
+    refs = [gym.make("CartPole-v1") for _ in range(n)]
+    ref_obs = [r.reset(seed=seed + i)[0] for i, r in enumerate(refs)]
+    assert np.array_equal(env.reset(seed=seed).numpy(), np.stack(ref_obs))
+    rng = np.random.default_rng(0)
+    resetting = [False] * n
+    ended_seen = 0
+    for _ in range(200):
+        actions = rng.integers(0, 2, n)
+        step = env.step(torch.from_numpy(actions))
+        assert torch.equal(step.obs, step.next_obs)
+        for i, ref in enumerate(refs):
+            if resetting[i]:  # the action is ignored; the copy resets with its own generator
+                obs, reward, terminated, truncated = ref.reset()[0], 0.0, False, False
+            else:
+                obs, reward, terminated, truncated, _ = ref.step(int(actions[i]))
+            assert np.array_equal(step.next_obs[i].numpy(), obs)
+            assert (float(step.reward[i]), bool(step.terminated[i]), bool(step.truncated[i])) == (
+                reward,
+                terminated,
+                truncated,
+            )
+            resetting[i] = terminated or truncated
+            ended_seen += resetting[i]
+    assert ended_seen >= 5
+    env.close()
+
+
+def test_autoreset_modes_are_checked():
+    with pytest.raises(ValueError, match="autoreset must be one of same-step, next-step, got 'never'"):
+        make_env("gym:CartPole-v1", 1, "cpu", autoreset="never")
+    with pytest.raises(ValueError, match="cartpole resets in the same step only"):
+        make_env("cartpole", 1, "cpu", autoreset="next-step")
+    assert make_env("cartpole", 1, "cpu", autoreset="same-step").autoreset == "same-step"

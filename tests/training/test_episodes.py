@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 
+from gper.envs import make_env
 from gper.training.episodes import EpisodeTracker
 from gper.training.readback import AsyncReadback
 
@@ -58,3 +60,93 @@ def test_a_restored_tracker_still_drains_the_episodes_it_had_not_reported():
     copy = EpisodeTracker(2, CPU, ring=8)
     copy.load_state_dict({k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in tracker.state_dict().items()})
     assert copy.drain(_host(copy)) == tracker.drain(_host(tracker)) == ([(1.0, 1, 2), (4.0, 2, 4)], 0)
+
+
+def _by_copy(tracker: EpisodeTracker, ended: list[torch.Tensor]) -> dict[int, list[tuple[float, int]]]:
+    """The tracker's episodes, drained, as (return, length) lists per copy; ``ended`` holds each
+    step's bool [N] of the copies whose episode it recorded (rows are written in copy order)."""
+    rows, lost = tracker.drain(_host(tracker))
+    assert lost == 0
+    copies = [int(e) for flags in ended for e in flags.nonzero().flatten()]
+    out: dict[int, list[tuple[float, int]]] = {e: [] for e in range(tracker.num_envs)}
+    for e, (ret, length, _) in zip(copies, rows, strict=True):
+        out[e].append((ret, length))
+    return out
+
+
+def test_next_step_reset_steps_count_in_no_episode():
+    """A next-step environment's steps are a same-step one's with a reset step (reward 0, not done)
+    after every end: the tracker records the same episodes, returns and lengths."""
+    rng = random.Random(1)
+    n, steps = 4, 200
+    streams = [[(rng.choice([1.0, -0.5, 2.0]), rng.random() < 0.15) for _ in range(steps)] for _ in range(n)]
+    expanded = [[x for r, d in s for x in ([(r, d), (0.0, False)] if d else [(r, d)])] for s in streams]
+    episodes = {}
+    for mode, data in (("same-step", streams), ("next-step", expanded)):
+        tracker = EpisodeTracker(n, CPU, ring=1024, autoreset=mode)
+        ended = []
+        for t in range(steps):
+            done = torch.tensor([s[t][1] for s in data])
+            tracker.record(torch.tensor([s[t][0] for s in data], dtype=torch.float64), done, torch.tensor(1.0 * t))
+            ended.append(done)
+        episodes[mode] = _by_copy(tracker, ended)
+    for e in range(n):
+        k = len(episodes["next-step"][e])
+        assert k >= 5 and episodes["next-step"][e] == episodes["same-step"][e][:k]
+
+
+def test_a_done_on_a_reset_step_ends_nothing():
+    tracker = EpisodeTracker(2, CPU, ring=8, autoreset="next-step")
+    one = torch.ones(2, dtype=torch.float64)
+    tracker.record(one, torch.tensor([True, False]), torch.tensor(2.0))
+    tracker.record(one * 5, torch.tensor([True, True]), torch.tensor(4.0))  # copy 0: a reset step
+    tracker.record(one, torch.tensor([True, False]), torch.tensor(6.0))
+    assert tracker.drain(_host(tracker)) == ([(1.0, 1, 2), (6.0, 2, 4), (1.0, 1, 6)], 0)
+    state = tracker.state_dict()
+    assert state["resetting"].tolist() == [True, False]
+    tracker.restart()
+    assert tracker.resetting.tolist() == [False, False] and tracker.lengths.tolist() == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+def test_gymnasium_episodes_are_the_same_in_both_autoreset_modes(seed):
+    """CartPole-v1 through Gymnasium (time limit 45, so episodes end both ways) with a policy of the
+    observation alone: the tracker records the same episodes, in the same order per copy, whether
+    the copies reset in the step that ended them or in a reset step after it; their lengths are a
+    lone Gymnasium env's, seeded the same."""
+    gym = pytest.importorskip("gymnasium")
+    n, steps = 3, 400
+
+    def policy(obs: torch.Tensor) -> torch.Tensor:
+        return (obs[..., 2] > 0).long()  # push towards the lean: episodes of 30 to 60 steps
+
+    episodes = {}
+    for mode in ("same-step", "next-step"):
+        env = make_env("gym:CartPole-v1", n, "cpu", seed=seed, autoreset=mode, max_episode_steps=45)
+        tracker = EpisodeTracker(n, CPU, autoreset=mode)
+        obs, ended = env.reset(seed=seed), []
+        for t in range(steps):
+            step = env.step(policy(obs))
+            done = step.terminated | step.truncated
+            tracker.record(step.reward.double(), done, torch.tensor(float(t)))
+            ended.append(done)
+            obs = step.obs
+        episodes[mode] = _by_copy(tracker, ended)
+        env.close()
+    same, nxt = episodes["same-step"], episodes["next-step"]
+    truncations = 0
+    for e in range(n):
+        k = len(nxt[e])
+        assert k >= 5 and nxt[e] == same[e][:k]  # next-step spends a step on each reset
+        ref = gym.make("CartPole-v1", max_episode_steps=45)
+        obs, _ = ref.reset(seed=seed + e)
+        lengths, length = [], 0
+        while len(lengths) < len(same[e]):
+            obs, _, terminated, truncated, _ = ref.step(int(policy(torch.from_numpy(obs))))
+            length += 1
+            if terminated or truncated:
+                lengths.append(length)
+                truncations += truncated
+                obs, length = ref.reset()[0], 0
+        assert [(float(x), x) for x in lengths] == same[e]  # reward 1 a step
+    assert 0 < truncations < sum(len(same[e]) for e in range(n))  # episodes ended both ways

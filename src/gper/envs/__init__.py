@@ -3,7 +3,7 @@
 - ``cartpole``: Gymnasium's ``CartPole-v1`` in PyTorch on the training device (:mod:`gper.envs.cartpole`).
 - ``market``: a futures-style trading task on synthetic or CSV prices (:mod:`gper.envs.market`).
 - ``gym:<ID>``: any Gymnasium environment with a discrete action space, stepped on the CPU through
-  Gymnasium's vector API (:mod:`gper.envs.gym`); needs ``pip install gper[gym]``.
+  Gymnasium's vector API (:mod:`gper.envs.gym`), with either autoreset mode; needs ``pip install gper[gym]``.
 """
 
 from __future__ import annotations
@@ -12,18 +12,32 @@ from typing import Any
 
 import torch
 
-from gper.envs.base import Step, VecEnv
+from gper.envs.base import AUTORESET_MODES, Autoreset, Step, VecEnv
 
 ENV_NAMES = ("cartpole", "market", "gym:<ID>")
 
 
-def make_env(name: str, num_envs: int, device: torch.device | str, seed: int = 0, **kwargs: Any) -> VecEnv:
+def make_env(
+    name: str,
+    num_envs: int,
+    device: torch.device | str,
+    seed: int = 0,
+    autoreset: Autoreset | None = None,
+    **kwargs: Any,
+) -> VecEnv:
     """Make ``num_envs`` copies of the environment ``name`` (see the module docstring) on ``device``.
 
-    ``kwargs`` go to the environment's constructor (``market``: ``data``, ``split``, ...).
+    ``autoreset`` (:attr:`VecEnv.autoreset`): ``None`` for the environment's own, ``"same-step"``
+    or ``"next-step"``; ``cartpole`` and ``market`` reset in the same step only. ``kwargs`` go to
+    the environment's constructor (``market``: ``data``, ``split``, ...).
     """
     if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
         raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
+    if autoreset is not None and autoreset not in AUTORESET_MODES:
+        raise ValueError(f"autoreset must be one of {', '.join(AUTORESET_MODES)}, got {autoreset!r}")
+    gym = name.startswith("gym:")
+    if autoreset == "next-step" and not gym:
+        raise ValueError(f"{name} resets in the same step only: next-step autoreset is for gym:<ID> environments")
     device = torch.device(device)
     if name == "cartpole":
         from gper.envs.cartpole import CartPole
@@ -33,11 +47,11 @@ def make_env(name: str, num_envs: int, device: torch.device | str, seed: int = 0
         from gper.envs.market import MarketEnv
 
         return MarketEnv.from_source(num_envs, device, seed=seed, **kwargs)
-    if name.startswith("gym:") and len(name) > 4:
+    if gym and len(name) > 4:
         from gper.envs.gym import GymVecEnv
 
-        return GymVecEnv(name[4:], num_envs, device, seed=seed, **kwargs)
+        return GymVecEnv(name[4:], num_envs, device, seed=seed, autoreset=autoreset or "same-step", **kwargs)
     raise ValueError(f"unknown environment {name!r}: expected one of {', '.join(ENV_NAMES)}")
 
 
-__all__ = ["ENV_NAMES", "Step", "VecEnv", "make_env"]
+__all__ = ["AUTORESET_MODES", "ENV_NAMES", "Autoreset", "Step", "VecEnv", "make_env"]

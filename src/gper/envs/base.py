@@ -9,9 +9,13 @@ place, so a step can be captured once in a CUDA graph and replayed.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
+
+#: how an environment resets a copy whose episode ended (Gymnasium's two autoreset modes)
+Autoreset = Literal["same-step", "next-step"]
+AUTORESET_MODES: tuple[str, ...] = ("same-step", "next-step")
 
 
 def canonical_device(device: torch.device | str) -> torch.device:
@@ -36,7 +40,9 @@ class Step(NamedTuple):
     """bool ``[N]``: the episode was cut by a time limit (``next_obs`` may be bootstrapped from)."""
     obs: torch.Tensor
     """float32 ``[N, obs_dim]``: what the agent acts on next. Equal to ``next_obs`` except where an
-    episode ended, where the environment has reset and this is the new episode's first observation."""
+    episode ended in a ``same-step`` environment, where it has reset and this is the new episode's
+    first observation. A ``next-step`` environment returns the final observation here too, and
+    resets on the step after (see :attr:`VecEnv.autoreset`)."""
 
 
 class VecEnv(ABC):
@@ -51,6 +57,13 @@ class VecEnv(ABC):
     """True when :meth:`step` can be captured in a CUDA graph (see the module docstring)."""
     reward_threshold: float | None = None
     """The return at which the task counts as solved, where it has one (Gymnasium's ``reward_threshold``)."""
+    autoreset: Autoreset = "same-step"
+    """How a copy whose episode ended is reset. ``same-step``: in the step that ended it (``obs`` is
+    the new episode's first observation, ``next_obs`` the final one). ``next-step`` (Gymnasium's
+    default): the step after is a *reset step* that belongs to no episode: its action is ignored,
+    its reward is 0, its flags are false, its ``obs`` before it is the final observation and its
+    ``next_obs`` the new episode's first. A replay that stores transitions as they come must not
+    learn from reset steps (:class:`gper.TrajectoryReplayBuffer` recognises them by itself)."""
 
     @abstractmethod
     def reset(self, seed: int | None = None) -> torch.Tensor:

@@ -1,10 +1,18 @@
 """Any Gymnasium environment with a discrete action space, as a :class:`~gper.envs.base.VecEnv`.
 
 The copies run on the CPU in one process (Gymnasium's ``SyncVectorEnv``); observations are
-flattened to float32 vectors and moved to the training device, actions moved back. Gymnasium
-resets an ended copy in the same step (``AutoresetMode.SAME_STEP``) and reports its last
-observation in ``info["final_obs"]``, which is exactly the ``next_obs``/``obs`` split of
-:class:`~gper.envs.base.Step`. Every step goes through the host, so this env is not graph safe.
+flattened to float32 vectors and moved to the training device, actions moved back. Every step
+goes through the host, so this env is not graph safe.
+
+Either of Gymnasium's autoreset modes (:attr:`~gper.envs.base.VecEnv.autoreset`):
+
+- ``same-step`` (the default here, ``AutoresetMode.SAME_STEP``): an ended copy is reset in the
+  step that ended it, and its last observation comes in ``info["final_obs"]``: exactly the
+  ``next_obs``/``obs`` split of :class:`~gper.envs.base.Step`.
+- ``next-step`` (``AutoresetMode.NEXT_STEP``, Gymnasium's own default): the step that ends an
+  episode returns its final observation as both ``next_obs`` and ``obs``; the copy's next step
+  is a reset step (its action ignored, reward 0, flags false, ``next_obs`` = ``obs`` = the new
+  episode's first observation).
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gper.envs.base import Step, VecEnv, canonical_device
+from gper.envs.base import AUTORESET_MODES, Autoreset, Step, VecEnv, canonical_device
 
 
 def _import_gymnasium(env_id: str):
@@ -33,24 +41,35 @@ class GymVecEnv(VecEnv):
         num_envs: copies stepped together.
         device: where observations, rewards and flags are returned.
         seed: seeds copy ``i`` with ``seed + i`` at construction (and at ``reset(seed)``).
+        autoreset: ``"same-step"`` or ``"next-step"`` (see the module docstring).
         make_kwargs: passed to the environment's constructor through ``gymnasium.make_vec``.
     """
 
     graph_safe = False
 
     def __init__(
-        self, env_id: str, num_envs: int, device: torch.device | str = "cpu", seed: int = 0, **make_kwargs: Any
+        self,
+        env_id: str,
+        num_envs: int,
+        device: torch.device | str = "cpu",
+        seed: int = 0,
+        autoreset: Autoreset = "same-step",
+        **make_kwargs: Any,
     ) -> None:
+        if autoreset not in AUTORESET_MODES:
+            raise ValueError(f"autoreset must be one of {', '.join(AUTORESET_MODES)}, got {autoreset!r}")
         gym = _import_gymnasium(env_id)
         self.name = f"gym:{env_id}"
         self.num_envs = num_envs
         self.device = canonical_device(device)
+        self.autoreset = autoreset
+        mode = gym.vector.AutoresetMode.SAME_STEP if autoreset == "same-step" else gym.vector.AutoresetMode.NEXT_STEP
         try:
             self._env = gym.make_vec(
                 env_id,
                 num_envs=num_envs,
                 vectorization_mode="sync",
-                vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+                vector_kwargs={"autoreset_mode": mode},
                 **make_kwargs,
             )
         except gym.error.Error as e:
@@ -91,8 +110,9 @@ class GymVecEnv(VecEnv):
         obs, reward, terminated, truncated, info = self._env.step(host_actions)
         obs = self._flat(obs)
         next_obs = obs.copy()
-        for i in np.flatnonzero(np.logical_or(terminated, truncated)):
-            next_obs[i] = self._gym.spaces.flatten(self._obs_space, info["final_obs"][i])
+        if self.autoreset == "same-step":  # next-step: obs is the final observation itself
+            for i in np.flatnonzero(np.logical_or(terminated, truncated)):
+                next_obs[i] = self._gym.spaces.flatten(self._obs_space, info["final_obs"][i])
         return Step(
             self._tensor(next_obs, np.float32),
             self._tensor(reward, np.float32),

@@ -5,6 +5,12 @@ Each environment's running return and length live in device tensors. When episod
 device counter and a cumulative sum of the done flags; environments that did not finish write
 to a spare row past the end. The host copies the ring and the counter once an epoch
 (:meth:`EpisodeTracker.drain`) and reads the rows written since the last copy.
+
+With an environment that resets on the *next* step (Gymnasium's ``next-step`` autoreset, see
+:attr:`gper.envs.base.VecEnv.autoreset`), the step after an episode's end is a reset step that
+belongs to no episode: the tracker remembers which copies ended on their last step and counts
+neither the reset step's reward nor its length, so it records the episodes a ``same-step``
+environment would.
 """
 
 from __future__ import annotations
@@ -20,22 +26,38 @@ class EpisodeTracker:
         device: where the tensors live.
         ring: finished episodes kept between two drains; more than that in one epoch and the
             oldest are lost (:meth:`drain` says how many).
+        autoreset: the environment's :attr:`~gper.envs.base.VecEnv.autoreset`, ``"same-step"``
+            or ``"next-step"`` (see the module docstring).
     """
 
-    def __init__(self, num_envs: int, device: torch.device, ring: int = 8192) -> None:
+    def __init__(self, num_envs: int, device: torch.device, ring: int = 8192, autoreset: str = "same-step") -> None:
+        if autoreset not in ("same-step", "next-step"):
+            raise ValueError(f"autoreset must be 'same-step' or 'next-step', got {autoreset!r}")
         self.num_envs = num_envs
         self.ring = max(int(ring), num_envs)
+        self.autoreset = autoreset
         self.returns = torch.zeros(num_envs, dtype=torch.float64, device=device)
         self.lengths = torch.zeros(num_envs, dtype=torch.float64, device=device)
+        # next-step autoreset: the copies whose last step ended an episode, so this step is a reset step
+        self.resetting = torch.zeros(num_envs, dtype=torch.bool, device=device)
         # rows: return, length, env step at the episode's end; row ``ring`` is the spare
         self.table = torch.zeros(self.ring + 1, 3, dtype=torch.float64, device=device)
         self.count = torch.zeros((), dtype=torch.int64, device=device)
         self._read = 0
 
     def record(self, reward: torch.Tensor, done: torch.Tensor, env_step: torch.Tensor) -> None:
-        """Add one step's rewards; write the episodes that ``done`` ends. Device work only."""
+        """Add one step's rewards (float64 ``[N]``); write the episodes that ``done`` (bool ``[N]``)
+        ends, at ``env_step`` (a 0-d tensor). Device work only, the same kernels every step."""
+        if self.autoreset == "next-step":
+            # a reset step adds nothing to the episode it starts (and ends none)
+            live = ~self.resetting
+            reward = torch.where(live, reward, 0.0)
+            done = done & live
+            self.resetting.copy_(done)
+            self.lengths += live
+        else:
+            self.lengths += 1
         self.returns += reward
-        self.lengths += 1
         ended = done.to(torch.int64)
         slot = torch.where(done, (self.count + ended.cumsum(0) - 1) % self.ring, self.ring)
         rows = torch.stack((self.returns, self.lengths, env_step.expand_as(self.returns)), dim=1)
@@ -61,14 +83,22 @@ class EpisodeTracker:
         self._read = count
         return [(float(r[0]), int(r[1]), int(r[2])) for r in rows], lost
 
+    def restart(self) -> None:
+        """Drop the episodes in flight: the environment was reset (their steps so far count nowhere)."""
+        self.returns.zero_()
+        self.lengths.zero_()
+        self.resetting.zero_()
+
     def state_dict(self) -> dict[str, object]:
-        """The running sums, the ring (episodes not drained yet included) and the counts."""
+        """The running sums, the ring (episodes not drained yet included), the counts and, for a
+        next-step environment, which copies take a reset step next."""
         return {
             "returns": self.returns,
             "lengths": self.lengths,
             "table": self.table,
             "count": self.count,
             "read": self._read,
+            "resetting": self.resetting,
         }
 
     def load_state_dict(self, state: dict[str, object]) -> None:
@@ -77,3 +107,5 @@ class EpisodeTracker:
         self.table.copy_(state["table"])
         self.count.copy_(state["count"])
         self._read = int(state["read"])
+        # a state saved before the tracker knew reset steps had none pending
+        self.resetting.copy_(state.get("resetting", torch.zeros_like(self.resetting)))
