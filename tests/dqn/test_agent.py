@@ -81,7 +81,7 @@ def test_agent_pads_observations_to_16_bytes(smoke):
 
 def test_learn_state_holds_what_the_phases_pass():
     names = [f.name for f in dataclasses.fields(LearnState)]
-    assert names == ["batch", "x", "next_x", "action", "reward", "done", "weights", "td", "grads"]
+    assert names == ["batch", "x", "next_x", "action", "reward", "done", "discount", "weights", "td", "grads"]
     agent = _learner(CPU)
     assert agent.from_replay and agent.batch_source == agent.sample_replay  # the default source
     slots = torch.arange(256)

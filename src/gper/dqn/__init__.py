@@ -20,7 +20,9 @@ What runs where, on a GPU:
 
 - **collect** (one CUDA graph when the environment allows it): Q-network forward on the current
   observations, epsilon-greedy actions (epsilon computed on the device from a device step
-  counter), environment step, :meth:`~gper.PrioritizedReplayBuffer.add`, episode bookkeeping.
+  counter), environment step, ``add`` to the replay (:class:`~gper.PrioritizedReplayBuffer`, or
+  with ``n_step`` > 1 or a next-step Gymnasium env :class:`~gper.TrajectoryReplayBuffer`),
+  episode bookkeeping.
 - **learn** (one CUDA graph): ``per_sample`` (draw, gather, IS weights) -> ``upload`` (the batch
   as network inputs) -> ``fwd_bwd`` (double-Q targets, Huber loss times IS weights, backward;
   loss and TD statistics summed on the device) -> ``per_update`` (priorities from the TD errors,
@@ -41,7 +43,7 @@ from gper.dqn.agent import Agent, LearnState
 from gper.dqn.batch_source import Batch, BatchSource, FixedBatch
 from gper.dqn.config import PRESETS, Config, pick_device, resolve
 from gper.dqn.loop import build_env, build_replay, plan_steps, setup, train, trains_at
-from gper.dqn.network import QNetwork, padded_width, replay_spec
+from gper.dqn.network import QNetwork, padded_width, replay_spec, trajectory_spec
 from gper.dqn.report import Results
 
 __all__ = [
@@ -64,4 +66,5 @@ __all__ = [
     "setup",
     "train",
     "trains_at",
+    "trajectory_spec",
 ]

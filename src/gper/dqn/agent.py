@@ -9,6 +9,11 @@ holds what they pass each other:
   annealed beta: draw, gather, IS weights).
 - ``upload``: the batch's fields as the network's inputs (strided views of the sampled rows).
 - ``fwd_bwd``: double-Q targets, Huber loss times IS weights, backward; the loss sums on the device.
+  From the flat replay (:class:`gper.PrioritizedReplayBuffer`) the target is
+  ``r + gamma (1 - done) Q'(s')``; from the trajectory replay (:class:`gper.TrajectoryReplayBuffer`)
+  it is the n-step target ``R + discount Q'(s_m)``, where the sampled batch holds the discounted
+  sum ``R`` of up to ``n_step`` rewards and ``discount`` = gamma^m (0 where the episode
+  terminated; a truncated episode bootstraps from its final observation).
 - ``per_update``: priorities from the TD errors, then the beta anneal. In the one-graph step it
   runs on a side stream alongside ``adam`` (neither reads what the other writes).
 - ``adam``: optional global-norm clipping, capturable Adam, the soft target update (tau < 1).
@@ -51,9 +56,11 @@ class LearnState:
     action: torch.Tensor | None = None
     """upload: int64 actions [B]"""
     reward: torch.Tensor | None = None
-    """upload: rewards [B]"""
+    """upload: rewards [B] (from the trajectory replay, n-step discounted sums)"""
     done: torch.Tensor | None = None
-    """upload: 1.0 where the episode terminated [B]"""
+    """upload, flat replay: 1.0 where the episode terminated [B]"""
+    discount: torch.Tensor | None = None
+    """upload, trajectory replay: float32 [B], gamma^m for the m steps summed, 0 where the episode terminated"""
     weights: torch.Tensor | None = None
     """upload: IS weights [B]"""
     td: torch.Tensor | None = None
@@ -89,6 +96,10 @@ class _NoEnv(VecEnv):
 # ---------------------------------------------------------------------------------------- agent
 
 
+#: the replays an agent learns from
+Replay = gper.PrioritizedReplayBuffer | gper.TrajectoryReplayBuffer
+
+
 class Agent:
     """Networks, optimizer, replay and the two steps (collect, learn) built from them.
 
@@ -100,7 +111,11 @@ class Agent:
     Args:
         cfg: resolved settings (:func:`gper.dqn.resolve`).
         env: the environments the collect step steps.
-        rb: the replay the collect step adds to.
+        rb: the replay the collect step adds to: a :class:`gper.PrioritizedReplayBuffer` (one
+            transition a row, 1-step targets; not for an environment whose ``autoreset`` is
+            ``next-step``) or a :class:`gper.TrajectoryReplayBuffer` (each environment's steps in
+            order, ``cfg.n_step``-step targets; its ``num_envs`` is the environment's and its
+            ``window`` at least ``cfg.n_step``).
         total_train_steps: training steps of the run; beta reaches 1 at the last one.
         batch_source: where each learn step's batch comes from; default :meth:`sample_replay`.
             With another source the per_update phase anneals beta but updates no priorities: its
@@ -111,10 +126,12 @@ class Agent:
         self,
         cfg: Config,
         env: VecEnv,
-        rb: gper.PrioritizedReplayBuffer,
+        rb: Replay,
         total_train_steps: int,
         batch_source: BatchSource | None = None,
     ) -> None:
+        self.trajectory = isinstance(rb, gper.TrajectoryReplayBuffer)
+        _check_replay(cfg, env, rb, self.trajectory)
         self.cfg, self.env, self.rb = cfg, env, rb
         device = self.device = env.device
         cuda = device.type == "cuda"
@@ -127,7 +144,7 @@ class Agent:
         self.counters = torch.zeros(2, dtype=torch.float64, device=device)
         self.sums = torch.zeros(N_SUMS, dtype=torch.float64, device=device)
         self.beta_t = torch.full((), cfg.beta, dtype=torch.float32, device=device)
-        self.episodes = EpisodeTracker(env.num_envs, device)
+        self.episodes = EpisodeTracker(env.num_envs, device, autoreset=env.autoreset)
         # observations padded with zero columns to obs_width (see padded_width)
         self.obs = self.pad(env.reset(seed=cfg.seed))
         self.next_obs = torch.zeros_like(self.obs)
@@ -154,7 +171,7 @@ class Agent:
         obs_dim: int,
         n_actions: int,
         cfg: Config,
-        rb: gper.PrioritizedReplayBuffer,
+        rb: Replay,
         *,
         total_train_steps: int,
         batch_source: BatchSource | None = None,
@@ -186,10 +203,18 @@ class Agent:
         random_action = torch.randint(0, env.n_actions, (n,), device=self.device)
         action = torch.where(explore, random_action, greedy)
         step = env.step(action)
-        done = step.terminated.to(torch.float32)
         d = env.obs_dim
         self.next_obs[:, :d] = step.next_obs
-        self.rb.add({"obs": self.obs, "next_obs": self.next_obs, "action": action, "reward": step.reward, "done": done})
+        if self.trajectory:
+            # one step of every stream: the buffer reads episode ends and reset steps from the flags
+            # and from whether obs continues the stream's last next_obs, on the device
+            step_fields = {"obs": self.obs, "action": action, "reward": step.reward, "next_obs": self.next_obs}
+            self.rb.add(step_fields | {"terminated": step.terminated, "truncated": step.truncated})
+        else:
+            # only termination stops bootstrapping: a truncated step's next_obs is the final observation
+            done = step.terminated.to(torch.float32)
+            row = {"obs": self.obs, "next_obs": self.next_obs, "action": action, "reward": step.reward, "done": done}
+            self.rb.add(row)
         self.counters[0] += n
         self.episodes.record(step.reward.to(torch.float64), step.terminated | step.truncated, self.counters[0])
         self.obs[:, :d] = step.obs
@@ -197,8 +222,12 @@ class Agent:
     # ---- learn: the five phases of one training step, in the order they run
 
     def sample_replay(self) -> gper.SampledBatch:
-        """The default batch source: ``batch_size`` transitions drawn from the replay with the annealed beta."""
-        return self.rb.sample(self.cfg.batch_size, beta=self.beta_t)
+        """The default batch source: ``batch_size`` transitions drawn from the replay with the annealed
+        beta; from the trajectory replay, ``n_step``-step transitions discounted by ``gamma``."""
+        cfg = self.cfg
+        if self.trajectory:
+            return self.rb.sample(cfg.batch_size, n_step=cfg.n_step, gamma=cfg.gamma, beta=self.beta_t)
+        return self.rb.sample(cfg.batch_size, beta=self.beta_t)
 
     def _sample(self) -> None:
         self.learn_state.batch = self.batch_source()
@@ -209,7 +238,11 @@ class Agent:
         s = self.learn_state
         b = s.batch
         s.x, s.next_x = b["obs"], b["next_obs"]
-        s.action, s.reward, s.done, s.weights = b["action"], b["reward"], b["done"], b.weights
+        s.action, s.reward, s.weights = b["action"], b["reward"], b.weights
+        if self.trajectory:
+            s.discount = b["discount"]
+        else:
+            s.done = b["done"]
 
     def _fwd_bwd(self) -> None:
         s, cfg = self.learn_state, self.cfg
@@ -223,7 +256,10 @@ class Agent:
                     next_q = next_target.gather(1, next_action).squeeze(1)
                 else:
                     next_q = next_target.max(dim=1).values
-                y = s.reward + cfg.gamma * (1.0 - s.done) * next_q
+                if self.trajectory:  # R + gamma^m Q'(s_m), 0 in place of gamma^m where it terminated
+                    y = s.reward + s.discount * next_q
+                else:
+                    y = s.reward + cfg.gamma * (1.0 - s.done) * next_q
         loss = (F.huber_loss(q, y, reduction="none", delta=1.0) * s.weights).mean()
         loss.backward()
         # only detached values outlive the step: a kept autograd graph would hold AccumulateGrad
@@ -311,8 +347,7 @@ class Agent:
             self.env.load_state_dict(state["env"])
             self.obs.copy_(state["obs"])
         else:
-            self.episodes.returns.zero_()
-            self.episodes.lengths.zero_()
+            self.episodes.restart()
 
     def _load_optimizer(self, state: dict[str, Any]) -> None:
         # Adam's implementation flags depend on the device (capturable and fused on CUDA), so they
@@ -328,3 +363,20 @@ class Agent:
                 if isinstance(step, torch.Tensor):
                     device = param.device if on_device else torch.device("cpu")
                     self.optimizer.state[param]["step"] = step.to(device, torch.float32)
+
+
+def _check_replay(cfg: Config, env: VecEnv, rb: Replay, trajectory: bool) -> None:
+    """Refuse a replay that cannot serve ``cfg`` on ``env`` (one line each)."""
+    if not trajectory:
+        if cfg.n_step > 1:
+            raise ValueError(f"n_step {cfg.n_step} needs a TrajectoryReplayBuffer, got {type(rb).__name__}")
+        if env.autoreset == "next-step":
+            raise ValueError(
+                f"{env.name} resets on the next step, which a {type(rb).__name__} cannot tell from a "
+                "transition: use a TrajectoryReplayBuffer"
+            )
+        return
+    if rb.num_envs != env.num_envs and not isinstance(env, _NoEnv):  # a learn-only agent collects nothing
+        raise ValueError(f"the TrajectoryReplayBuffer has {rb.num_envs} streams, the environment {env.num_envs} copies")
+    if rb.window < cfg.n_step:
+        raise ValueError(f"the TrajectoryReplayBuffer's window {rb.window} is shorter than n_step {cfg.n_step}")

@@ -69,6 +69,8 @@ FREE = (
 )
 #: the replay's counts that trainer.pt records, so a replay.safetensors of another step is refused
 REPLAY_COUNTS = ("size", "cursor", "rng_offset")
+#: settings that came after checkpoints of this format were first written, with the value those ran with
+ADDED = {"n_step": 1, "replay": "flat", "gym_autoreset": "same-step"}
 
 
 def fixed_settings() -> tuple[str, ...]:
@@ -76,13 +78,13 @@ def fixed_settings() -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(Config) if f.name not in HONOURED + FREE)
 
 
-def save_replay(rb: gper.PrioritizedReplayBuffer, path: Path) -> None:
+def save_replay(rb: gper.PrioritizedReplayBuffer | gper.TrajectoryReplayBuffer, path: Path) -> None:
     """Write the replay buffer ``rb`` to the file ``path``: streamed a chunk at a time, so a
     buffer of many GB needs no more host memory than one chunk (:meth:`~gper.PrioritizedReplayBuffer.save`)."""
     rb.save(path)
 
 
-def load_replay(rb: gper.PrioritizedReplayBuffer, path: Path) -> None:
+def load_replay(rb: gper.PrioritizedReplayBuffer | gper.TrajectoryReplayBuffer, path: Path) -> None:
     """Restore the replay buffer ``rb`` from the file ``path`` that :func:`save_replay` wrote (checked
     whole before anything is copied; nothing is unpickled)."""
     rb.load(path)
@@ -106,8 +108,8 @@ class Checkpoint:
 
     @property
     def config(self) -> dict[str, Any]:
-        """The settings of the run that wrote it."""
-        return self.state["config"]
+        """The settings of the run that wrote it (a setting it predates: the value it ran with, :data:`ADDED`)."""
+        return ADDED | self.state["config"]
 
     @property
     def iteration(self) -> int:

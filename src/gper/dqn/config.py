@@ -40,7 +40,7 @@ class Config:
     hidden: tuple[int, ...] | None = None
     """hidden layer sizes of the Q-network (the reference network 51 -> 512 -> 512 -> 45 uses 512 512)"""
     buffer_size: int | None = None
-    """replay capacity in transitions"""
+    """replay capacity in transitions (the trajectory replay: in steps, rounded down to a multiple of num_envs)"""
     batch_size: int | None = None
     """transitions per training step"""
     learning_rate: float | None = None
@@ -49,6 +49,14 @@ class Config:
     """clip the gradient's global norm to this before each Adam step (0: no clipping)"""
     gamma: float = 0.99
     """discount factor"""
+    n_step: int = 1
+    """steps of reward in each learning target, 1 to 64: y = r_t + gamma r_(t+1) + ... + gamma^(n-1) r_(t+n-1)
+    + gamma^n Q(s_(t+n)), cut short where the episode ends; above 1 it needs the trajectory replay"""
+    replay: Literal["auto", "flat", "trajectory"] = "auto"
+    """replay buffer: flat (PrioritizedReplayBuffer: one row per transition), trajectory
+    (TrajectoryReplayBuffer: each environment's steps in time order, n-step returns, Gymnasium's
+    next-step autoreset; its capacity is buffer_size rounded down to a multiple of num_envs), or
+    auto: trajectory when n_step > 1 or the environment resets on the next step, else flat"""
     tau: float | None = None
     """target network: 1.0 copies the online network every target_every training steps; below 1,
     a soft update with this rate after every training step"""
@@ -113,6 +121,10 @@ class Config:
     """market, synthetic prices: bars of the held-out test series the greedy policy is scored on"""
     cost_bps: float = 1.0
     """market: transaction cost in basis points of the traded position"""
+    gym_autoreset: Literal["same-step", "next-step"] = "same-step"
+    """gym:<ID>: when Gymnasium resets an ended copy: in the step that ended it (same-step), or in a reset
+    step after it that belongs to no episode (next-step, Gymnasium's own default; the replay must then be
+    the trajectory one, which auto picks)"""
 
 
 # per environment, then per device type: the defaults that None stands for
@@ -228,6 +240,35 @@ def as_run(cfg: Config, device: torch.device, threads: int | None) -> dict[str, 
     return settings
 
 
+#: the largest n_step: each n is a CUDA graph of its own, and the replay keeps n steps after a drawable one
+MAX_N_STEP = 64
+
+
+def replay_kind(cfg: Config, autoreset: str) -> str:
+    """The replay ``cfg`` runs with on an environment whose :attr:`~gper.envs.base.VecEnv.autoreset`
+    is ``autoreset``: ``"flat"`` or ``"trajectory"`` (``auto``: trajectory when ``n_step`` > 1 or
+    the environment resets on the next step).
+
+    Raises:
+        ValueError: the flat replay with a next-step environment: it would store each reset step
+            as a transition from an episode's final observation to the next episode's first.
+    """
+    if cfg.replay == "flat" and autoreset == "next-step":
+        raise ValueError(
+            f"{cfg.env} resets on the next step, which the flat replay cannot tell from a transition: "
+            "use --replay trajectory (or auto), or --gym-autoreset same-step"
+        )
+    if cfg.replay != "auto":
+        return cfg.replay
+    return "trajectory" if cfg.n_step > 1 or autoreset == "next-step" else "flat"
+
+
+def trajectory_capacity(cfg: Config) -> int:
+    """The trajectory replay's capacity: ``buffer_size`` rounded down to a multiple of ``num_envs``
+    (each environment gets a ring of ``buffer_size // num_envs`` steps)."""
+    return cfg.buffer_size // cfg.num_envs * cfg.num_envs
+
+
 def pick_device(request: str) -> torch.device:
     """``auto`` -> the current CUDA device when there is one, else the CPU; ``cuda`` -> ``cuda:N``."""
     return canonical_device(request)
@@ -258,6 +299,7 @@ def _check(cfg: Config) -> None:
         value = getattr(cfg, name)
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    _check_replay(cfg)
     if not cfg.hidden or any(h < 1 for h in cfg.hidden):
         raise ValueError(f"hidden must be one or more sizes >= 1, got {cfg.hidden!r}")
     for name in ("gamma", "tau", "eps_start", "eps_end", "alpha", "beta"):
@@ -303,3 +345,37 @@ def _check(cfg: Config) -> None:
         raise ValueError(f"eval_episodes must be an integer >= 1, got {cfg.eval_episodes}")
     if not isinstance(cfg.keep_checkpoints, int) or cfg.keep_checkpoints < 1:
         raise ValueError(f"keep_checkpoints must be an integer >= 1, got {cfg.keep_checkpoints!r}")
+
+
+def _check_replay(cfg: Config) -> None:
+    """n_step, replay and gym_autoreset: their ranges, and what each needs of the others."""
+    if not isinstance(cfg.n_step, int) or isinstance(cfg.n_step, bool) or not 1 <= cfg.n_step <= MAX_N_STEP:
+        raise ValueError(f"n_step must be an integer from 1 to {MAX_N_STEP}, got {cfg.n_step!r}")
+    if cfg.replay not in ("auto", "flat", "trajectory"):
+        raise ValueError(f"replay must be auto, flat or trajectory, got {cfg.replay!r}")
+    if cfg.gym_autoreset not in ("same-step", "next-step"):
+        raise ValueError(f"gym_autoreset must be same-step or next-step, got {cfg.gym_autoreset!r}")
+    gym = cfg.env.startswith("gym:")
+    if cfg.gym_autoreset == "next-step" and not gym:
+        raise ValueError(f"gym_autoreset next-step is for gym:<ID> environments; {cfg.env} resets in the same step")
+    if cfg.replay == "flat" and cfg.n_step > 1:
+        raise ValueError(f"n_step {cfg.n_step} needs the trajectory replay: use --replay trajectory (or auto)")
+    # what the environment will say (VecEnv.autoreset); setup asks the environment itself too
+    if replay_kind(cfg, cfg.gym_autoreset if gym else "same-step") == "flat":
+        return
+    # the trajectory replay: a ring of at least n_step + 2 steps per environment, and n_step + 1
+    # collection steps before the first draw (it has no drawable transition before that); the first
+    # training step follows collection iteration ceil(learning_starts / num_envs), the iteration's own
+    # step included
+    rows = cfg.buffer_size // cfg.num_envs
+    if rows < cfg.n_step + 2:
+        raise ValueError(
+            f"buffer_size {cfg.buffer_size} is too small for the trajectory replay with num_envs {cfg.num_envs} "
+            f"and n_step {cfg.n_step}: it needs at least num_envs * (n_step + 2) = {cfg.num_envs * (cfg.n_step + 2)}"
+        )
+    if math.ceil(cfg.learning_starts / cfg.num_envs) < cfg.n_step:
+        raise ValueError(
+            f"learning_starts {cfg.learning_starts} is too small for the trajectory replay: with num_envs "
+            f"{cfg.num_envs} and n_step {cfg.n_step} it needs at least num_envs * n_step = "
+            f"{cfg.num_envs * cfg.n_step} env steps before the first training step"
+        )

@@ -16,9 +16,9 @@ from gper.dqn import checkpoint, evaluation
 from gper.dqn._extra import INSTALL, require
 from gper.dqn.agent import Agent
 from gper.dqn.checkpoint import Checkpoint
-from gper.dqn.config import Config, cpu_threads, pick_device, resolve
+from gper.dqn.config import Config, cpu_threads, pick_device, replay_kind, resolve, trajectory_capacity
 from gper.dqn.evaluation import Evaluator
-from gper.dqn.network import padded_width, replay_spec
+from gper.dqn.network import padded_width, replay_spec, trajectory_spec
 from gper.dqn.report import Results, RunReport
 from gper.dqn.run_folder import open_run_folder
 from gper.envs import VecEnv, make_env
@@ -58,6 +58,8 @@ def build_env(cfg: Config, device: torch.device, split: str = "train", own_rng: 
     (seeded by ``cfg.seed`` and by its ``reset(seed)``), leaving torch's untouched (evaluation)."""
     gym = cfg.env.startswith("gym:")
     kwargs: dict[str, Any] = {"graph_safe_rng": True} if not gym and not own_rng else {}
+    if gym:
+        kwargs["autoreset"] = cfg.gym_autoreset
     if cfg.env == "market":
         kwargs.update(data=cfg.data, split=split, episode_len=cfg.episode_len, cost_bps=cfg.cost_bps)
         if cfg.data is None:
@@ -67,8 +69,27 @@ def build_env(cfg: Config, device: torch.device, split: str = "train", own_rng: 
     return make_env(cfg.env, cfg.num_envs, device, seed=cfg.seed, **kwargs)
 
 
-def build_replay(cfg: Config, obs_dim: int, device: torch.device) -> gper.PrioritizedReplayBuffer:
-    """The replay buffer; on CUDA it falls back to the CPU by itself when the GPU lacks the memory."""
+def build_replay(
+    cfg: Config, obs_dim: int, device: torch.device, autoreset: str = "same-step"
+) -> gper.PrioritizedReplayBuffer | gper.TrajectoryReplayBuffer:
+    """The replay buffer of ``cfg`` for observations of ``obs_dim`` floats (the padded width) from
+    an environment whose :attr:`~gper.envs.base.VecEnv.autoreset` is ``autoreset``
+    (:func:`~gper.dqn.config.replay_kind` picks flat or trajectory). The trajectory replay holds
+    ``buffer_size // num_envs`` steps of each environment, a window of ``n_step``. On CUDA either
+    falls back to the CPU by itself when the GPU lacks the memory."""
+    if replay_kind(cfg, autoreset) == "trajectory":
+        return gper.TrajectoryReplayBuffer(
+            trajectory_capacity(cfg),
+            cfg.num_envs,
+            trajectory_spec(obs_dim),
+            alpha=cfg.alpha,
+            beta=cfg.beta,
+            sampling=cfg.sampling,
+            window=cfg.n_step,
+            device=device,
+            backend=cfg.backend,
+            seed=cfg.seed,
+        )
     return gper.PrioritizedReplayBuffer(
         cfg.buffer_size,
         replay_spec(obs_dim),
@@ -91,8 +112,7 @@ def setup(config: Config, log: Any = print) -> tuple[Config, Agent, list[str]]:
     torch.manual_seed(cfg.seed)
     if device.type == "cuda":
         torch.cuda.manual_seed(cfg.seed)
-    env = build_env(cfg, device)
-    rb = build_replay(cfg, padded_width(env.obs_dim), device)
+    cfg, env, rb = _env_and_replay(cfg, device)
     if rb.device != device:  # the replay did not fit on the GPU: everything moves to the CPU
         notes.append(
             f"not enough GPU memory for a replay of {rb.nbytes_estimate / 2**30:.1f} GiB: "
@@ -100,10 +120,8 @@ def setup(config: Config, log: Any = print) -> tuple[Config, Agent, list[str]]:
         )
         del rb
         device = torch.device("cpu")
-        cfg = resolve(dataclasses.replace(config, device="cpu"), device)
         env.close()
-        env = build_env(cfg, device)
-        rb = build_replay(cfg, padded_width(env.obs_dim), device)
+        cfg, env, rb = _env_and_replay(resolve(dataclasses.replace(config, device="cpu"), device), device)
     if device.type == "cpu" and cfg.threads is None:
         n = cpu_threads(cfg, padded_width(env.obs_dim), env.n_actions)
         notes.append(f"{n} torch thread{'s' if n > 1 else ''} for this network's size (--threads to change)")
@@ -113,6 +131,19 @@ def setup(config: Config, log: Any = print) -> tuple[Config, Agent, list[str]]:
         log(f"gper train: {note}")
     total_train = train_steps_before(cfg, collect_iterations(cfg))  # beta reaches 1 at the last one
     return cfg, Agent(cfg, env, rb, total_train), notes
+
+
+def _env_and_replay(cfg: Config, device: torch.device) -> tuple[Config, VecEnv, Any]:
+    """The environment and the replay of ``cfg`` (resolved) on ``device``, and ``cfg`` with ``replay``
+    set to the kind built (``auto`` resolved against the environment's autoreset), which the run's
+    record and checkpoints keep."""
+    env = build_env(cfg, device)
+    try:
+        cfg = dataclasses.replace(cfg, replay=replay_kind(cfg, env.autoreset))
+    except ValueError:
+        env.close()
+        raise
+    return cfg, env, build_replay(cfg, padded_width(env.obs_dim), device, env.autoreset)
 
 
 def train(config: Config, log: Any = print) -> Results:

@@ -1,4 +1,4 @@
-"""The Q-network and the replay rows it learns from."""
+"""The Q-network and the replay rows it learns from (flat: transitions; trajectory: steps)."""
 
 from __future__ import annotations
 
@@ -34,11 +34,22 @@ def padded_width(obs_dim: int) -> int:
 
 
 def replay_spec(obs_dim: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """The fields of one transition in the replay buffer (``obs_dim``: the padded width)."""
+    """The fields of one transition in the flat replay buffer (``obs_dim``: the padded width)."""
     return {
         "obs": ((obs_dim,), torch.float32),
         "next_obs": ((obs_dim,), torch.float32),
         "action": ((), torch.int64),
         "reward": ((), torch.float32),
         "done": ((), torch.float32),
+    }
+
+
+def trajectory_spec(obs_dim: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """The fields of one step in the trajectory replay buffer (``obs_dim``: the padded width): each
+    observation is stored once; ``next_obs``, the episode flags and the n-step discount are
+    assembled when a batch is drawn."""
+    return {
+        "obs": ((obs_dim,), torch.float32),
+        "action": ((), torch.int64),
+        "reward": ((), torch.float32),
     }
