@@ -245,18 +245,31 @@ def test_a_trajectory_run_resumed_mid_way_ends_where_the_whole_run_does(smoke, t
         train(Config(**run | dict(n_step=2), run_name="other", resume=str(middle)), **QUIET)
 
 
+@pytest.mark.gpu
+def test_a_gpu_trajectory_run_resumed_mid_way_ends_where_the_whole_run_does(smoke, tmp_path):
+    """The same on CUDA with CUDA graphs: the resumed run captures its steps anew."""
+    run = dict(smoke, device="cuda", total_steps=1000, checkpoint_every=1, keep_checkpoints=10, run_dir=str(tmp_path))
+    run |= dict(n_step=3)
+    train(Config(**run, run_name="whole"), **QUIET)
+    middle = tmp_path / "whole" / "checkpoints" / "step-000000000400"
+    train(Config(**run, run_name="resumed", resume=str(middle)), **QUIET)
+    assert_same_training(tmp_path / "whole", tmp_path / "resumed")
+
+
 # ---------------------------------------------------------------------------- GPU
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
-@pytest.mark.parametrize("env", ["cartpole", "market"])
-def test_trajectory_steps_never_sync(env, graphs):
+@pytest.mark.parametrize("env, n_step", [("cartpole", 5), ("market", 3)])
+def test_trajectory_steps_never_sync(env, n_step, graphs):
     """The trajectory replay's add and n-step sample inside the collect and learn steps: captured
-    in CUDA graphs (and eager), no host synchronisation."""
+    in CUDA graphs (and eager), no host synchronisation. n_step 5: the buffer's host count of its
+    adds must reach window + 1 = 6 before the collect graph's replays, which it does not see."""
     small = dict(device="cuda", total_steps=20_000, learning_starts=512, batch_size=256, buffer_size=4096)
-    cfg, agent, _ = setup(Config(env=env, cuda_graphs=graphs, num_envs=8, hidden=(64, 64), n_step=3, **small), **QUIET)
-    assert agent.trajectory
+    settings = dict(env=env, cuda_graphs=graphs, num_envs=8, hidden=(64, 64), n_step=n_step, **small)
+    cfg, agent, _ = setup(Config(**settings), **QUIET)
+    assert agent.trajectory and agent.rb.window == n_step
     for _ in range(80):
         agent.collect.run()
     for _ in range(5):

@@ -153,7 +153,10 @@ class Agent:
         self.batch_source: BatchSource = self.sample_replay if batch_source is None else batch_source
         self.from_replay = batch_source is None
         graphs = cfg.cuda_graphs and cuda
-        self.collect = PhasedStep({"collect": self._collect}, device, graphs and env.graph_safe)
+        # the trajectory replay counts its adds on the host (sampling needs window + 1 of them), and
+        # replays of the collect graph add steps that the host does not see: enough eager steps first
+        warmup = max(3, rb.window + 1) if self.trajectory else 3
+        self.collect = PhasedStep({"collect": self._collect}, device, graphs and env.graph_safe, warmup=warmup)
         self.learn_state = LearnState()
         learn = {
             "per_sample": self._sample,

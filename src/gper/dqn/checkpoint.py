@@ -68,7 +68,8 @@ FREE = (
     "tensorboard",
 )
 #: the replay's counts that trainer.pt records, so a replay.safetensors of another step is refused
-REPLAY_COUNTS = ("size", "cursor", "rng_offset")
+#: (the flat replay counts its cursor, the trajectory replay its steps: each records those it has)
+REPLAY_COUNTS = ("size", "cursor", "steps", "rng_offset")
 #: settings that came after checkpoints of this format were first written, with the value those ran with
 ADDED = {"n_step": 1, "replay": "flat", "gym_autoreset": "same-step"}
 
@@ -240,7 +241,7 @@ def save(agent: Agent, iteration: int, report: RunReport, runlog: RunLog) -> Pat
         "returns": list(report.returns),
         "report": report.state_dict(),
         "metrics_bytes": runlog.metrics_bytes(),
-        "replay_counts": {name: int(counts[name]) for name in REPLAY_COUNTS},
+        "replay_counts": _replay_counts(counts),
         "config": dataclasses.asdict(cfg),
     }
     files = {TRAINER: lambda path: torch.save(state, path), REPLAY: lambda path: save_replay(agent.rb, path)}
@@ -268,10 +269,14 @@ def restore(agent: Agent, ckpt: Checkpoint) -> None:
         load_replay(agent.rb, replay)
     except Exception as err:
         raise ckpt.refuse(replay, f"cannot be loaded: {_one_line(err)}") from None
-    counts = agent.rb.stats()
-    found = {name: int(counts[name]) for name in REPLAY_COUNTS}
+    found = _replay_counts(agent.rb.stats())
     if found != state["replay_counts"]:
         raise ckpt.refuse(replay, f"wrong content: counts {found}, trainer.pt says {state['replay_counts']}")
+
+
+def _replay_counts(stats: dict[str, Any]) -> dict[str, int]:
+    """The :data:`REPLAY_COUNTS` among a replay's ``stats()``."""
+    return {name: int(stats[name]) for name in REPLAY_COUNTS if name in stats}
 
 
 def _load(ckpt: Checkpoint, path: Path, map_location: str | torch.device) -> Any:
