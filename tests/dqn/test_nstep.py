@@ -180,6 +180,59 @@ def test_huber_of_the_n_step_target_is_what_fwd_bwd_minimises():
     torch.testing.assert_close(agent.sums[SUM_LOSS].float(), loss)
 
 
+@pytest.mark.parametrize(
+    "change",
+    [
+        dict(env="cartpole"),
+        dict(env="market", num_envs=4, episode_len=16, bars=3000, test_bars=500),
+        dict(env="gym:CartPole-v1"),
+        dict(env="gym:CartPole-v1", gym_autoreset="next-step"),
+    ],
+    ids=["cartpole", "market", "gym-same-step", "gym-next-step"],
+)
+def test_the_replay_reads_every_episode_end_from_the_collect_step(smoke, change):
+    """Each environment's observations reach the replay as they continue (padded alike), so the
+    trajectory replay finds every episode's end from the flags and sees no discontinuity: each
+    episode ended by the step before the last has its end row (same-step: a row more than the
+    steps; next-step: the reset step's row), and no reset step is drawable."""
+    if change["env"].startswith("gym:"):
+        pytest.importorskip("gymnasium")
+    cfg, agent, _ = setup(Config(**smoke | change | dict(replay="trajectory")), **QUIET)
+    for _ in range(149):
+        agent.collect.run()
+    ended = int(agent.episodes.count)  # each has its end row once the next step is added
+    agent.collect.run()
+    stats, steps = agent.rb.stats(), 150 * cfg.num_envs
+    assert stats["steps"] == 150 and stats["discontinuities"] == 0 and ended > 4
+    if cfg.gym_autoreset == "next-step":
+        assert stats["size"] == steps and stats["drawable"] <= steps - ended
+    else:
+        assert stats["size"] == steps + ended and stats["drawable"] <= steps
+
+
+@pytest.mark.parametrize("replay", ["flat", "trajectory"])
+def test_a_truncated_step_bootstraps_from_its_final_observation(smoke, replay):
+    """A time-limit truncation is not a terminal state: its transition goes to the final
+    observation (not the reset one) and keeps its bootstrap (flat: done 0; trajectory: discount
+    gamma, truncated and not terminated)."""
+    cfg, agent, _ = setup(Config(**smoke | dict(replay=replay, gamma=0.9)), **QUIET)
+    agent.env.set_state(torch.zeros(4, 4, dtype=torch.float64), torch.full((4,), 499))  # one step to the limit
+    agent.collect.run()
+    final = agent.next_obs.clone()  # the step's next_obs: the final observations
+    assert not torch.equal(agent.obs, final)  # the envs reset: the agent acts on the new episodes
+    if replay == "flat":
+        assert torch.equal(agent.rb.storage["next_obs"][:4], final)
+        assert torch.equal(agent.rb.storage["done"][:4], torch.zeros(4))
+        return
+    for _ in range(2):
+        agent.collect.run()
+    b = agent.rb.sample(256, n_step=1, gamma=0.9)
+    cut = b["truncated"]
+    assert 0 < int(cut.sum()) < 256 and not bool(b["terminated"].any())
+    assert all(any(torch.equal(row, f) for f in final) for row in b["next_obs"][cut])
+    assert torch.all(b["discount"] == torch.tensor(0.9, dtype=torch.float32))
+
+
 # ---------------------------------------------------------------------------- short runs
 
 

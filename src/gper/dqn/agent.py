@@ -224,7 +224,7 @@ class Agent:
 
     # ---- learn: the five phases of one training step, in the order they run
 
-    def sample_replay(self) -> gper.SampledBatch:
+    def sample_replay(self) -> Batch:
         """The default batch source: ``batch_size`` transitions drawn from the replay with the annealed
         beta; from the trajectory replay, ``n_step``-step transitions discounted by ``gamma``."""
         cfg = self.cfg
