@@ -262,6 +262,13 @@ def test_gper_train_n_step_3_runs_and_logs(tmp_path, capsys, env, flags):
     assert any("charts/episodic_return" in r for r in rows)
 
 
+@pytest.mark.parametrize("sampling", ["rank", "uniform"])
+def test_other_sampling_modes_train_on_n_step_returns(tmp_path, smoke, sampling):
+    """Rank mode re-sorts the trajectory replay's drawable starts at each epoch's end, as the flat one's."""
+    results = train(Config(**smoke | dict(n_step=3, sampling=sampling), run_dir=str(tmp_path)), **QUIET)
+    assert results.train_steps == 100 and results.episodes > 0
+
+
 def test_a_next_step_gym_run_picks_the_trajectory_replay_and_counts_its_episodes(tmp_path, smoke):
     """With n_step 1, auto picks the trajectory replay for a next-step env; the episodes it records
     are CartPole's (reward 1 a step, so return == length: no reset step counted)."""
