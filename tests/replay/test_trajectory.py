@@ -71,8 +71,8 @@ def test_the_drawable_starts_follow_the_rule_after_every_add(sampling):
     assert rb.stats()["discontinuities"] > 0
 
 
-def _run(backend: str, device: str, steps: int = 40, arity: int = 4):
-    rb = gper.TrajectoryReplayBuffer(3 * 12, 3, SPEC, window=3, device=device, backend=backend, arity=arity)
+def _run(backend: str, device: str, steps: int = 40, arity: int = 4, envs: int = 3, rows: int = 12):
+    rb = gper.TrajectoryReplayBuffer(envs * rows, envs, SPEC, window=3, device=device, backend=backend, arity=arity)
     g = torch.Generator().manual_seed(1)
     draws = []
     for i, _ in enumerate(_streams(rb, steps)):
@@ -99,8 +99,15 @@ def _same(a, b):
                 assert torch.equal(u.cpu(), v.cpu()), i
 
 
-def test_triton_agrees_with_torch_under_the_interpreter():
-    _same(_run("torch", "cpu"), _run("triton", "cpu"))
+@pytest.mark.parametrize(
+    "envs, rows",
+    [(3, 12), (8, 16), (4, 16), (3, 10)],
+    ids=["one private level", "two private levels", "all levels private", "blocks not aligned with nodes"],
+)
+def test_triton_agrees_with_torch_under_the_interpreter(envs, rows):
+    # the Triton add repairs the levels inside a stream's block itself, the shared ones in its last
+    # program, or (blocks not aligned with nodes) in launches of their own
+    _same(_run("torch", "cpu", envs=envs, rows=rows), _run("triton", "cpu", envs=envs, rows=rows))
 
 
 @pytest.mark.gpu

@@ -33,7 +33,8 @@ S_EP_START = 1  #: the first row of the episode in progress
 # slots of ``tcounters``
 T_DISCONTINUITIES = 0  #: steps whose obs differed from the previous step's next_obs without an episode end
 T_STEPS = 1  #: add calls
-N_TCOUNTERS = 2
+T_TICKET = 2  #: scratch for the Triton add's last-program election (0 between calls)
+N_TCOUNTERS = 3
 
 #: bits of the flags word
 TERMINATED = 0x1
@@ -71,9 +72,10 @@ def stream_add(
     rows_per_env: int,
     window: int,
     value: float | None,
-    reps: torch.Tensor,
+    counters: torch.Tensor,
 ) -> None:
-    """Append one step of every stream: its rows, their generations, the starts it makes drawable.
+    """Append one step of every stream: its rows, their generations, the starts it makes drawable,
+    and the repair of the trees above every changed leaf.
 
     Args:
         rows: [E * T, W] int32 storage.
@@ -84,8 +86,7 @@ def stream_add(
         rows_per_env: T.
         window: rows after a start that must be written before it is drawable (unless its episode ended).
         value: tree value of a start that becomes drawable: None for the max priority.
-        reps: [E, rep_count] int64 out: leaves whose ancestors :func:`~gper.ops.reference.recompute`
-            must repair afterwards (the caller runs it).
+        counters: the tree's int64 device counters (the repair's scratch, as for ``recompute``).
     """
     t, (e_n, w) = rows_per_env, pending.shape
     device = rows.device
@@ -144,7 +145,8 @@ def stream_add(
     pending.copy_(nxt)
     tcounters[T_DISCONTINUITIES] += jump.sum()
     tcounters[T_STEPS] += 1
-    reps.copy_(_reps(base, (k - window).clamp_min(0), k + n_rows - 1, t, layout.arity, reps.shape[1]))
+    reps = _reps(base, (k - window).clamp_min(0), k + n_rows - 1, t, layout.arity, rep_count(window, layout.arity))
+    reference.recompute(tree=tree, mintree=mintree, layout=layout, leaves=reps.reshape(-1), counters=counters)
 
 
 def _reps(base: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, t: int, arity: int, n: int) -> torch.Tensor:

@@ -22,8 +22,8 @@ import torch
 from gper._triton import tl, triton
 from gper.ops.layout import TreeLayout
 from gper.ops.state import rng_blocks
-from gper.ops.trajectory_reference import gather_sequences  # noqa: F401 (the contract's third function)
-from gper.ops.triton_ops import LAUNCH, _advance_rng, _draw, _level_offsets
+from gper.ops.trajectory_reference import gather_sequences, rep_count  # noqa: F401 (gather_sequences: the contract's)
+from gper.ops.triton_ops import LAUNCH, _advance_rng, _draw, _level_offsets, recompute
 
 
 @triton.jit
@@ -40,6 +40,8 @@ def _stream_add(
     tcounters,
     obs_cols,
     reps,
+    level_off,
+    level_size,
     leaf_off,
     T,
     value,
@@ -53,6 +55,11 @@ def _stream_add(
     K: tl.constexpr,
     USE_MAX: tl.constexpr,
     HAS_KEYS: tl.constexpr,
+    DEPTH: tl.constexpr,
+    LOG2K: tl.constexpr,
+    PRIVATE: tl.constexpr,
+    SHARED: tl.constexpr,
+    CH: tl.constexpr,
 ):
     e = tl.program_id(0).to(tl.int64)
     base = e * T
@@ -131,7 +138,44 @@ def _stream_add(
     q = tl.where(r == R - 3, hi, q)
     q = tl.where(r == R - 2, w_end, q)
     q = tl.where(r == R - 1, w_start, q)
-    tl.store(reps + R * e + r, base + q % T, mask=r < R)
+    rm = r < R
+    rep = base + q % T
+    if PRIVATE == 0:  # the repair runs in launches of its own, after this one
+        tl.store(reps + R * e + r, rep, mask=rm)
+    else:
+        # the levels whose nodes each lie inside one stream's block: this program alone writes the
+        # nodes above its stream's leaves, level by level (a barrier orders its threads' writes)
+        kk = tl.arange(0, K)
+        tl.debug_barrier()
+        for lv in tl.static_range(PRIVATE):
+            level = DEPTH - 2 - lv
+            par = rep >> (LOG2K * (DEPTH - 1 - level))
+            c = tl.load(level_off + level + 1) + par[:, None] * K + kk[None, :]
+            po = tl.load(level_off + level) + par
+            tl.store(tree + po, tl.sum(tl.load(tree + c, mask=rm[:, None], other=0.0), axis=1), mask=rm)
+            mv = tl.load(mintree + c, mask=rm[:, None], other=float("inf"))
+            tl.store(mintree + po, tl.min(mv, axis=1), mask=rm)
+            tl.debug_barrier()
+        if SHARED > 0:
+            # the levels above, shared between streams: the last program to get here recomputes
+            # them whole (few nodes), reading the others' writes past L1; its ticket releases its own
+            ticket = tl.atomic_add(tcounters + 2, 1)  # T_TICKET
+            if ticket == tl.num_programs(0) - 1:
+                for lv in tl.static_range(SHARED):
+                    level = SHARED - 1 - lv
+                    n_nodes = tl.load(level_size + level)
+                    ch = tl.load(level_off + level + 1)
+                    po = tl.load(level_off + level)
+                    for c0 in range(0, n_nodes, CH):
+                        nodes = c0 + tl.arange(0, CH)
+                        nm = nodes < n_nodes
+                        cc = ch + nodes[:, None] * K + kk[None, :]
+                        v = tl.load(tree + cc, mask=nm[:, None], other=0.0, cache_modifier=".cg")
+                        tl.store(tree + po + nodes, tl.sum(v, axis=1), mask=nm)
+                        mv = tl.load(mintree + cc, mask=nm[:, None], other=float("inf"), cache_modifier=".cg")
+                        tl.store(mintree + po + nodes, tl.min(mv, axis=1), mask=nm)
+                    tl.debug_barrier()
+                tl.store(tcounters + 2, ticket * 0)
 
 
 @triton.jit
@@ -204,6 +248,29 @@ def _sample_transitions(
     _advance_rng(counters, rng, B, NB)
 
 
+def _private_levels(layout: TreeLayout, rows_per_env: int) -> int:
+    """Inner levels, from the bottom, whose every node lies inside one stream's block of slots."""
+    n = 0
+    for level in range(layout.depth - 2, -1, -1):
+        if rows_per_env % layout.arity ** (layout.depth - 1 - level):
+            break
+        n += 1
+    return n
+
+
+#: the most nodes the last program of an add recomputes on its own (the levels shared by streams)
+_SHARED_NODES = 4096
+
+_LEVEL_SIZES: dict[tuple[TreeLayout, torch.device], torch.Tensor] = {}
+
+
+def _level_sizes(layout: TreeLayout, device: torch.device) -> torch.Tensor:
+    key = (layout, device)
+    if key not in _LEVEL_SIZES:
+        _LEVEL_SIZES[key] = torch.tensor(layout.sizes, dtype=torch.int64, device=device)
+    return _LEVEL_SIZES[key]
+
+
 def stream_add(
     *,
     tree: torch.Tensor,
@@ -222,9 +289,17 @@ def stream_add(
     rows_per_env: int,
     window: int,
     value: float | None,
-    reps: torch.Tensor,
+    counters: torch.Tensor,
 ) -> None:
     e, w = pending.shape
+    n_reps = rep_count(window, layout.arity)
+    private = _private_levels(layout, rows_per_env)
+    shared = layout.depth - 1 - private
+    if private == 0 or sum(layout.sizes[:shared]) > _SHARED_NODES:
+        # blocks not aligned with the nodes, or too many shared nodes for one program: the repair
+        # runs in launches of its own, level by level
+        private, shared = 0, 0
+    reps = torch.empty(e, n_reps, dtype=torch.int64, device=rows.device)
     _stream_add[(e,)](
         tree,
         mintree,
@@ -238,6 +313,8 @@ def stream_add(
         tcounters,
         obs_cols.view(torch.int8),
         reps,
+        _level_offsets(layout, tree.device),
+        _level_sizes(layout, tree.device),
         layout.leaf_offset,
         rows_per_env,
         0.0 if value is None else float(value),
@@ -246,13 +323,20 @@ def stream_add(
         FC=flags_col,
         WINDOW=window,
         HP=triton.next_power_of_2(window + 1),
-        R=reps.shape[1],
-        RP=triton.next_power_of_2(reps.shape[1]),
+        R=n_reps,
+        RP=triton.next_power_of_2(n_reps),
         K=layout.arity,
         USE_MAX=value is None,
         HAS_KEYS=keys is not None,
+        DEPTH=layout.depth,
+        LOG2K=layout.log2_arity,
+        PRIVATE=private,
+        SHARED=shared,
+        CH=64,
         num_warps=1,
     )
+    if private == 0:
+        recompute(tree=tree, mintree=mintree, layout=layout, leaves=reps.view(-1), counters=counters)
 
 
 def sample_transitions(

@@ -21,7 +21,7 @@ from gper.ops import backend_module, select_backend, trajectory_module
 from gper.ops.layout import DEFAULT_ARITY
 from gper.ops.probe import triton_problem
 from gper.ops.state import C_SIZE, MODE_PROPORTIONAL, MODE_UNIFORM
-from gper.ops.trajectory_reference import N_TCOUNTERS, T_DISCONTINUITIES, T_STEPS, rep_count
+from gper.ops.trajectory_reference import N_TCOUNTERS, T_DISCONTINUITIES, T_STEPS
 from gper.replay.checkpoint import check_state
 from gper.replay.checks import (
     check_batch_size,
@@ -162,7 +162,6 @@ class TrajectoryReplayBuffer:
         self.pending = torch.zeros(e, w, dtype=torch.int32, device=device)
         self.tcounters = torch.zeros(N_TCOUNTERS, dtype=torch.int64, device=device)
         self._gamma_scalar = torch.ones((), dtype=torch.float32, device=device)
-        self._reps = torch.zeros(e, rep_count(self.window, cfg.arity), dtype=torch.int64, device=device)
         self._obs_cols = self.layout.obs_cols(device)
         self._packer = StepPacker(self.layout, e, device)
 
@@ -256,10 +255,7 @@ class TrajectoryReplayBuffer:
             rows_per_env=self.rows_per_env,
             window=self.window,
             value=self._new_start_value,
-            reps=self._reps,
-        )
-        tree.kernels.recompute(
-            tree=tree.tree, mintree=tree.mintree, layout=tree.layout, leaves=self._reps.view(-1), counters=tree.counters
+            counters=tree.counters,
         )
 
     @property
