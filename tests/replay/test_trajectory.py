@@ -186,8 +186,11 @@ def test_eager_calls_replay_the_buffers_own_graphs_with_the_same_results():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("sampling", ["proportional", "rank"])
-def test_many_streams_keep_the_drawable_rule_under_stress(sampling):
-    rb = gper.TrajectoryReplayBuffer(256 * 40, 256, SPEC, window=5, device="cuda", sampling=sampling)
+@pytest.mark.parametrize("rows", [40, 1024], ids=["repair in launches", "repair in the add kernel"])
+def test_many_streams_keep_the_drawable_rule_under_stress(sampling, rows):
+    # 1024 rows a stream: the levels of 32 and 1024 slots lie inside a stream's block (the add
+    # kernel repairs them), the top level is shared (its last program recomputes it)
+    rb = gper.TrajectoryReplayBuffer(256 * rows, 256, SPEC, window=5, device="cuda", sampling=sampling)
     for i, _ in enumerate(_streams(rb, 300, seed=3, p_end=0.05)):
         if i % 37 == 0:
             assert _drawable_is_expected(rb), f"after add {i}"
@@ -197,3 +200,10 @@ def test_many_streams_keep_the_drawable_rule_under_stress(sampling):
     assert _drawable_is_expected(rb)
     st = rb.stats()
     assert st["invalid_indices"] == 0 and st["drawable"] > 0
+    # every inner node agrees with its leaves after the repairs of 300 adds and updates
+    from gper.replay.checkpoint import check_contents
+    from gper.replay.trajectory_checkpoint import written_slots
+
+    check_contents(
+        rb.state_dict(), rb.tree.layout, 0, rb.device, carries=rb.drawable(), written=written_slots(rb.streams, rows)
+    )

@@ -170,10 +170,10 @@ def _stream_add(
                         nodes = c0 + tl.arange(0, CH)
                         nm = nodes < n_nodes
                         cc = ch + nodes[:, None] * K + kk[None, :]
-                        v = tl.load(tree + cc, mask=nm[:, None], other=0.0, cache_modifier=".cg")
-                        tl.store(tree + po + nodes, tl.sum(v, axis=1), mask=nm)
-                        mv = tl.load(mintree + cc, mask=nm[:, None], other=float("inf"), cache_modifier=".cg")
-                        tl.store(mintree + po + nodes, tl.min(mv, axis=1), mask=nm)
+                        sv = tl.load(tree + cc, mask=nm[:, None], other=0.0, cache_modifier=".cg")
+                        tl.store(tree + po + nodes, tl.sum(sv, axis=1), mask=nm)
+                        smv = tl.load(mintree + cc, mask=nm[:, None], other=float("inf"), cache_modifier=".cg")
+                        tl.store(mintree + po + nodes, tl.min(smv, axis=1), mask=nm)
                     tl.debug_barrier()
                 tl.store(tcounters + 2, ticket * 0)
 
