@@ -161,19 +161,18 @@ def _stream_add(
             # them whole (few nodes), reading the others' writes past L1; its ticket releases its own
             ticket = tl.atomic_add(tcounters + 2, 1)  # T_TICKET
             if ticket == tl.num_programs(0) - 1:
-                for lv in tl.static_range(SHARED):
-                    level = SHARED - 1 - lv
-                    n_nodes = tl.load(level_size + level)
-                    ch = tl.load(level_off + level + 1)
-                    po = tl.load(level_off + level)
+                for top in tl.static_range(SHARED):
+                    n_nodes = tl.load(level_size + SHARED - 1 - top)
+                    up = tl.load(level_off + SHARED - 1 - top)
+                    down = tl.load(level_off + SHARED - top)
                     for c0 in range(0, n_nodes, CH):
                         nodes = c0 + tl.arange(0, CH)
                         nm = nodes < n_nodes
-                        cc = ch + nodes[:, None] * K + kk[None, :]
+                        cc = down + nodes[:, None] * K + kk[None, :]
                         sv = tl.load(tree + cc, mask=nm[:, None], other=0.0, cache_modifier=".cg")
-                        tl.store(tree + po + nodes, tl.sum(sv, axis=1), mask=nm)
+                        tl.store(tree + up + nodes, tl.sum(sv, axis=1), mask=nm)
                         smv = tl.load(mintree + cc, mask=nm[:, None], other=float("inf"), cache_modifier=".cg")
-                        tl.store(mintree + po + nodes, tl.min(smv, axis=1), mask=nm)
+                        tl.store(mintree + up + nodes, tl.min(smv, axis=1), mask=nm)
                     tl.debug_barrier()
                 tl.store(tcounters + 2, ticket * 0)
 
