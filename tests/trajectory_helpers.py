@@ -38,11 +38,11 @@ def bits(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def assert_field(got: np.ndarray, want: np.ndarray, what: str, exact_bits: bool = True) -> None:
-    """``got`` equals ``want``: bit for bit (``exact_bits``), or as float values (0.0 == -0.0)."""
+def assert_field(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    """``got`` equals ``want`` bit for bit (NaN equals the same NaN, 0.0 differs from -0.0)."""
     assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
     assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
-    same = np.array_equal(bits(got), bits(want)) if exact_bits else np.array_equal(got, want, equal_nan=True)
+    same = np.array_equal(bits(got), bits(want))
     assert same, f"{what}: got {got!r} (bits {bits(got)!r}), expected {want!r} (bits {bits(want)!r})"
 
 
@@ -127,13 +127,13 @@ class Run:
         for n, slot in enumerate(idx):
             want = self.orc.transition(slot, n_step, g_host)
             for name in names:
-                # n-step sums: float32 values (a sum's first term 0 + (-0.0) is 0.0); the rest bit for bit
-                exact = name not in ("reward", "discount")
-                assert_field(got[name][n], want[name], f"{what} item {n} (slot {slot}) {name!r}", exact)
+                assert_field(got[name][n], want[name], f"{what} item {n} (slot {slot}) {name!r}")
         return batch, idx, gens
 
-    def check_sequences(self, b: int, length: int, burn_in: int, beta=None, what: str = ""):
-        """Draw ``b`` sequences and compare every field, the mask and the zeros with the oracle's."""
+    def check_sequences(self, b: int, length: int, burn_in: int, beta=None, what: str = "", zeros: bool = True):
+        """Draw ``b`` sequences and compare the mask and every field of every step with the oracle's:
+        the steps the mask keeps (and each one's ``next_obs``), and with ``zeros`` also the zeros
+        of the steps it drops."""
         seq = self.rb.sample_sequences(b, length, burn_in=burn_in, beta=beta)
         what = f"{what} sample_sequences(length={length}, burn_in={burn_in})"
         idx, gens = self.check_batch_common(seq, beta, what)
@@ -143,8 +143,10 @@ class Run:
         masks = []
         for n, slot in enumerate(idx):
             want = self.orc.sequence(slot, length, burn_in)
+            keep = [p for p, m in enumerate(want["mask"]) if m or zeros]
+            assert_field(got["mask"][n], np.stack(want["mask"]), f"{what} item {n} (slot {slot}) 'mask'")
             for name in names:
-                assert_field(got[name][n], np.stack(want[name]), f"{what} item {n} (slot {slot}) {name!r}")
+                assert_field(got[name][n][keep], np.stack(want[name])[keep], f"{what} item {n} (slot {slot}) {name!r}")
             masks.append([bool(m) for m in want["mask"][burn_in:]])
         return seq, idx, gens, masks
 
@@ -172,9 +174,11 @@ class Run:
         e = 0.9 if eta is None else eta
         self.orc.update(idx, [self.orc.sequence_priority(td[n], masks[n], e) for n in range(len(idx))], gens)
 
-    def update_raw(self, k: int) -> None:
-        """``k`` raw slots, drawable or not: the ones that are not are dropped and counted."""
-        idx = self.rng.integers(0, self.capacity, k).tolist()
+    def update_raw(self, k: int, drawable_only: bool = True) -> None:
+        """``k`` raw slots: drawable starts, or any slot (those that are not drawable starts are
+        dropped and counted)."""
+        pool = [i for i, d in enumerate(self.orc.drawable()) if d or not drawable_only]
+        idx = [pool[int(j)] for j in self.rng.integers(0, len(pool), k)]
         td = self.random_td(k)
         self.rb.update_priorities(torch.tensor(idx), torch.from_numpy(td))
         self.orc.update(idx, [self.orc.priority(float(x)) if math.isfinite(x) else None for x in td], None)

@@ -19,8 +19,9 @@ simplest code that says it:
   since the draw) ignored, raw indices of slots that are not drawable starts dropped; IS weights
   ``(p_i / p_min) ** -beta`` over the drawable starts.
 
-n-step returns are summed in numpy float32 in the order the document gives, with ``g^i`` made by
-repeated float32 multiplication, so an implementation that follows it agrees bit for bit.
+n-step returns are summed in numpy float32 in the order the document gives (``r_0``, then
+``+ g r_1``, ...), with ``g^i`` made by repeated float32 multiplication and no fused multiply-add,
+so an implementation that follows it agrees bit for bit.
 
 Never edit this file to make a test pass: a disagreement is a bug in gper or in the test.
 """
@@ -226,10 +227,12 @@ class TrajectoryOracle:
         rows, k, j = self._start(slot)
         m = min(n, j)
         g = f32(1.0) if gamma is None else f32(gamma)
-        acc, gi = f32(0.0), f32(1.0)
+        acc, gi = None, f32(1.0)
         for i in range(m):
-            # sum over i < m of g^i * r_(k+i), in float32, in that order; g^i by repeated multiplication
-            acc = f32(acc + f32(gi * rows[k + i].values["reward"]))
+            # sum over i < m of g^i * r_(k+i), in float32, in that order; g^i by repeated
+            # multiplication; the first partial sum is the first term itself (a reward of -0.0 stays -0.0)
+            term = f32(gi * rows[k + i].values["reward"])
+            acc = term if acc is None else f32(acc + term)
             gi = f32(gi * g)
         out = {name: v.copy() for name, v in rows[k].values.items()}
         out["reward"] = np.array(acc, dtype=np.float32)
