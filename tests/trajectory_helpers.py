@@ -3,6 +3,7 @@ streams (:class:`Run`), and item-by-item comparisons of what the buffer draws ag
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -44,6 +45,27 @@ def assert_field(got: np.ndarray, want: np.ndarray, what: str) -> None:
     assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
     same = np.array_equal(bits(got), bits(want))
     assert same, f"{what}: got {got!r} (bits {bits(got)!r}), expected {want!r} (bits {bits(want)!r})"
+
+
+def snapshot(rb) -> dict:
+    """A deep copy of ``rb.state_dict()``: every tensor cloned."""
+    out = {}
+    for k, v in rb.state_dict().items():
+        out[k] = v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)
+    return out
+
+
+def assert_unchanged(rb, before: dict) -> None:
+    """Every tensor of ``rb.state_dict()`` is bit for bit the one in ``before``, the rest equal."""
+    after = snapshot(rb)
+    assert after.keys() == before.keys()
+    for k, v in before.items():
+        if isinstance(v, torch.Tensor):
+            a = after[k]
+            same = a.shape == v.shape and a.dtype == v.dtype and torch.equal(a.view(torch.uint8), v.view(torch.uint8))
+            assert same, f"state_dict()[{k!r}] changed"
+        else:
+            assert after[k] == v, f"state_dict()[{k!r}]: {after[k]!r} != {v!r}"
 
 
 def make_buffer(capacity: int, num_envs: int, window: int, backend: str = "torch", **kw):
