@@ -14,6 +14,8 @@ from trajectory_oracle import TrajectoryOracle
 from trajectory_streams import StreamGenerator
 
 SPEC = {"obs": ((3,), torch.float32), "action": ((), torch.int64), "reward": ((), torch.float32)}
+#: a second observation key (``Run(pixels=True)``): two bytes taken from the bits of ``obs``
+PIXEL_SPEC = {**SPEC, "pixels": ((2,), torch.uint8)}
 
 #: a stored priority against the oracle's float64 value: float32 rounding of |td| + eps (or of
 #: the R2D2 mix, whose float32 mean of L terms rounds L times, L <= 16 here) and float32 pow
@@ -68,8 +70,13 @@ def assert_unchanged(rb, before: dict) -> None:
             assert after[k] == v, f"state_dict()[{k!r}]: {after[k]!r} != {v!r}"
 
 
-def make_buffer(capacity: int, num_envs: int, window: int, backend: str = "torch", **kw):
-    return gper.TrajectoryReplayBuffer(capacity, num_envs, SPEC, window=window, device="cpu", backend=backend, **kw)
+def make_buffer(capacity: int, num_envs: int, window: int, backend: str = "torch", spec=SPEC, **kw):
+    return gper.TrajectoryReplayBuffer(capacity, num_envs, spec, window=window, device="cpu", backend=backend, **kw)
+
+
+def pixels_of(obs: np.ndarray) -> np.ndarray:
+    """[E, 2] uint8 from [E, 3] float32 observations: equal observations give equal pixels."""
+    return ((obs.view(np.uint32)[:, 1:] >> 9) & 0xFF).astype(np.uint8)
 
 
 class Run:
@@ -85,10 +92,23 @@ class Run:
         alpha: float = 0.6,
         eps: float = 1e-3,
         stream_seed: int | None = None,
+        pixels: bool = False,
         **kw,
     ):
-        self.rb = make_buffer(capacity, num_envs, window, backend, seed=seed, alpha=alpha, eps=eps, **kw)
-        self.orc = TrajectoryOracle(capacity, num_envs, numpy_spec(SPEC), window, alpha, eps)
+        self.spec, self.obs_keys = (PIXEL_SPEC, ("obs", "pixels")) if pixels else (SPEC, ("obs",))
+        self.rb = make_buffer(
+            capacity,
+            num_envs,
+            window,
+            backend,
+            self.spec,
+            seed=seed,
+            alpha=alpha,
+            eps=eps,
+            obs_keys=self.obs_keys,
+            **kw,
+        )
+        self.orc = TrajectoryOracle(capacity, num_envs, numpy_spec(self.spec), window, alpha, eps, self.obs_keys)
         seed_of_streams = seed if stream_seed is None else stream_seed
         self.gen = StreamGenerator(num_envs, seed=seed_of_streams, long_length=3 * (capacity // num_envs))
         self.window, self.capacity = window, capacity
@@ -96,6 +116,8 @@ class Run:
 
     def add(self) -> None:
         data = self.gen.step()
+        if "pixels" in self.obs_keys:
+            data |= {"pixels": pixels_of(data["obs"]), "next_pixels": pixels_of(data["next_obs"])}
         self.rb.add(to_torch(data))
         self.orc.add(data)
 
@@ -116,8 +138,14 @@ class Run:
             assert math.isclose(p, q, rel_tol=PRIORITY_RTOL), f"{what}: priority of slot {i}: {p} != oracle {q}"
         stats = self.rb.stats()
         for key in ("discontinuities", "stale_updates", "invalid_indices", "nonfinite_td"):
-            assert stats[key] == getattr(self.orc, key), f"{what}: stats()[{key!r}] {stats[key]} != oracle {getattr(self.orc, key)}"
+            assert stats[key] == getattr(self.orc, key), (
+                f"{what}: stats()[{key!r}] {stats[key]} != oracle {getattr(self.orc, key)}"
+            )
         assert stats["steps"] == self.orc.adds, f"{what}: stats()['steps'] {stats['steps']} != {self.orc.adds} adds"
+        held = sum(min(c, self.orc.T) for c in self.orc.counts())
+        assert stats["size"] == held, f"{what}: stats()['size'] {stats['size']} != {held} rows held"
+        if "drawable" in stats:
+            assert stats["drawable"] == sum(want), f"{what}: stats()['drawable'] {stats['drawable']} != {sum(want)}"
 
     # -------------------------------------------------------------- samples
 
@@ -144,7 +172,7 @@ class Run:
         what = f"{what} sample(n_step={n_step}, gamma={g_host})"
         idx, gens = self.check_batch_common(batch, beta, what)
         got = {name: batch[name].numpy() for name in batch}
-        names = [*SPEC, "next_obs", "terminated", "truncated", "discount"]
+        names = [*self.spec, *("next_" + k for k in self.obs_keys), "terminated", "truncated", "discount"]
         assert sorted(got) == sorted(names), f"{what}: fields {sorted(got)}"
         for n, slot in enumerate(idx):
             want = self.orc.transition(slot, n_step, g_host)
@@ -159,7 +187,7 @@ class Run:
         seq = self.rb.sample_sequences(b, length, burn_in=burn_in, beta=beta)
         what = f"{what} sample_sequences(length={length}, burn_in={burn_in})"
         idx, gens = self.check_batch_common(seq, beta, what)
-        names = [*SPEC, "next_obs", "terminated", "truncated", "mask"]
+        names = [*self.spec, *("next_" + k for k in self.obs_keys), "terminated", "truncated", "mask"]
         got = {name: seq[name].numpy() for name in names}
         assert sorted(seq) == sorted(names), f"{what}: fields {sorted(seq)}"
         masks = []

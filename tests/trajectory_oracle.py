@@ -124,7 +124,9 @@ class TrajectoryOracle:
         ``terminated`` and ``truncated``."""
         for e, s in enumerate(self.streams):
             step = {name: np.array(data[name][e], dtype=dt).reshape(shape) for name, (shape, dt) in self.spec.items()}
-            nxt = {k: np.array(data["next_" + k][e], dtype=self.spec[k][1]).reshape(self.spec[k][0]) for k in self.obs_keys}
+            nxt = {
+                k: np.array(data["next_" + k][e], dtype=self.spec[k][1]).reshape(self.spec[k][0]) for k in self.obs_keys
+            }
             term, trunc = bool(data["terminated"][e]), bool(data["truncated"][e])
             if s.pending is None:  # the first add starts every stream
                 self._write_step(e, step, term, trunc)

@@ -59,7 +59,9 @@ def assert_same_future(a, b) -> None:
 @pytest.mark.parametrize("sampling", ["proportional", "stratified", "rank", "uniform"])
 def test_state_dict_round_trip_into_a_fresh_buffer(sampling):
     run = used(sampling)
-    state = {k: (v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)) for k, v in run.rb.state_dict().items()}
+    state = {
+        k: (v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)) for k, v in run.rb.state_dict().items()
+    }
     saved = snapshot(run.rb)
     fresh = Run(E * T, E, W, seed=0, sampling=sampling, rank_refresh_interval=3).rb
     fresh.load_state_dict(state)

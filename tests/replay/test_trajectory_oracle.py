@@ -19,7 +19,6 @@ import pytest
 import torch
 
 import gper
-
 from trajectory_helpers import SPEC, Run, make_buffer, numpy_spec, to_torch
 from trajectory_oracle import END, TrajectoryOracle
 from trajectory_streams import StreamGenerator
@@ -72,11 +71,20 @@ class Coverage:
 
 
 def random_run(
-    backend: str, num_envs: int, t: int, window: int, adds: int, every: int, b: int, seed: int, zeros: bool = False
+    backend: str,
+    num_envs: int,
+    t: int,
+    window: int,
+    adds: int,
+    every: int,
+    b: int,
+    seed: int,
+    zeros: bool = False,
+    pixels: bool = False,
 ):
     """A random run checked against the oracle after every add (``zeros``: also the zeros of the
     steps a sequence's mask drops, which :func:`test_masked_out_steps_are_zero` checks on its own)."""
-    run = Run(num_envs * t, num_envs, window, backend, seed=seed)
+    run = Run(num_envs * t, num_envs, window, backend, seed=seed, pixels=pixels)
     cov = Coverage()
     pending = []  # draws whose update comes after the next add (some entries go stale)
     n_steps = sorted({n for n in (1, 2, 3, window) if n <= window})
@@ -112,22 +120,61 @@ def random_run(
 
 
 #: (num_envs, rows per stream, window, adds, sample every, batch)
-TORCH_RUNS = [(3, 10, 4, 90, 1, 24), (2, 3, 1, 60, 1, 16), (1, 12, 10, 70, 1, 24), (5, 7, 5, 60, 2, 24)]
+RUNS = [
+    (3, 10, 4, 90, 1, 24),
+    (2, 3, 1, 60, 1, 16),
+    (1, 12, 10, 70, 1, 24),
+    (5, 7, 5, 60, 2, 24),
+    (4, 16, 4, 60, 3, 32),
+]
+#: the same under the Triton interpreter, which is slow: 64 slots, and the tightest ring (T = window + 2);
+#: seed 0 draws every case the coverage asks for in these short runs
+TRITON_RUNS = [(4, 16, 4, 30, 5, 16), (2, 3, 1, 16, 3, 8)]
 
 
-@pytest.mark.parametrize("num_envs, t, window, adds, every, b", TORCH_RUNS)
-def test_random_streams_match_the_oracle_torch(num_envs, t, window, adds, every, b):
-    run, cov = random_run("torch", num_envs, t, window, adds, every, b, seed=num_envs + 7 * t)
+def check_random_run(backend, num_envs, t, window, adds, every, b, seed):
+    run, cov = random_run(backend, num_envs, t, window, adds, every, b, seed)
     # with window 1 a sequence is its start alone: it never runs past an end
     missing = [k for k, v in cov.seen.items() if v == 0 and not (window == 1 and k == "sequence past an end")]
     assert not missing, f"the run never exercised {missing}: {cov.seen}"
 
 
-def test_random_streams_match_the_oracle_triton(backend):
-    """The Triton kernels under the interpreter: 64 slots, a short run (the interpreter is slow)."""
+@pytest.mark.parametrize("num_envs, t, window, adds, every, b", RUNS)
+def test_random_streams_match_the_oracle_torch(num_envs, t, window, adds, every, b):
+    check_random_run("torch", num_envs, t, window, adds, every, b, seed=num_envs + 7 * t)
+
+
+@pytest.mark.parametrize("num_envs, t, window, adds, every, b", TRITON_RUNS)
+def test_random_streams_match_the_oracle_triton(backend, num_envs, t, window, adds, every, b):
     if backend != "triton":
         pytest.skip("the torch back end runs the longer runs above")
-    random_run("triton", 4, 16, 4, 24, 6, 16, seed=3, zeros=True)
+    check_random_run("triton", num_envs, t, window, adds, every, b, seed=0)
+
+
+def test_two_observation_keys_are_stored_once_and_compared_together():
+    """obs_keys=("obs", "pixels"): ``add`` takes next_obs and next_pixels; a draw gives both."""
+    random_run("torch", 3, 10, 4, 40, 2, 16, seed=41, pixels=True)
+
+
+def test_an_observation_key_alone_tells_a_reset(backend):
+    """Two observation keys: a step whose obs equals the pending next_obs but whose pixels differ
+    from the pending next_pixels is a reset the flags did not report."""
+    spec = {"obs": ((1,), torch.float32), "pixels": ((2,), torch.uint8), "reward": ((), torch.float32)}
+    rb = gper.TrajectoryReplayBuffer(8, 1, spec, window=2, obs_keys=("obs", "pixels"), device="cpu", backend=backend)
+    flags = {"terminated": torch.tensor([False]), "truncated": torch.tensor([False]), "reward": torch.ones(1)}
+    px = [torch.tensor([[k, 7]], dtype=torch.uint8) for k in range(4)]
+    o = [torch.tensor([[float(k)]]) for k in range(4)]
+    rb.add({"obs": o[0], "pixels": px[0], "next_obs": o[1], "next_pixels": px[1]} | flags)
+    rb.add({"obs": o[1], "pixels": px[1], "next_obs": o[2], "next_pixels": px[2]} | flags)  # goes on
+    assert rb.stats()["discontinuities"] == 0
+    rb.add({"obs": o[2], "pixels": px[3], "next_obs": o[3], "next_pixels": px[3]} | flags)  # pixels differ
+    assert rb.stats()["discontinuities"] == 1
+    # rows: 0, 1 (now truncated), 2 an end row holding (o2, px2), 3 the step from (o2, px3)
+    assert rb.drawable().tolist()[:4] == [True, True, False, False]
+    batch = rb.sample(16, n_step=2, gamma=1.0)
+    for n, slot in enumerate(batch.indices.tolist()):
+        assert batch["next_obs"][n].tolist() == [2.0] and batch["next_pixels"][n].tolist() == [2, 7], slot
+        assert batch["truncated"][n].item() is True
 
 
 def test_masked_out_steps_are_zero():
@@ -144,8 +191,8 @@ def test_a_hand_made_sequence_is_zero_where_masked(backend):
         8, 1, {"obs": ((1,), torch.float32), "reward": ((), torch.float32)}, window=2, device="cpu", backend=backend
     )
     for o, nxt, term in [(1.0, 2.0, True), (5.0, 6.0, False), (6.0, 7.0, False)]:
-        rb.add({"obs": torch.tensor([[o]]), "reward": torch.ones(1), "next_obs": torch.tensor([[nxt]]),
-                "terminated": torch.tensor([term]), "truncated": torch.tensor([False])})  # fmt: skip
+        flags = {"terminated": torch.tensor([term]), "truncated": torch.tensor([False])}
+        rb.add({"obs": torch.tensor([[o]]), "reward": torch.ones(1), "next_obs": torch.tensor([[nxt]])} | flags)
     assert rb.drawable().tolist() == [True] + [False] * 7
     s = rb.sample_sequences(2, 2, burn_in=1)
     assert s.indices.tolist() == [0, 0]
@@ -172,8 +219,12 @@ def test_a_hand_made_episode_end_next_step_autoreset(backend):
         (o[5], o[6], 6.0, False),
     ]
     for n, (obs, nxt, r, term) in enumerate(steps):
-        rb.add(to_torch({"obs": obs, "next_obs": nxt, "action": np.array([n]), "reward": np.array([r], np.float32),
-                         "terminated": np.array([term]), "truncated": np.array([False])}))  # fmt: skip
+        flags = {"terminated": np.array([term]), "truncated": np.array([False])}
+        rb.add(
+            to_torch(
+                {"obs": obs, "next_obs": nxt, "action": np.array([n]), "reward": np.array([r], np.float32)} | flags
+            )
+        )
     assert rb.drawable().tolist() == [True, True, False, True, False, False, False, False]
     batch = rb.sample(64, n_step=2, gamma=0.5)
     want = {  # slot: reward, next_obs, terminated, discount
@@ -199,9 +250,11 @@ def test_an_unflagged_reset_marks_the_step_before_truncated(backend):
     next_obs, the step before reads truncated, and stats() counts one discontinuity."""
     rb = make_buffer(8, 1, 2, backend, seed=1)
     o = [np.full((1, 3), v, np.float32) for v in (1.0, 2.0, 3.0, 7.0, 8.0, 9.0)]
+    flags = {"terminated": np.array([False]), "truncated": np.array([False])}
     for obs, nxt in [(o[0], o[1]), (o[1], o[2]), (o[3], o[4]), (o[4], o[5])]:  # o[2] never comes back
-        rb.add(to_torch({"obs": obs, "next_obs": nxt, "action": np.array([0]), "reward": np.ones(1, np.float32),
-                         "terminated": np.array([False]), "truncated": np.array([False])}))  # fmt: skip
+        rb.add(
+            to_torch({"obs": obs, "next_obs": nxt, "action": np.array([0]), "reward": np.ones(1, np.float32)} | flags)
+        )
     assert rb.stats()["discontinuities"] == 1
     # rows: 0 step o0, 1 step o1 (now truncated), 2 end row o2, 3 step o3, 4 step o4
     assert rb.drawable().tolist()[:5] == [True, True, False, False, False]

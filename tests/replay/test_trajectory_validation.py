@@ -149,7 +149,7 @@ def test_sample_needs_window_plus_one_adds():
     """Before ``window + 1`` adds no start need be drawable: sample raises, even where an episode
     of length 1 made one drawable already."""
     r = Run(E * T, E, W, seed=1)
-    for adds in range(W + 1):
+    for _ in range(W + 1):
         for call in (lambda: r.rb.sample(4), lambda: r.rb.sample_sequences(4, 1)):
             expect_error(r.rb, call, RuntimeError, "add")
         r.add()
@@ -159,8 +159,13 @@ def test_sample_needs_window_plus_one_adds():
     rb = gper.TrajectoryReplayBuffer(E * T, E, SPEC, window=W, device="cpu")
     for n in range(2):
         o = np.full((E, 3), float(n), np.float32)
-        rb.add(to_torch({"obs": o, "next_obs": o + 10, "action": np.zeros(E, np.int64), "reward": np.ones(E, np.float32),
-                         "terminated": np.ones(E, bool), "truncated": np.zeros(E, bool)}))  # fmt: skip
+        flags = {"terminated": np.ones(E, bool), "truncated": np.zeros(E, bool)}
+        rb.add(
+            to_torch(
+                {"obs": o, "next_obs": o + 10, "action": np.zeros(E, np.int64), "reward": np.ones(E, np.float32)}
+                | flags
+            )
+        )
     assert bool(rb.drawable().any())
     expect_error(rb, lambda: rb.sample(4), RuntimeError, "add")
 
@@ -190,9 +195,7 @@ def test_update_rejects_eta_outside_the_unit_interval(run, eta):
 
 @pytest.mark.parametrize("idx", [[0, E * T], [-1, 0]])
 def test_update_rejects_raw_indices_outside_the_buffer(run, idx):
-    expect_error(
-        run.rb, lambda: run.rb.update_priorities(torch.tensor(idx), torch.ones(2)), IndexError, "out of range"
-    )
+    expect_error(run.rb, lambda: run.rb.update_priorities(torch.tensor(idx), torch.ones(2)), IndexError, "out of range")
 
 
 def test_update_rejects_td_of_the_wrong_dtype_or_device(run):
@@ -216,8 +219,10 @@ CTOR_CASES = [
     ({"obs_keys": ()}, (TypeError, ValueError), ["obs_keys"]),
     ({"sampling": "prioritized"}, ValueError, ["sampling"]),
     ({"alpha": 1.5}, ValueError, ["alpha"]),
-] + [({"spec": {**SPEC, name: ((), torch.float32)}}, ValueError, [name]) for name in
-     ("terminated", "truncated", "discount", "mask", "next_obs")]  # fmt: skip
+] + [
+    ({"spec": {**SPEC, name: ((), torch.float32)}}, ValueError, [name])
+    for name in ("terminated", "truncated", "discount", "mask", "next_obs")
+]
 
 
 @pytest.mark.parametrize("kw, exc, words", CTOR_CASES, ids=[str(c[0]) for c in CTOR_CASES])
