@@ -6,10 +6,11 @@
   leaves, the starts made drawable, the stream state, and the leaves the tree repair needs. Each
   program touches only its own stream's slots, so programs never race; the repair of the inner
   nodes is the flat buffer's level-by-level ``recompute``, launched after it.
-* ``_complete``: n-step transitions from drawn starts, after the flat buffer's sampling kernel has
-  drawn them and gathered their rows: the return over the steps up to the episode's end, the
-  flags, the discount, and the row m steps on. Compiled without floating-point contraction, so
-  its multiply-then-add rounds as the torch reference's does (bit-identical returns).
+* ``_sample_transitions``: the whole of a transition ``sample`` in one launch: the flat buffer's
+  draw (``triton_ops._draw``: the same slots and IS weights as its sampling kernel), then per draw
+  the return over the steps up to the episode's end, the flags, the discount, and the row m
+  steps on. Compiled without floating-point contraction, so its multiply-then-add rounds as the
+  torch reference's does (bit-identical returns).
 
 Sequences have no kernel of their own: :func:`gather_sequences` is the torch reference's.
 """
@@ -20,10 +21,9 @@ import torch
 
 from gper._triton import tl, triton
 from gper.ops.layout import TreeLayout
+from gper.ops.state import rng_blocks
 from gper.ops.trajectory_reference import gather_sequences  # noqa: F401 (the contract's third function)
-
-#: draws per program of ``_complete``
-COMPLETE_BLOCK = 64
+from gper.ops.triton_ops import LAUNCH, _advance_rng, _draw, _level_offsets
 
 
 @triton.jit
@@ -135,31 +135,53 @@ def _stream_add(
 
 
 @triton.jit
-def _complete(
+def _sample_transitions(
+    tree,
+    mintree,
+    level_off,
     rows,
-    idx,
+    gen,
+    counters,
+    beta_ptr,
     gamma_ptr,
     out_rows,
     out_next,
+    out_idx,
+    out_gen,
+    out_w,
     out_disc,
+    seed,
     B,
     T,
+    DEPTH: tl.constexpr,
+    K: tl.constexpr,
+    NB: tl.constexpr,
+    MODE: tl.constexpr,
     W: tl.constexpr,
     WP: tl.constexpr,
     RC: tl.constexpr,
     FC: tl.constexpr,
     N: tl.constexpr,
     BLOCK: tl.constexpr,
+    LOG2K: tl.constexpr,
 ):
     s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = s < B
-    a = tl.load(idx + s, mask=m, other=0)
-    pos = a % T
-    base = a - pos
+    node, w, rng = _draw(tree, mintree, level_off, counters, beta_ptr, seed, B, s, m, DEPTH, K, NB, MODE, BLOCK, LOG2K)
+    tl.store(out_idx + s, node, mask=m)
+    tl.store(out_w + s, w, mask=m)
+    tl.store(out_gen + s, tl.load(gen + node, mask=m, other=0), mask=m)
+    cols = tl.arange(0, WP)
+    cm = m[:, None] & (cols[None, :] < W)
+    vals = tl.load(rows + node[:, None] * W + cols[None, :], mask=cm, other=0)
+    # the n-step transition (see the reference's complete_transitions): the start row's reward and
+    # flags words, then the rows after it while its episode goes on
+    pos = node % T
+    base = node - pos
     g = tl.load(gamma_ptr)
     g = tl.where(g == g, tl.minimum(tl.maximum(g, 0.0), 1.0), 1.0)  # clamped, NaN read as 1
-    ret = tl.load(out_rows + s * W + RC, mask=m, other=0).to(tl.float32, bitcast=True)
-    flags = tl.load(out_rows + s * W + FC, mask=m, other=0)
+    ret = tl.sum(tl.where(cols[None, :] == RC, vals, 0), axis=1).to(tl.float32, bitcast=True)
+    flags = tl.sum(tl.where(cols[None, :] == FC, vals, 0), axis=1)
     power = g + tl.zeros([BLOCK], tl.float32)
     alive = (flags & 0x101) == 0
     steps = tl.full([BLOCK], 1, tl.int64)
@@ -172,14 +194,14 @@ def _complete(
         flags = tl.where(alive, f, flags)
         steps += alive.to(tl.int64)
         alive = alive & ((f & 0x101) == 0)
+    vals = tl.where(cols[None, :] == RC, ret.to(tl.int32, bitcast=True)[:, None], vals)
+    vals = tl.where(cols[None, :] == FC, (flags & 0x101)[:, None], vals)
+    tl.store(out_rows + s[:, None] * W + cols[None, :], vals, mask=cm)
     nslot = base + (pos + steps) % T
-    cols = tl.arange(0, WP)
-    cm = m[:, None] & (cols[None, :] < W)
-    vals = tl.load(rows + nslot[:, None] * W + cols[None, :], mask=cm, other=0)
-    tl.store(out_next + s[:, None] * W + cols[None, :], vals, mask=cm)
-    tl.store(out_rows + s * W + RC, ret.to(tl.int32, bitcast=True), mask=m)
-    tl.store(out_rows + s * W + FC, flags & 0x101, mask=m)
+    nvals = tl.load(rows + nslot[:, None] * W + cols[None, :], mask=cm, other=0)
+    tl.store(out_next + s[:, None] * W + cols[None, :], nvals, mask=cm)
     tl.store(out_disc + s, tl.where((flags & 0x1) != 0, 0.0, power), mask=m)
+    _advance_rng(counters, rng, B, NB)
 
 
 def stream_add(
@@ -233,35 +255,59 @@ def stream_add(
     )
 
 
-def complete_transitions(
+def sample_transitions(
     *,
+    tree: torch.Tensor,
+    mintree: torch.Tensor,
+    layout: TreeLayout,
     rows: torch.Tensor,
-    rows_per_env: int,
-    n_step: int,
+    gen: torch.Tensor,
+    counters: torch.Tensor,
+    seed: int,
+    mode: int,
+    beta: torch.Tensor,
     gamma: torch.Tensor,
+    n_step: int,
+    rows_per_env: int,
     reward_col: int,
     flags_col: int,
-    idx: torch.Tensor,
     out_rows: torch.Tensor,
     out_next: torch.Tensor,
+    out_idx: torch.Tensor,
+    out_gen: torch.Tensor,
+    out_w: torch.Tensor,
     out_discount: torch.Tensor,
 ) -> None:
     b, w = out_rows.shape
-    _complete[(triton.cdiv(b, COMPLETE_BLOCK),)](
+    _sample_transitions[(triton.cdiv(b, LAUNCH.sample_block),)](
+        tree,
+        mintree,
+        _level_offsets(layout, tree.device),
         rows,
-        idx,
+        gen,
+        counters,
+        beta,
         gamma,
         out_rows,
         out_next,
+        out_idx,
+        out_gen,
+        out_w,
         out_discount,
+        seed,
         b,
         rows_per_env,
+        DEPTH=layout.depth,
+        K=layout.arity,
+        NB=rng_blocks(layout.depth),
+        MODE=mode,
         W=w,
         WP=triton.next_power_of_2(w),
         RC=reward_col,
         FC=flags_col,
         N=n_step,
-        BLOCK=COMPLETE_BLOCK,
-        num_warps=4,
+        BLOCK=LAUNCH.sample_block,
+        LOG2K=layout.log2_arity,
+        num_warps=LAUNCH.sample_warps,
         enable_fp_fusion=False,
     )
