@@ -23,6 +23,10 @@ n-step returns are summed in numpy float32 in the order the document gives (``r_
 ``+ g r_1``, ...), with ``g^i`` made by repeated float32 multiplication and no fused multiply-add,
 so an implementation that follows it agrees bit for bit.
 
+Two cases the document leaves open are refused here (an assertion), and the stream generator never
+makes them: a reset step that is itself flagged ended, and an unflagged reset right after an end
+row (there is no step before it to mark truncated).
+
 Never edit this file to make a test pass: a disagreement is a bug in gper or in the test.
 """
 
