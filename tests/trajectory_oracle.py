@@ -260,15 +260,28 @@ class TrajectoryOracle:
         names = list(self.spec) + ["next_" + key for key in self.obs_keys] + ["terminated", "truncated"]
         out: dict[str, list] = {name: [] for name in names}
         out["mask"] = []
+        masks = []
         for p in range(burn_in + length):
             r = k - burn_in + p
             if p < burn_in:
-                mask = r >= max(0, oldest) and rows[r].episode == episode and rows[r].kind == STEP
+                masks.append(r >= max(0, oldest) and rows[r].episode == episode and rows[r].kind == STEP)
             else:
-                mask = p - burn_in < j
+                masks.append(p - burn_in < j)
+        # obs and next_obs are views of one gathered array (next_obs of step p is obs of step
+        # p + 1): a masked-out step's observation shows when it is the next one of a masked step
+        for p, mask in enumerate(masks):
+            r = k - burn_in + p
             out["mask"].append(np.array(mask))
             for name in names:
-                out[name].append(self._value(rows, r, name) if mask else self._zero(name))
+                if mask:
+                    kept = True
+                elif name in self.obs_keys:
+                    kept = p >= 1 and masks[p - 1]
+                elif name.startswith("next_") and name[5:] in self.obs_keys:
+                    kept = p + 1 < len(masks) and masks[p + 1]
+                else:
+                    kept = False
+                out[name].append(self._value(rows, r, name) if kept else self._zero(name))
         return out
 
     def _value(self, rows: list[Row], r: int, name: str) -> np.ndarray:

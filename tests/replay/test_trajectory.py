@@ -9,6 +9,7 @@ import torch
 
 import gper
 from gper.ops.trajectory_reference import expected_drawable
+from gper.replay import RowLayout
 
 SPEC = {"obs": ((3,), torch.float32), "action": ((), torch.int64), "reward": ((), torch.float32)}
 USER_SPEC = {"obs": ((51,), torch.float32), "action": ((), torch.int64), "reward": ((), torch.float32)}
@@ -50,13 +51,8 @@ def _drawable_is_expected(rb: gper.TrajectoryReplayBuffer) -> bool:
 def test_the_rows_of_the_reference_spec_are_224_bytes():
     rb = gper.TrajectoryReplayBuffer(256 * 4, 256, USER_SPEC, window=2, device="cpu", backend="torch")
     assert rb.layout.row.row_bytes == 224
-    flat = gper.PrioritizedReplayBuffer(
-        8,
-        USER_SPEC | {"next_obs": ((51,), torch.float32), "done": ((), torch.float32)},
-        device="cpu",
-        backend="torch",
-    )
-    assert flat._row_layout.row_bytes == 432
+    flat = RowLayout.build(USER_SPEC | {"next_obs": ((51,), torch.float32), "done": ((), torch.float32)})
+    assert flat.row_bytes == 432
 
 
 @pytest.mark.parametrize("sampling", ["proportional", "rank", "uniform", "stratified"])

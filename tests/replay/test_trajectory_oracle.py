@@ -178,15 +178,17 @@ def test_an_observation_key_alone_tells_a_reset(backend):
 
 
 def test_masked_out_steps_are_zero():
-    """Where a sequence's mask is false every field is zero, ``obs`` and ``next_obs`` included:
-    the step after an episode's end (its end row) and the burn-in steps of an earlier episode."""
+    """Where a sequence's mask is false every field is zero, except the observations that are also
+    a masked step's (``obs`` after the last step: its final observation; ``next_obs`` before the
+    first: the start's or a burn-in step's), which ``obs`` and ``next_obs`` share as views."""
     random_run("torch", 3, 10, 4, 40, 1, 24, seed=31, zeros=True)
 
 
 def test_a_hand_made_sequence_is_zero_where_masked(backend):
     """Row 0 terminates (final observation 2), a same-step autoreset follows: row 1 is the end
     row holding 2, row 2 the step from 5. The sequence of row 0 with burn-in 1: mask
-    [False, True, False]; obs [0, 1, 0], next_obs [0, 2, 0]."""
+    [False, True, False]; obs [0, 1, 2], next_obs [1, 2, 0] (one array: the final observation 2
+    shows as the masked step's obs, the start's 1 as the masked burn-in step's next_obs)."""
     rb = gper.TrajectoryReplayBuffer(
         8, 1, {"obs": ((1,), torch.float32), "reward": ((), torch.float32)}, window=2, device="cpu", backend=backend
     )
@@ -198,8 +200,8 @@ def test_a_hand_made_sequence_is_zero_where_masked(backend):
     assert s.indices.tolist() == [0, 0]
     assert s["mask"][0].tolist() == [False, True, False]
     assert s["reward"][0].tolist() == [0.0, 1.0, 0.0] and s["terminated"][0].tolist() == [False, True, False]
-    assert s["obs"][0].flatten().tolist() == [0.0, 1.0, 0.0], "obs of a masked-out step"
-    assert s["next_obs"][0].flatten().tolist() == [0.0, 2.0, 0.0], "next_obs of a masked-out step"
+    assert s["obs"][0].flatten().tolist() == [0.0, 1.0, 2.0], "obs of a masked-out step"
+    assert s["next_obs"][0].flatten().tolist() == [1.0, 2.0, 0.0], "next_obs of a masked-out step"
 
 
 def test_a_hand_made_episode_end_next_step_autoreset(backend):

@@ -477,7 +477,7 @@ class TrajectoryReplayBuffer:
         counted by the update): a raw update must not give mass to a start that is not drawable."""
         leaf = self.tree.leaves()[indices.clamp(0, self.capacity - 1)]
         ok = (indices >= 0) & (indices < self.capacity) & (leaf > 0)
-        if self.strict or self.device.type == "cpu":
+        if self.strict:  # one host sync, as strict index checks cost
             bad = (~ok).nonzero()
             if bad.numel():
                 i = int(bad[0, 0])
