@@ -169,3 +169,18 @@ def backend_module(name: str) -> ModuleType:
 
         return triton_ops
     raise ValueError(f"backend must be one of {BACKENDS[1:]}, got {name!r}")
+
+
+def trajectory_module(name: str) -> ModuleType:
+    """The trajectory buffer's kernels of back end ``name`` ("triton" or "torch"): the functions
+    of :mod:`gper.ops.trajectory_reference` (``stream_add``, ``complete_transitions``,
+    ``gather_sequences``), with the same signatures."""
+    if name == "torch":
+        from gper.ops import trajectory_reference
+
+        return trajectory_reference
+    if name == "triton":
+        from gper.ops import trajectory_triton
+
+        return trajectory_triton
+    raise ValueError(f"backend must be one of {BACKENDS[1:]}, got {name!r}")

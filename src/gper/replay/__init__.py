@@ -6,7 +6,10 @@
   IS-weight normalisation;
 * :class:`SampledBatch` (``batch.py``): what ``sample`` returns;
 * :class:`PrioritizedReplayBuffer` (``buffer.py``): the façade over them, with its own CUDA
-  graphs (``graphs.py``).
+  graphs (``graphs.py``);
+* :class:`TrajectoryReplayBuffer` (``trajectory.py``): env streams in time order on the same
+  tree and policies, each observation stored once (rows: ``streams.py``; what it samples:
+  ``trajectory_batch.py``; its checkpoint checks: ``trajectory_checkpoint.py``).
 
 Imports only :mod:`gper.ops` (the kernels) below it; nothing here knows of environments,
 trainers or benchmarks.
@@ -17,6 +20,8 @@ from gper.replay.buffer import PrioritizedReplayBuffer
 from gper.replay.checks import GperWarning
 from gper.replay.sampling import SamplingPolicy
 from gper.replay.storage import RowLayout, RowStorage
+from gper.replay.trajectory import TrajectoryReplayBuffer
+from gper.replay.trajectory_batch import SequenceBatch, TransitionBatch
 from gper.replay.tree import PriorityTree
 
 __all__ = [
@@ -27,4 +32,7 @@ __all__ = [
     "RowStorage",
     "SampledBatch",
     "SamplingPolicy",
+    "SequenceBatch",
+    "TrajectoryReplayBuffer",
+    "TransitionBatch",
 ]

@@ -107,12 +107,24 @@ def _real_cells(layout: TreeLayout, device: torch.device) -> torch.Tensor:
 
 
 def check_contents(
-    state: Mapping[str, torch.Tensor], layout: TreeLayout, host_size: int, device: torch.device
+    state: Mapping[str, torch.Tensor],
+    layout: TreeLayout,
+    host_size: int,
+    device: torch.device,
+    carries: torch.Tensor | None = None,
+    written: torch.Tensor | None = None,
+    extra: Mapping[str, torch.Tensor] | None = None,
 ) -> tuple[int, int]:
     """Check what the tree's tensors of ``state`` hold; return (filled slots, dropped update entries).
 
     Works on copies on ``device`` (the tree, not the rows: they hold whatever was added) and
     reads the outcome of every check in one host sync.
+
+    Args:
+        carries, written: [capacity] bool, for a buffer whose slots do not fill in order (the
+            trajectory buffer's): the slots that must have a priority (and no others), and the
+            slots ever written (generation >= 1; the others 0). Default: the first ``size`` slots, both.
+        extra: more named checks (0-d bool device tensors, True = failed), read in the same sync.
 
     Raises:
         ValueError: naming every check that failed.
@@ -122,7 +134,8 @@ def check_contents(
     counters, scalars = t["counters"], t["scalars"]
     size, cursor = counters[C_SIZE], counters[C_CURSOR]
     slot = torch.arange(cap, device=device)
-    filled = slot < size
+    filled = slot < size if carries is None else carries.to(device)
+    written = filled if written is None else written.to(device)
     lo = layout.leaf_offset
     leaves, minleaves = t["tree"][lo : lo + cap], t["mintree"][lo : lo + cap]
     maxp = scalars[S_MAXP]
@@ -143,8 +156,8 @@ def check_contents(
         "a priority exceeds the max priority": (torch.where(filled, leaves, 0.0) > maxp).any(),
         "the min tree's leaves differ from the sum tree's": (filled & (minleaves != leaves)).any()
         | (~filled & (minleaves != float("inf"))).any(),
-        "a filled slot has generation < 1, or a slot never filled one != 0": (filled & (t["gen"] < 1)).any()
-        | (~filled & (t["gen"] != 0)).any(),
+        "a filled slot has generation < 1, or a slot never filled one != 0": (written & (t["gen"] < 1)).any()
+        | (~written & (t["gen"] != 0)).any(),
     }
     real = _real_cells(layout, device)
     body = slice(0, layout.numel)  # the last cell is the trash cell, which holds anything
@@ -167,7 +180,8 @@ def check_contents(
     if "key" in state:  # rank mode's sort keys
         keys = state["key"].detach().to(device)[:cap]
         checks["a rank key is negative, NaN or infinite"] = ~((keys >= 0) & (keys < float("inf"))).all()
-        checks["a slot never filled has a rank key"] = (~filled & (keys != 0)).any()
+        checks["a slot never filled has a rank key"] = (~written & (keys != 0)).any()
+    checks |= dict(extra or {})
     names = list(checks)
     failed = torch.stack([checks[n].long() for n in names] + [size, counters[C_INVALID]]).tolist()
     bad = [n for n, f in zip(names, failed[:-2], strict=True) if f]

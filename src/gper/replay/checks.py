@@ -80,16 +80,16 @@ def check_batch_size(batch_size: object) -> int:
     return batch_size
 
 
-def check_beta_tensor(beta: torch.Tensor, device: torch.device) -> None:
+def check_beta_tensor(beta: torch.Tensor, device: torch.device, name: str = "beta") -> None:
     """A 0-d float tensor on ``device``; on the CPU (where reading it is free) also in [0, 1]. On
     a GPU the kernels clamp it to [0, 1] instead: checking it there would cost a host sync."""
     if beta.dim() != 0 or not beta.dtype.is_floating_point or beta.device != device:
         raise ValueError(
-            f"beta tensor must be a 0-d float tensor on {device}, got shape {tuple(beta.shape)} "
+            f"{name} tensor must be a 0-d float tensor on {device}, got shape {tuple(beta.shape)} "
             f"{beta.dtype} on {beta.device}"
         )
     if device.type == "cpu" and not 0.0 <= float(beta) <= 1.0:
-        raise ValueError(f"beta must be in [0, 1], got a tensor holding {float(beta)}")
+        raise ValueError(f"{name} must be in [0, 1], got a tensor holding {float(beta)}")
 
 
 def check_indices(indices: object, device: torch.device, size: int, strict: bool, what: str) -> torch.Tensor:

@@ -39,21 +39,23 @@ _KERNEL_MODES = {
 
 
 class BetaInput:
-    """The IS exponent a sample reads, as a 0-d float32 device tensor.
+    """The IS exponent a sample reads (or another exponent in [0, 1]: the trajectory buffer's
+    gamma, named ``name`` in errors), as a 0-d float32 device tensor.
 
     A float32 tensor of the caller's is read where it is (no copy kernel) unless the call
     replays the buffer's own graph, whose kernel reads the buffer's scalar; floats are written
     into the scalar only when they change."""
 
-    def __init__(self, scalar: torch.Tensor) -> None:
+    def __init__(self, scalar: torch.Tensor, name: str = "beta") -> None:
         self.scalar = scalar
+        self.name = name
         self._written: float | None = None
 
     def tensor(self, beta: float | torch.Tensor, graphed: bool, checked: bool = False) -> torch.Tensor:
         """The tensor for ``beta`` (a float in [0, 1] or a 0-d float device tensor); ``checked``:
         a float already known to be valid (the buffer's default)."""
         if isinstance(beta, torch.Tensor):
-            check_beta_tensor(beta, self.scalar.device)
+            check_beta_tensor(beta, self.scalar.device, self.name)
             if beta.requires_grad:  # nor may a beta that requires grad pull the buffer into autograd
                 beta = beta.detach()
             if beta.dtype == torch.float32 and not graphed:
@@ -63,7 +65,7 @@ class BetaInput:
             self.scalar.copy_(beta.clamp(0.0, 1.0).nan_to_num(1.0))
             self._written = None
             return self.scalar
-        value = beta if checked else check_unit("beta", beta)
+        value = beta if checked else check_unit(self.name, beta)
         if value != self._written:
             self.scalar.fill_(value)
             self._written = value

@@ -1,0 +1,290 @@
+"""Vectorized PyTorch kernels of the trajectory buffer: the reference and the CPU back end.
+
+Each function here that has a Triton twin (:mod:`gper.ops.trajectory_triton`) has the same
+signature and semantics; tests check one against the other, and this one against a plain-Python
+oracle. Nothing here reads a device value on the host, so on CUDA nothing synchronises.
+
+The storage is ``num_envs`` streams of ``T`` rows (slot ``e * T + k % T`` holds row ``k`` of
+stream ``e``); each row is packed int32 words with one *flags* word at column ``flags_col``:
+byte 0 terminated, byte 1 truncated, byte 2 the kind (1 = an end row: its observation is the
+final one of the episode before it). ``docs/trajectory.md`` has the rules these functions follow.
+
+Tensors shared with the flat buffer's kernels (:mod:`gper.ops.reference`): ``tree``,
+``mintree`` (one trash cell at the end), ``gen``, ``scalars``. Trajectory state:
+
+* ``streams``: [E, 2] int64: rows ever written to each stream, and the first row of the episode
+  in progress (``S_COUNT``, ``S_EP_START``);
+* ``pending``: [E, W] int32: the ``next_obs`` of each stream's last step, packed as a row;
+* ``tcounters``: int64 counters (``T_DISCONTINUITIES``, ``T_STEPS``);
+* ``keys``: rank mode's sort keys ([capacity + 1], the last entry takes writes landing nowhere), or None.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gper.ops.layout import TreeLayout
+from gper.ops.state import S_MAXP
+
+# columns of ``streams``
+S_COUNT = 0  #: rows ever written to the stream
+S_EP_START = 1  #: the first row of the episode in progress
+# slots of ``tcounters``
+T_DISCONTINUITIES = 0  #: steps whose obs differed from the previous step's next_obs without an episode end
+T_STEPS = 1  #: add calls
+N_TCOUNTERS = 2
+
+#: bits of the flags word
+TERMINATED = 0x1
+TRUNCATED = 0x100
+ENDED = TERMINATED | TRUNCATED  # the step ended its episode (any bit of bytes 0 and 1)
+END_ROW = 0x10000  # byte 2: an end row
+
+
+def rep_count(window: int, arity: int) -> int:
+    """Leaves per stream that :func:`stream_add` reports for the tree repair: enough that every
+    tree node above a changed leaf lies above one of them (one every ``arity`` rows of the touched
+    range, its last row, and both sides of the ring's wrap)."""
+    return (window + 1) // arity + 4
+
+
+def _rows_slots(base: torch.Tensor, k: torch.Tensor, t: int) -> torch.Tensor:
+    return base + torch.remainder(k, t)
+
+
+def stream_add(
+    *,
+    tree: torch.Tensor,
+    mintree: torch.Tensor,
+    layout: TreeLayout,
+    gen: torch.Tensor,
+    keys: torch.Tensor | None,
+    scalars: torch.Tensor,
+    rows: torch.Tensor,
+    staged: torch.Tensor,
+    streams: torch.Tensor,
+    pending: torch.Tensor,
+    tcounters: torch.Tensor,
+    obs_cols: torch.Tensor,
+    flags_col: int,
+    rows_per_env: int,
+    window: int,
+    value: float | None,
+    reps: torch.Tensor,
+) -> None:
+    """Append one step of every stream: its rows, their generations, the starts it makes drawable.
+
+    Args:
+        rows: [E * T, W] int32 storage.
+        staged: [E, 2W] int32: each stream's step packed as a row (flags word: terminated and
+            truncated bytes), then its ``next_obs`` packed as a row (obs columns only).
+        obs_cols: [W] bool: the columns that hold observation fields.
+        flags_col: the flags word's column.
+        rows_per_env: T.
+        window: rows after a start that must be written before it is drawable (unless its episode ended).
+        value: tree value of a start that becomes drawable: None for the max priority.
+        reps: [E, rep_count] int64 out: leaves whose ancestors :func:`~gper.ops.reference.recompute`
+            must repair afterwards (the caller runs it).
+    """
+    t, (e_n, w) = rows_per_env, pending.shape
+    device = rows.device
+    base = torch.arange(e_n, device=device, dtype=torch.int64) * t
+    k, ep = streams[:, 0].clone(), streams[:, 1].clone()  # copies: streams is written below
+    step, nxt = staged[:, :w], staged[:, w:]
+    has_prev = k > 0
+    prev_slot = _rows_slots(base, (k - 1).clamp_min(0), t)
+    prev_flags = rows[prev_slot, flags_col]
+    prev_ended = has_prev & ((prev_flags & ENDED) != 0)
+    prev_end_row = has_prev & ((prev_flags & END_ROW) != 0)
+    same = ~has_prev | ((step == pending) | ~obs_cols).all(dim=1)
+    reset_step = prev_ended & same  # next-step autoreset: this step is the reset step
+    insert = has_prev & ~same  # an end row holding the pending next_obs comes first
+    jump = insert & ~prev_ended  # an unflagged reset: the step before becomes truncated
+    # the step before a jump is marked truncated (unless it is an end row itself); written back
+    # unchanged elsewhere, before this add's rows (row 0's slot may be among both)
+    fixed = torch.where(jump & ~prev_end_row, prev_flags | TRUNCATED, prev_flags)
+    rows[prev_slot, flags_col] = fixed
+    end_flags = torch.full_like(prev_flags, END_ROW)
+    obs_only = obs_cols[None, :]
+    end_row = torch.where(obs_only, torch.where(insert[:, None], pending, step), 0)
+    end_row[:, flags_col] = end_flags
+    ends = reset_step | insert  # an end row is written first
+    first = torch.where(ends[:, None], end_row, step)
+    s1 = _rows_slots(base, k, t)
+    s2 = torch.where(insert, _rows_slots(base, k + 1, t), s1)
+    second = torch.where(insert[:, None], step, first)
+    slots = torch.cat((s1, s2))
+    rows.index_copy_(0, slots, torch.cat((first, second)))
+    gen.index_add_(0, slots, torch.cat((torch.ones_like(s1), insert.long())).to(gen.dtype))
+    lo = layout.leaf_offset
+    tree[lo + slots] = 0.0
+    mintree[lo + slots] = float("inf")
+    # starts made drawable: after an end row, every pending one of its episode; after a step, the
+    # one `window` rows back (if it lies in the episode in progress)
+    j = torch.arange(window + 1, device=device, dtype=torch.int64)
+    first_new = torch.where(ends, torch.maximum(k - window, ep), k - window)
+    last_new = torch.where(ends, k - 1, torch.where(k - window >= ep, k - window, k - window - 1))
+    cand = first_new[:, None] + j[None, :]
+    live = cand <= last_new[:, None]
+    cslot = _rows_slots(base[:, None], cand, t)
+    trash = tree.numel() - 1
+    target = torch.where(live, lo + cslot, trash).reshape(-1)
+    if value is None:
+        tree[target] = scalars[S_MAXP].expand(target.shape)
+        mintree[target] = scalars[S_MAXP].expand(target.shape)
+    else:
+        tree.index_fill_(0, target, value)
+        mintree.index_fill_(0, target, value)
+    if keys is not None:  # rank mode: a new start's key is the max priority (it enters at rank 1)
+        keys[torch.where(live, cslot, keys.numel() - 1).reshape(-1)] = scalars[S_MAXP].expand(target.shape)
+    n_rows = 1 + insert.long()
+    streams[:, 0] = k + n_rows
+    streams[:, 1] = torch.where(ends, k + 1, ep)
+    pending.copy_(nxt)
+    tcounters[T_DISCONTINUITIES] += jump.sum()
+    tcounters[T_STEPS] += 1
+    reps.copy_(_reps(base, (k - window).clamp_min(0), k + n_rows - 1, t, layout.arity, reps.shape[1]))
+
+
+def _reps(base: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, t: int, arity: int, n: int) -> torch.Tensor:
+    """[E, n] leaves covering rows ``lo .. hi`` of each stream for the tree repair (see :func:`rep_count`)."""
+    j = torch.arange(n - 3, device=lo.device, dtype=torch.int64)
+    steps = torch.minimum(lo[:, None] + j[None, :] * arity, hi[:, None])
+    wrap_end = torch.div(hi + 1, t, rounding_mode="floor") * t - 1  # the last row before the ring's wrap
+    wrapped = wrap_end >= lo
+    w_end = torch.where(wrapped, wrap_end, hi)
+    w_start = torch.where(wrapped & (wrap_end + 1 <= hi), wrap_end + 1, hi)
+    q = torch.cat((steps, hi[:, None], w_end[:, None], w_start[:, None]), dim=1)
+    return _rows_slots(base[:, None], q, t)
+
+
+def complete_transitions(
+    *,
+    rows: torch.Tensor,
+    rows_per_env: int,
+    n_step: int,
+    gamma: torch.Tensor,
+    reward_col: int,
+    flags_col: int,
+    idx: torch.Tensor,
+    out_rows: torch.Tensor,
+    out_next: torch.Tensor,
+    out_discount: torch.Tensor,
+) -> None:
+    """Turn drawn start rows into n-step transitions, in place.
+
+    For the start at slot ``idx[s]`` (its row already gathered into ``out_rows[s]``), with ``m`` the
+    steps up to ``n_step`` before its episode's end: ``out_rows[s]``'s reward becomes the return
+    ``r_0 + g r_1 + ... + g^(m-1) r_(m-1)`` (float32, in that order, ``g^i`` by repeated
+    multiplication) and its flags the terminated / truncated of those m steps; ``out_next[s]`` gets
+    the row ``m`` steps on (its observation is the next one); ``out_discount[s]`` is ``g^m``, or 0
+    where the episode terminated.
+
+    Args:
+        rows: [E * T, W] int32 storage.
+        gamma: 0-d float32 device tensor (clamped to [0, 1], NaN read as 1).
+        reward_col: the reward's column (a float32 field).
+        idx: [B] int64 drawn start slots.
+        out_rows: [B, W] int32 the drawn start rows (patched in place).
+        out_next: [B, W] int32 out.
+        out_discount: [B] float32 out.
+    """
+    t = rows_per_env
+    g = torch.where(torch.isnan(gamma), 1.0, gamma.clamp(0.0, 1.0)).float()
+    base = idx - torch.remainder(idx, t)
+    pos = idx - base
+    ret = out_rows[:, reward_col].view(torch.float32).clone()
+    flags = out_rows[:, flags_col]
+    power = g.expand(idx.shape).clone()
+    alive = (flags & ENDED) == 0
+    m = torch.ones_like(idx)
+    for i in range(1, n_step):
+        slot = base + torch.remainder(pos + i, t)
+        r = rows[slot, reward_col].view(torch.float32)
+        f = rows[slot, flags_col]
+        ret = torch.where(alive, ret + power * r, ret)
+        power = torch.where(alive, power * g, power)
+        flags = torch.where(alive, f, flags)
+        m = m + alive.long()
+        alive = alive & ((f & ENDED) == 0)
+    out_next.copy_(rows[base + torch.remainder(pos + m, t)])
+    out_rows[:, reward_col] = ret.view(torch.int32)
+    out_rows[:, flags_col] = flags & ENDED
+    out_discount.copy_(torch.where((flags & TERMINATED) != 0, 0.0, power))
+
+
+def gather_sequences(
+    *,
+    rows: torch.Tensor,
+    streams: torch.Tensor,
+    rows_per_env: int,
+    length: int,
+    burn_in: int,
+    obs_cols: torch.Tensor,
+    flags_col: int,
+    idx: torch.Tensor,
+    out_rows: torch.Tensor,
+    out_mask: torch.Tensor,
+) -> None:
+    """Gather the rows ``k - burn_in .. k + length`` of each drawn start ``k``, masked and zeroed.
+
+    The same function serves both back ends (sequences have no Triton kernel of their own).
+
+    Args:
+        streams: [E, 2] int64 stream counts.
+        idx: [B] int64 drawn start slots.
+        out_rows: [B, burn_in + length + 1, W] int32 out: row ``k + i - burn_in`` at position ``i``;
+            position ``i`` serves as the observation of step ``i`` and the next observation of step ``i - 1``.
+        out_mask: [B, burn_in + length] bool out: step ``i`` is a step of the start's episode.
+    """
+    t = rows_per_env
+    base = idx - torch.remainder(idx, t)
+    pos = idx - base
+    count = streams[torch.div(idx, t, rounding_mode="floor"), 0]
+    start = count - 1 - torch.remainder(count - 1 - pos, t)  # the start's row number
+    off = torch.arange(-burn_in, length + 1, device=idx.device, dtype=torch.int64)
+    q = start[:, None] + off[None, :]
+    stored = (q >= 0) & (q >= (count - t)[:, None]) & (q < count[:, None])
+    g = rows[base[:, None] + torch.remainder(q, t)]  # [B, S + 1, W]
+    f = g[..., flags_col]
+    ended, end_row = (f & ENDED) != 0, (f & END_ROW) != 0
+    # after the start: step i is the episode's while no step before it ended
+    fwd = torch.ones(idx.shape[0], length, dtype=torch.bool, device=idx.device)
+    if length > 1:
+        fwd[:, 1:] = torch.cumprod(~ended[:, burn_in : burn_in + length - 1], dim=1).bool()
+    # before it: row k - j is the episode's while it and every row after it are stored steps
+    back = stored[:, :burn_in] & ~end_row[:, :burn_in]
+    back = torch.flip(torch.cumprod(torch.flip(back, (1,)), dim=1), (1,)).bool()
+    mask = torch.cat((back, fwd), dim=1)
+    keep = torch.cat((mask, torch.zeros_like(mask[:, :1])), dim=1)
+    after = torch.cat((torch.zeros_like(mask[:, :1]), mask), dim=1)  # the next observation of a step
+    g = torch.where(keep[..., None] | (after[..., None] & obs_cols), g, 0)
+    out_rows.copy_(g)
+    out_mask.copy_(mask)
+
+
+def expected_drawable(*, flags: torch.Tensor, streams: torch.Tensor, rows_per_env: int, window: int) -> torch.Tensor:
+    """[E * T] bool: the slots that must be drawable starts, recomputed from the rows' flags words
+    (``flags`` [E * T] int32) and the stream counts: what :func:`stream_add` maintains step by
+    step, for a checkpoint's check and for tests."""
+    t = rows_per_env
+    e_n = streams.shape[0]
+    count = streams[:, 0]
+    held = count.clamp(max=t)
+    i = torch.arange(t, device=flags.device, dtype=torch.int64)
+    q = (count - held)[:, None] + i[None, :]  # row numbers in time order, the oldest first
+    present = i[None, :] < held[:, None]
+    base = torch.arange(e_n, device=flags.device, dtype=torch.int64)[:, None] * t
+    slot = base + torch.remainder(q, t)
+    f = flags[slot]
+    end_row = present & ((f & END_ROW) != 0)
+    big = torch.full_like(q, 2**62)
+    next_end = torch.where(end_row, q, big)
+    # the first end row at or after each position: a reverse running minimum
+    next_end = torch.flip(torch.cummin(torch.flip(next_end, (1,)), dim=1).values, (1,))
+    after = torch.cat((next_end[:, 1:], big[:, :1]), dim=1)  # the first end row after each row
+    complete = (q + window <= (count - 1)[:, None]) | (after - q <= window)
+    ok = present & ~end_row & complete
+    out = torch.zeros(e_n * t, dtype=torch.bool, device=flags.device)
+    out[slot.reshape(-1)] = ok.reshape(-1)
+    return out

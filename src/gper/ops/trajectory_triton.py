@@ -1,0 +1,267 @@
+"""Triton kernels of the trajectory buffer, with the signatures and semantics of
+:mod:`gper.ops.trajectory_reference` (documented there).
+
+* ``_stream_add``: one program per stream: the four cases of ``add`` (the episode goes on, a
+  next-step reset step, a same-step reset, an unflagged reset), the rows, their generations and
+  leaves, the starts made drawable, the stream state, and the leaves the tree repair needs. Each
+  program touches only its own stream's slots, so programs never race; the repair of the inner
+  nodes is the flat buffer's level-by-level ``recompute``, launched after it.
+* ``_complete``: n-step transitions from drawn starts, after the flat buffer's sampling kernel has
+  drawn them and gathered their rows: the return over the steps up to the episode's end, the
+  flags, the discount, and the row m steps on. Compiled without floating-point contraction, so
+  its multiply-then-add rounds as the torch reference's does (bit-identical returns).
+
+Sequences have no kernel of their own: :func:`gather_sequences` is the torch reference's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gper._triton import tl, triton
+from gper.ops.layout import TreeLayout
+from gper.ops.trajectory_reference import gather_sequences  # noqa: F401 (the contract's third function)
+
+#: draws per program of ``_complete``
+COMPLETE_BLOCK = 64
+
+
+@triton.jit
+def _stream_add(
+    tree,
+    mintree,
+    gen,
+    keys,
+    scalars,
+    rows,
+    staged,
+    streams,
+    pending,
+    tcounters,
+    obs_cols,
+    reps,
+    leaf_off,
+    T,
+    value,
+    W: tl.constexpr,
+    WP: tl.constexpr,
+    FC: tl.constexpr,
+    WINDOW: tl.constexpr,
+    HP: tl.constexpr,
+    R: tl.constexpr,
+    RP: tl.constexpr,
+    K: tl.constexpr,
+    USE_MAX: tl.constexpr,
+    HAS_KEYS: tl.constexpr,
+):
+    e = tl.program_id(0).to(tl.int64)
+    base = e * T
+    k = tl.load(streams + 2 * e)
+    ep = tl.load(streams + 2 * e + 1)
+    cols = tl.arange(0, WP)
+    cm = cols < W
+    step = tl.load(staged + 2 * W * e + cols, mask=cm, other=0)
+    nxt = tl.load(staged + 2 * W * e + W + cols, mask=cm, other=0)
+    pend = tl.load(pending + W * e + cols, mask=cm, other=0)
+    ocol = tl.load(obs_cols + cols, mask=cm, other=0) != 0
+    has_prev = k > 0
+    prev_slot = base + tl.maximum(k - 1, 0) % T
+    prev_flags = tl.load(rows + prev_slot * W + FC)
+    prev_ended = has_prev & ((prev_flags & 0x101) != 0)  # terminated or truncated byte
+    prev_end_row = has_prev & ((prev_flags & 0x10000) != 0)
+    differ = tl.sum(((step != pend) & ocol).to(tl.int32), axis=0)
+    same = (k == 0) | (differ == 0)
+    reset_step = prev_ended & same
+    insert = has_prev & (differ != 0)
+    jump = insert & ~prev_ended
+    # the step before an unflagged reset becomes truncated (a no-op store elsewhere)
+    fixed = tl.where(jump & ~prev_end_row, prev_flags | 0x100, prev_flags)
+    tl.store(rows + prev_slot * W + FC, fixed)
+    ends = reset_step | insert
+    # the per-stream flags as [WP] masks (the interpreter rejects a vector mask and'ed with a scalar)
+    insert_v = (cols * 0 + insert.to(tl.int32)) != 0
+    ends_v = (cols * 0 + ends.to(tl.int32)) != 0
+    end_row = tl.where(ocol, tl.where(insert_v, pend, step), 0)
+    end_row = tl.where(cols == FC, 0x10000, end_row)
+    first = tl.where(ends_v, end_row, step)
+    s1 = base + k % T
+    s2 = base + (k + 1) % T
+    tl.store(rows + s1 * W + cols, first, mask=cm)
+    tl.store(rows + s2 * W + cols, step, mask=cm & insert_v)
+    tl.store(gen + s1, tl.load(gen + s1) + 1)
+    tl.store(gen + s2, tl.load(gen + s2) + 1, mask=insert)
+    tl.store(tree + leaf_off + s1, 0.0)
+    tl.store(mintree + leaf_off + s1, float("inf"))
+    tl.store(tree + leaf_off + s2, 0.0, mask=insert)
+    tl.store(mintree + leaf_off + s2, float("inf"), mask=insert)
+    # starts made drawable (see the reference): after an end row every pending one of its
+    # episode, after a step the one WINDOW rows back if it lies in the episode in progress
+    j = tl.arange(0, HP)
+    back = k - WINDOW
+    first_new = tl.where(ends, tl.maximum(back, ep), back)
+    last_new = tl.where(ends, k - 1, tl.where(back >= ep, back, back - 1))
+    cand = first_new + j
+    live = (j < WINDOW + 1) & (cand <= last_new)
+    cslot = base + tl.where(live, cand, 0) % T
+    maxp = tl.load(scalars + 0)  # S_MAXP
+    if USE_MAX:
+        v = maxp
+    else:
+        v = value
+    tl.store(tree + leaf_off + cslot, v + tl.zeros([HP], tl.float32), mask=live)
+    tl.store(mintree + leaf_off + cslot, v + tl.zeros([HP], tl.float32), mask=live)
+    if HAS_KEYS:
+        tl.store(keys + cslot, maxp + tl.zeros([HP], tl.float32), mask=live)
+    n_rows = 1 + insert.to(tl.int64)
+    tl.store(streams + 2 * e, k + n_rows)
+    tl.store(streams + 2 * e + 1, tl.where(ends, k + 1, ep))
+    tl.store(pending + W * e + cols, nxt, mask=cm)
+    tl.atomic_add(tcounters + 0, jump.to(tl.int64), mask=jump)  # T_DISCONTINUITIES
+    first_program = e == 0
+    tl.store(tcounters + 1, tl.load(tcounters + 1) + 1, mask=first_program)  # T_STEPS: only program 0 writes it
+    # leaves for the repair of rows lo .. hi: one every K rows, the last, and both sides of a wrap
+    lo = tl.maximum(back, 0)
+    hi = k + n_rows - 1
+    r = tl.arange(0, RP)
+    wrap_end = ((hi + 1) // T) * T - 1
+    wrapped = wrap_end >= lo
+    w_end = tl.where(wrapped, wrap_end, hi)
+    w_start = tl.where(wrapped & (wrap_end + 1 <= hi), wrap_end + 1, hi)
+    q = tl.minimum(lo + r.to(tl.int64) * K, hi)
+    q = tl.where(r == R - 3, hi, q)
+    q = tl.where(r == R - 2, w_end, q)
+    q = tl.where(r == R - 1, w_start, q)
+    tl.store(reps + R * e + r, base + q % T, mask=r < R)
+
+
+@triton.jit
+def _complete(
+    rows,
+    idx,
+    gamma_ptr,
+    out_rows,
+    out_next,
+    out_disc,
+    B,
+    T,
+    W: tl.constexpr,
+    WP: tl.constexpr,
+    RC: tl.constexpr,
+    FC: tl.constexpr,
+    N: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = s < B
+    a = tl.load(idx + s, mask=m, other=0)
+    pos = a % T
+    base = a - pos
+    g = tl.load(gamma_ptr)
+    g = tl.where(g == g, tl.minimum(tl.maximum(g, 0.0), 1.0), 1.0)  # clamped, NaN read as 1
+    ret = tl.load(out_rows + s * W + RC, mask=m, other=0).to(tl.float32, bitcast=True)
+    flags = tl.load(out_rows + s * W + FC, mask=m, other=0)
+    power = g + tl.zeros([BLOCK], tl.float32)
+    alive = (flags & 0x101) == 0
+    steps = tl.full([BLOCK], 1, tl.int64)
+    for i in tl.static_range(1, N):
+        slot = base + (pos + i) % T
+        r = tl.load(rows + slot * W + RC, mask=m, other=0).to(tl.float32, bitcast=True)
+        f = tl.load(rows + slot * W + FC, mask=m, other=0)
+        ret = tl.where(alive, ret + power * r, ret)
+        power = tl.where(alive, power * g, power)
+        flags = tl.where(alive, f, flags)
+        steps += alive.to(tl.int64)
+        alive = alive & ((f & 0x101) == 0)
+    nslot = base + (pos + steps) % T
+    cols = tl.arange(0, WP)
+    cm = m[:, None] & (cols[None, :] < W)
+    vals = tl.load(rows + nslot[:, None] * W + cols[None, :], mask=cm, other=0)
+    tl.store(out_next + s[:, None] * W + cols[None, :], vals, mask=cm)
+    tl.store(out_rows + s * W + RC, ret.to(tl.int32, bitcast=True), mask=m)
+    tl.store(out_rows + s * W + FC, flags & 0x101, mask=m)
+    tl.store(out_disc + s, tl.where((flags & 0x1) != 0, 0.0, power), mask=m)
+
+
+def stream_add(
+    *,
+    tree: torch.Tensor,
+    mintree: torch.Tensor,
+    layout: TreeLayout,
+    gen: torch.Tensor,
+    keys: torch.Tensor | None,
+    scalars: torch.Tensor,
+    rows: torch.Tensor,
+    staged: torch.Tensor,
+    streams: torch.Tensor,
+    pending: torch.Tensor,
+    tcounters: torch.Tensor,
+    obs_cols: torch.Tensor,
+    flags_col: int,
+    rows_per_env: int,
+    window: int,
+    value: float | None,
+    reps: torch.Tensor,
+) -> None:
+    e, w = pending.shape
+    _stream_add[(e,)](
+        tree,
+        mintree,
+        gen,
+        keys if keys is not None else tree,
+        scalars,
+        rows,
+        staged,
+        streams,
+        pending,
+        tcounters,
+        obs_cols.view(torch.int8),
+        reps,
+        layout.leaf_offset,
+        rows_per_env,
+        0.0 if value is None else float(value),
+        W=w,
+        WP=triton.next_power_of_2(w),
+        FC=flags_col,
+        WINDOW=window,
+        HP=triton.next_power_of_2(window + 1),
+        R=reps.shape[1],
+        RP=triton.next_power_of_2(reps.shape[1]),
+        K=layout.arity,
+        USE_MAX=value is None,
+        HAS_KEYS=keys is not None,
+        num_warps=1,
+    )
+
+
+def complete_transitions(
+    *,
+    rows: torch.Tensor,
+    rows_per_env: int,
+    n_step: int,
+    gamma: torch.Tensor,
+    reward_col: int,
+    flags_col: int,
+    idx: torch.Tensor,
+    out_rows: torch.Tensor,
+    out_next: torch.Tensor,
+    out_discount: torch.Tensor,
+) -> None:
+    b, w = out_rows.shape
+    _complete[(triton.cdiv(b, COMPLETE_BLOCK),)](
+        rows,
+        idx,
+        gamma,
+        out_rows,
+        out_next,
+        out_discount,
+        b,
+        rows_per_env,
+        W=w,
+        WP=triton.next_power_of_2(w),
+        RC=reward_col,
+        FC=flags_col,
+        N=n_step,
+        BLOCK=COMPLETE_BLOCK,
+        num_warps=4,
+        enable_fp_fusion=False,
+    )

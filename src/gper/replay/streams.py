@@ -1,0 +1,187 @@
+"""The rows of a trajectory buffer: what a stream's row holds, and how one step is packed into it.
+
+A row is a packed storage row of the spec's fields (as the flat buffer's, :class:`RowLayout`)
+plus an internal 4-byte *flags* word (terminated, truncated, kind: ``docs/trajectory.md``).
+:class:`StreamLayout` checks a spec and a step for ``add``, and packs a step into staged rows
+(the step, then its ``next_obs``) with one ``torch.cat``, which the add kernel reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+import torch
+
+from gper.replay.storage import Field, RowLayout
+
+#: the internal field that holds the flags word (never a spec name)
+FLAGS = "_flags"
+#: names a spec may not use: the trajectory buffer makes them
+RESERVED = ("terminated", "truncated", "discount", "mask", FLAGS)
+#: the flags a step carries, besides the spec's fields and its next observations
+STEP_FLAGS = ("terminated", "truncated")
+
+
+def next_name(key: str) -> str:
+    """The name of an observation field's next observation: ``obs`` -> ``next_obs``."""
+    return f"next_{key}"
+
+
+@dataclass(frozen=True)
+class StreamLayout:
+    """The stored row of a trajectory buffer and the names around it.
+
+    Attributes:
+        row: the packed row: the spec's fields and :data:`FLAGS`.
+        obs_keys: the observation fields (each stored once; ``add`` takes ``next_<key>`` too).
+        visible: the batch's fields in the row (the spec's, then ``terminated`` and ``truncated``,
+            which are bytes 0 and 1 of the flags word).
+    """
+
+    row: RowLayout
+    obs_keys: tuple[str, ...]
+    visible: RowLayout
+
+    @staticmethod
+    def build(spec: Mapping[str, tuple], obs_keys: object) -> StreamLayout:
+        """Check ``spec`` and ``obs_keys`` and lay the row out."""
+        if isinstance(obs_keys, str) or not isinstance(obs_keys, tuple | list) or not obs_keys:
+            raise TypeError(f"obs_keys must be a non-empty tuple of field names, got {obs_keys!r}")
+        obs_keys = tuple(obs_keys)
+        if not isinstance(spec, Mapping) or not spec:
+            raise ValueError("spec must be a non-empty mapping {name: (shape, dtype)}")
+        names = set(spec)
+        bad = sorted(n for n in names if n in RESERVED or any(n == next_name(k) for k in obs_keys))
+        if bad:
+            raise ValueError(f"spec may not name the fields {bad}: the trajectory buffer makes them")
+        missing = [k for k in obs_keys if k not in names]
+        if missing:
+            raise ValueError(f"obs_keys {missing} are not in the spec {sorted(names)}")
+        if len(set(obs_keys)) != len(obs_keys):
+            raise ValueError(f"obs_keys has duplicates: {obs_keys}")
+        if "reward" not in names:
+            raise ValueError("spec must have a 'reward' field (a float32 scalar): n-step returns sum it")
+        row = RowLayout.build(dict(spec) | {FLAGS: ((4,), torch.uint8)})
+        fields = {f.name: f for f in row.fields}
+        r = fields["reward"]
+        if r.shape != () or r.dtype != torch.float32:
+            raise TypeError(f"spec['reward'] must be a float32 scalar, ((), torch.float32); got {r.shape} {r.dtype}")
+        flags = fields[FLAGS]
+        visible = tuple(f for f in row.fields if f.name != FLAGS) + (
+            Field("terminated", (), torch.bool, flags.offset),
+            Field("truncated", (), torch.bool, flags.offset + 1),
+        )
+        return StreamLayout(row, obs_keys, RowLayout(visible, row.row_bytes))
+
+    # ---------------------------------------------------------------- columns the kernels read
+
+    def _field(self, name: str) -> Field:
+        return next(f for f in self.row.fields if f.name == name)
+
+    @property
+    def words(self) -> int:
+        return self.row.words
+
+    @property
+    def flags_col(self) -> int:
+        return self._field(FLAGS).offset // 4
+
+    @property
+    def reward_col(self) -> int:
+        return self._field("reward").offset // 4
+
+    def obs_cols(self, device: torch.device) -> torch.Tensor:
+        """[W] bool: the words of the row that belong to an observation field."""
+        cols = torch.zeros(self.words, dtype=torch.bool)
+        for key in self.obs_keys:
+            f = self._field(key)
+            cols[f.offset // 4 : -(-(f.offset + f.nbytes) // 4)] = True
+        return cols.to(device)
+
+    def spec(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        return {n: v for n, v in self.row.spec().items() if n != FLAGS}
+
+    def with_offset(self, name_of: dict[str, str], offset: int) -> tuple[Field, ...]:
+        """The row's fields renamed by ``name_of`` and moved ``offset`` bytes on (a second row in a batch)."""
+        return tuple(
+            replace(f, name=name_of[f.name], offset=f.offset + offset) for f in self.row.fields if f.name in name_of
+        )
+
+    # ---------------------------------------------------------------- add
+
+    def step_names(self) -> list[str]:
+        """Every key ``add`` takes."""
+        return [n for n in self.spec()] + [next_name(k) for k in self.obs_keys] + list(STEP_FLAGS)
+
+    def check_step(self, data: object, num_envs: int, device: torch.device) -> None:
+        """Validate one step for ``add`` from shapes, dtypes and devices, touching nothing.
+
+        Raises:
+            TypeError: not a mapping, a value that is not a tensor, or a wrong dtype.
+            KeyError: missing or unexpected keys.
+            ValueError: a wrong shape (each value is ``[num_envs, *shape]``) or device.
+        """
+        if not isinstance(data, Mapping):
+            raise TypeError(f"add() takes a mapping of field name to tensor, got {type(data).__name__}")
+        names = self.step_names()
+        missing = [n for n in names if n not in data]
+        extra = [n for n in data if n not in names]
+        if missing or extra:
+            raise KeyError(f"add(): missing keys {missing}, unexpected keys {extra}; a step has {names}")
+        spec = self.spec()
+        want = dict(spec) | {next_name(k): spec[k] for k in self.obs_keys} | {n: ((), torch.bool) for n in STEP_FLAGS}
+        for name in names:
+            x, (shape, dtype) = data[name], want[name]
+            if not isinstance(x, torch.Tensor):
+                raise TypeError(f"add(): {name!r} must be a torch.Tensor, got {type(x).__name__}")
+            if x.dtype != dtype:
+                raise TypeError(f"add(): {name!r} has dtype {x.dtype}, expected {dtype}")
+            if tuple(x.shape) != (num_envs, *shape):
+                raise ValueError(
+                    f"add(): {name!r} has shape {tuple(x.shape)}, expected {(num_envs, *shape)} (one step of each of "
+                    f"the {num_envs} streams)"
+                )
+            if x.device != device and x.device.type != "cpu":
+                raise ValueError(f"add(): {name!r} is on {x.device}, expected {device} or cpu")
+
+
+class StepPacker:
+    """Packs one step of ``num_envs`` streams into ``[num_envs, 2W]`` int32 staged rows with one
+    ``torch.cat``: the step's row (spec fields, and a flags word of its terminated and truncated
+    bytes), then a row holding its next observations at the observation fields' offsets."""
+
+    def __init__(self, layout: StreamLayout, num_envs: int, device: torch.device) -> None:
+        self.layout, self.num_envs, self.device = layout, num_envs, device
+        self._zeros = torch.zeros(num_envs, layout.row.row_bytes, dtype=torch.uint8, device=device)
+        # the pieces of the staged rows in byte order: (key of the step's dict or None for zeros, bytes)
+        pieces: list[tuple[str | None, int]] = []
+        for half in ("step", "next"):
+            end = 0
+            for f in sorted(self.layout.row.fields, key=lambda f: f.offset):
+                if half == "next" and f.name not in layout.obs_keys:
+                    continue
+                if f.offset > end:
+                    pieces.append((None, f.offset - end))
+                if f.name == FLAGS:
+                    pieces += [("terminated", 1), ("truncated", 1), (None, 2)]
+                else:
+                    pieces.append((f.name if half == "step" else next_name(f.name), f.nbytes))
+                end = f.offset + f.nbytes
+            if layout.row.row_bytes > end:
+                pieces.append((None, layout.row.row_bytes - end))
+        self._pieces = pieces
+
+    def pack(self, data: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The staged rows of a checked step, on the device (inputs are never written to)."""
+        e = self.num_envs
+        parts = []
+        for key, n in self._pieces:
+            if key is None:
+                parts.append(self._zeros[:, :n])
+                continue
+            x = data[key].detach()
+            if x.device != self.device:
+                x = x.to(self.device, non_blocking=True)
+            parts.append(x.contiguous().view(torch.uint8).reshape(e, n))
+        return torch.cat(parts, dim=1).view(torch.int32)

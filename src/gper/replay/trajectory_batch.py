@@ -1,0 +1,167 @@
+"""What the trajectory buffer's ``sample`` and ``sample_sequences`` return.
+
+:class:`TransitionBatch` is a :class:`~gper.replay.batch.SampledBatch` (so ``update_priorities``
+and code written for the flat buffer's batches take it) whose fields come from two gathered rows
+per draw: the start's row and the row ``m`` steps on (whose observations are ``next_<key>``), and
+a ``discount``. :class:`SequenceBatch` holds ``[B, burn_in + length]`` steps and their ``mask``.
+All of a transition batch's outputs are views of one flat int32 tensor (:class:`TransitionSample`),
+so the buffer's captured sample slots can tell when a batch is still in use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from gper.replay.batch import SampledBatch
+from gper.replay.streams import StreamLayout, next_name
+
+
+class TransitionBatch(SampledBatch):
+    """Transitions drawn by ``TrajectoryReplayBuffer.sample``. Index it by name: the spec's fields
+    of each start row (``reward`` holds the n-step return), ``next_<key>`` for each observation
+    key, ``terminated``, ``truncated`` (bool) and ``discount`` (float32 ``gamma ** m``, 0 where
+    the episode terminated within the m steps).
+
+    Attributes:
+        indices, weights, generations, source: as :class:`~gper.replay.batch.SampledBatch`.
+        rows: [B, W] int32 start rows (reward and flags already those of the n-step transition).
+        next_rows: [B, W] int32 the rows m steps on.
+        discount: [B] float32.
+        n_step: the ``n_step`` it was drawn with.
+    """
+
+    def __init__(
+        self,
+        layout: StreamLayout,
+        parts: dict[str, torch.Tensor],
+        n_step: int,
+        fields: dict[str, torch.Tensor] | None = None,
+    ) -> None:
+        super().__init__(
+            layout.visible, parts["rows"], parts["indices"], parts["weights"], parts["generations"], fields
+        )
+        self._stream = layout
+        self.next_rows = parts["next_rows"]
+        self.discount = parts["discount"]
+        self.n_step = n_step
+        self._names = (
+            tuple(f.name for f in layout.visible.fields) + tuple(next_name(k) for k in layout.obs_keys) + ("discount",)
+        )
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        view = self._fields.get(name)
+        if view is not None:
+            return view
+        if name == "discount":
+            return self.discount
+        key = next((k for k in self._stream.obs_keys if next_name(k) == name), None)
+        if key is not None:
+            view = self._fields[name] = self._stream.row.view(self.next_rows, key)
+            return view
+        return super().__getitem__(name)
+
+    def __repr__(self) -> str:
+        return f"TransitionBatch(batch_size={self.batch_size}, n_step={self.n_step}, fields={list(self)})"
+
+
+class TransitionSample:
+    """Where one ``sample`` call's outputs sit in a single flat int32 tensor of ``B * (2W + 5)``
+    words: start rows [B, W], next rows [B, W], indices [B] int64, generations, weights, discount."""
+
+    def __init__(self, layout: StreamLayout) -> None:
+        self.layout = layout
+
+    def empty(self, b: int, device: torch.device) -> torch.Tensor:
+        return torch.empty(b * (2 * self.layout.words + 5), dtype=torch.int32, device=device)
+
+    def split(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        w = self.layout.words
+        b = flat.numel() // (2 * w + 5)
+        at = 2 * b * w
+        return {
+            "rows": flat[: b * w].view(b, w),
+            "next_rows": flat[b * w : at].view(b, w),
+            "indices": flat[at : at + 2 * b].view(torch.int64),
+            "generations": flat[at + 2 * b : at + 3 * b],
+            "weights": flat[at + 3 * b : at + 4 * b].view(torch.float32),
+            "discount": flat[at + 4 * b :].view(torch.float32),
+        }
+
+    def with_fields(self, flat: torch.Tensor) -> dict:
+        """:meth:`split` plus the prebuilt field views under ``("field", name)`` (for a sample slot)."""
+        parts: dict = dict(self.split(flat))
+        batch = TransitionBatch(self.layout, parts, 0)
+        return parts | {("field", name): batch[name] for name in batch}
+
+    def batch(self, parts: dict, n_step: int, with_fields: bool = False) -> TransitionBatch:
+        fields = {k[1]: v for k, v in parts.items() if isinstance(k, tuple)} if with_fields else None
+        return TransitionBatch(self.layout, parts, n_step, fields)
+
+
+class SequenceBatch(SampledBatch):
+    """Sequences drawn by ``TrajectoryReplayBuffer.sample_sequences``: every field ``[B, S, ...]``
+    with ``S = burn_in + length`` (the burn-in steps come first: the ``burn_in`` rows before each
+    start), ``next_<key>`` the observation after each step, and ``mask`` [B, S] bool (``docs/trajectory.md``).
+
+    Attributes:
+        indices, weights, generations: [B], one per sequence (its start), as for transitions.
+        rows: [B, S + 1, W] int32: position ``i`` holds step ``i`` (and the next observation of step ``i - 1``).
+        mask: [B, S] bool.
+        length, burn_in: the shape it was drawn with.
+    """
+
+    def __init__(
+        self,
+        layout: StreamLayout,
+        rows: torch.Tensor,
+        mask: torch.Tensor,
+        indices: torch.Tensor,
+        weights: torch.Tensor,
+        generations: torch.Tensor,
+        length: int,
+        burn_in: int,
+    ) -> None:
+        super().__init__(layout.visible, rows, indices, weights, generations)
+        self._stream = layout
+        self.mask = mask
+        self.length, self.burn_in = length, burn_in
+        self._names = (
+            tuple(f.name for f in layout.visible.fields) + tuple(next_name(k) for k in layout.obs_keys) + ("mask",)
+        )
+
+    def _view(self, name: str, shift: int) -> torch.Tensor:
+        b, s1, w = self.rows.shape
+        layout = self._stream.visible if shift == 0 else self._stream.row
+        flat = layout.view(self.rows.view(b * s1, w), name)
+        full = flat.view(b, s1, *flat.shape[1:])
+        return full[:, 1:] if shift else full[:, :-1]
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        view = self._fields.get(name)
+        if view is not None:
+            return view
+        if name == "mask":
+            return self.mask
+        key = next((k for k in self._stream.obs_keys if next_name(k) == name), None)
+        if key is not None:
+            view = self._view(key, 1)
+        elif name in self._names:
+            view = self._view(name, 0)
+        else:
+            raise KeyError(f"no field {name!r}; the batch has {list(self._names)}")
+        self._fields[name] = view
+        return view
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __repr__(self) -> str:
+        return (
+            f"SequenceBatch(batch_size={self.batch_size}, burn_in={self.burn_in}, length={self.length}, "
+            f"fields={list(self)})"
+        )
