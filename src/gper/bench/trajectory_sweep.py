@@ -31,7 +31,7 @@ import torch
 from gper.bench.harness import Calibrated, Group, Row, Sweep, make_log
 from gper.bench.peers import gper as gper_peer
 from gper.bench.peers import gper_traj
-from gper.bench.peers.base import TRAJ_OPS, Setting, Skip
+from gper.bench.peers.base import TRAJ_OPS, Setting
 from gper.bench.peers.base import trajectory_ops_at as _ops_at
 from gper.bench.report import DEFAULT_OUT, ResultFiles, environment, format_markdown, header_line, print_table
 from gper.bench.workload import TrajectoryWorkload, format_capacity
@@ -120,13 +120,12 @@ def run(cfg: TrajectoryBenchConfig) -> list[Row]:
     # add-envs and sequences are timed at their own batch sizes
     batches = sorted(set(cfg.batches) | {w.num_envs, w.seq_batch})
     sweep = Sweep(cfg.device, timer, [*cfg.ops, *flat_ops], batches, deadline=cfg.deadline, log=_log)
-    ok, why = gper_traj.status("gper-traj", cfg.device)
     _log(header_line(env, "trajectory"))
     rows: list[Row] = []
     for cap in cfg.capacities:
         _log(f"capacity {format_capacity(cap)} ({cap:,})")
         cap_rows = []
-        traj_build = partial(gper_traj.build, (traj_impl,), cap, setting) if ok else partial(_absent, why)
+        traj_build = partial(gper_traj.build, (traj_impl,), cap, setting)
         traj_at = partial(gper_traj.ops_at, setting=setting)
         group = Group(cap, (traj_impl,), traj_build, gper_traj.ops_of, traj_at, unbuilt_modes=lambda impl: modes)
         cap_rows += sweep.group(group)
@@ -154,10 +153,6 @@ def run(cfg: TrajectoryBenchConfig) -> list[Row]:
         files.write_markdown(markdown)
         _log(f"wrote {files.csv_path} and {files.md_path}")
     return rows
-
-
-def _absent(why: str):
-    raise Skip(why)
 
 
 # ----------------------------------------------------------------------------------------------

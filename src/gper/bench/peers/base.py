@@ -9,7 +9,8 @@ defines, for each registry name it serves:
 * ``build(impls, capacity, setting) -> Peer``: a buffer at ``capacity`` that serves the
   implementation ids ``impls`` (as they appear in result rows), filled with random transitions
   of the reference workload and random priorities (timing).
-* ``sampler(name, device) -> ExactSampler``: its sampler over given priorities (exactness).
+* ``sampler(name, device) -> ExactSampler``: its sampler over given priorities (exactness; the
+  trajectory workload's peers have none: they draw from the trees their flat counterparts check).
 * ``WHERE_TIME_GOES``: name -> one line on where its time goes, for the peers report.
 * optionally ``ops_of(impl)``: the ops an implementation is timed on (default all of :data:`OPS`),
   and ``ops_at(impl, b, setting)``: those of them timed at batch size ``b`` (default all).

@@ -18,7 +18,6 @@ Each is called eagerly and, on CUDA, replayed as one captured graph.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 
 import torch
@@ -45,8 +44,6 @@ _STEPS_PER_CHUNK = 1024
 
 
 def status(name: str, device: torch.device) -> tuple[bool, str]:
-    if not hasattr(gper, "TrajectoryReplayBuffer"):
-        return False, f"this gper ({gper.__version__}) has no TrajectoryReplayBuffer"
     return True, f"torch {torch.__version__}"
 
 
@@ -80,12 +77,10 @@ class GperTrajPeer(Peer):
                 f"(needs a multiple of {w.num_envs}, at least {w.min_capacity():,})"
             )
         kwargs = dict(alpha=ALPHA, beta=BETA, eps=EPS, window=w.window, device=setting.device)
-        kwargs.update(backend=setting.backend, seed=setting.seed)
-        if "cpu_fallback" in inspect.signature(gper.TrajectoryReplayBuffer).parameters:
-            kwargs["cpu_fallback"] = False  # out of device memory is recorded, never timed on the host
+        kwargs.update(backend=setting.backend, seed=setting.seed, cpu_fallback=False)
+        # out of device memory is recorded, never timed on the host
         self.rb = gper.TrajectoryReplayBuffer(capacity, w.num_envs, TRAJ_SPEC, **kwargs)
-        backend = getattr(self.rb, "backend", "triton" if setting.device.type == "cuda" else "torch")
-        self.impls = (impl_name(backend),)
+        self.impls = (impl_name(self.rb.backend),)
         self.modes = setting.modes
         streams = StreamSteps(w, self.device, self.gen)
 
@@ -101,10 +96,11 @@ class GperTrajPeer(Peer):
         self.randomize_priorities()
 
     def randomize_priorities(self) -> None:
-        """Give every drawable start the priority of a random TD error (the buffer leaves the other slots at 0)."""
+        """Give every drawable start the priority of a random TD error (the other slots stay out of the tree)."""
+        drawable = self.rb.drawable()
         for lo, hi in chunks(self.capacity):
-            idx = torch.arange(lo, hi, device=self.device, dtype=torch.int64)
-            self.rb.update_priorities(idx, random_td(hi - lo, self.device, self.gen))
+            idx = torch.arange(lo, hi, device=self.device, dtype=torch.int64)[drawable[lo:hi]]
+            self.rb.update_priorities(idx, random_td(idx.numel(), self.device, self.gen))
 
     def prepare(self, b: int, first: bool) -> None:
         if not first:
