@@ -15,7 +15,7 @@ import torch
 
 import gper
 from gper.bench import command, peers
-from gper.bench.peers import torchrl_nstep
+from gper.bench.peers import gper_traj, torchrl_nstep
 from gper.bench.peers.base import TRAJ_OPS, Setting, Skip
 from gper.bench.peers_sweep import PeersConfig, run
 from gper.bench.trajectory_sweep import COLUMNS, FLAT_OF
@@ -88,6 +88,25 @@ def test_too_small_a_capacity_is_skipped(tmp_path):
 
 def _setting(**kw) -> Setting:
     return Setting(CPU, 0, (32,), traj=TrajectoryWorkload(num_envs=16, **kw))
+
+
+def test_gper_traj_peer_streams_and_priorities():
+    """The fill reads as episodes (no discontinuity: obs is the previous next_obs unless an episode ended), every
+    stream's ring is full, and every drawable start has its own random priority; the timed add continues them."""
+    p = gper_traj.build(("gper-traj",), 2**12, _setting())
+    st = p.rb.stats()
+    assert (st["steps"], st["size"], st["discontinuities"]) == (256, 2**12, 0)
+    starts = p.rb.drawable().nonzero().squeeze(1)
+    prio = p.rb.priorities(starts)
+    assert starts.numel() == st["drawable"] > 2**12 // 2 and prio.unique().numel() == starts.numel()
+    assert prio.max() / prio.min() > 100  # TD errors over 1e-3..1e2, alpha 0.6: far from uniform
+    p.prepare(16, first=True)
+    add = p.op("gper-traj", "add-envs", 16)
+    add()  # after the fill's last step: a reset, reported or not
+    after_first = p.rb.stats()["discontinuities"]
+    add()
+    add()
+    assert 0 < after_first <= 16 and p.rb.stats()["discontinuities"] == after_first  # the others continue it
 
 
 def test_torchrl_multistep_transform_writes_nstep_transitions():

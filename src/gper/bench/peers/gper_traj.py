@@ -23,12 +23,13 @@ from collections.abc import Callable
 import torch
 
 import gper
-from gper.bench.harness import chunks, fill
+from gper.bench.harness import fill
 from gper.bench.peers.base import TRAJ_OPS, Peer, Setting, Skip, trajectory_ops_at
 from gper.bench.workload import (
     ALPHA,
     BETA,
     EPS,
+    FILL_CHUNK,
     GAMMA,
     N_STEP,
     TRAJ_SPEC,
@@ -96,11 +97,18 @@ class GperTrajPeer(Peer):
         self.randomize_priorities()
 
     def randomize_priorities(self) -> None:
-        """Give every drawable start the priority of a random TD error (the other slots stay out of the tree)."""
-        drawable = self.rb.drawable()
-        for lo, hi in chunks(self.capacity):
-            idx = torch.arange(lo, hi, device=self.device, dtype=torch.int64)[drawable[lo:hi]]
-            self.rb.update_priorities(idx, random_td(idx.numel(), self.device, self.gen))
+        """Give every drawable start the priority of a random TD error (the other slots stay out of the tree).
+
+        In updates of one size (the last one topped up with starts set before it, whose later write
+        wins), so the buffer's graph for raw updates is captured once, not once per size.
+        """
+        starts = self.rb.drawable().nonzero().squeeze(1)
+        size = min(FILL_CHUNK, starts.numel())
+        for lo in range(0, starts.numel(), size):
+            idx = starts[lo : lo + size]
+            if idx.numel() < size:
+                idx = torch.cat([idx, starts[: size - idx.numel()]])
+            self.rb.update_priorities(idx, random_td(size, self.device, self.gen))
 
     def prepare(self, b: int, first: bool) -> None:
         if not first:
