@@ -49,7 +49,8 @@ def test_trajectory_sweep_rows_ratios_and_files(tmp_path, capsys):
         assert (r["x_flat"] != "") == (r["op"] in FLAT_OF), r
     by = {(r["op"], r["batch"]): float(r["median_us"]) for r in rows}
     x = next(float(r["x_flat"]) for r in rows if r["op"] == "sample-n3")
-    assert x == pytest.approx(by[("sample-n3", "64")] / by[("sample", "64")], rel=1e-3)
+    # the CSV rounds medians and ratios to 3 decimals
+    assert x == pytest.approx(by[("sample-n3", "64")] / by[("sample", "64")], abs=2e-3)
 
     md = md_path.read_text()
     out = capsys.readouterr().out
