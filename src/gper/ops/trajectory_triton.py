@@ -6,10 +6,11 @@
   leaves, the starts made drawable, the stream state, and the leaves the tree repair needs. Each
   program touches only its own stream's slots, so programs never race; the repair of the inner
   nodes is the flat buffer's level-by-level ``recompute``, launched after it.
-* ``_complete``: n-step transitions from drawn starts, after the flat buffer's sampling kernel has
-  drawn them and gathered their rows: the return over the steps up to the episode's end, the
-  flags, the discount, and the row m steps on. Compiled without floating-point contraction, so
-  its multiply-then-add rounds as the torch reference's does (bit-identical returns).
+* ``_sample_transitions``: the whole of a transition ``sample`` in one launch: the flat buffer's
+  draw (``triton_ops._draw``: the same slots and IS weights as its sampling kernel), then per draw
+  the return over the steps up to the episode's end, the flags, the discount, and the row m
+  steps on. Compiled without floating-point contraction, so its multiply-then-add rounds as the
+  torch reference's does (bit-identical returns).
 
 Sequences have no kernel of their own: :func:`gather_sequences` is the torch reference's.
 """
@@ -20,10 +21,9 @@ import torch
 
 from gper._triton import tl, triton
 from gper.ops.layout import TreeLayout
-from gper.ops.trajectory_reference import gather_sequences  # noqa: F401 (the contract's third function)
-
-#: draws per program of ``_complete``
-COMPLETE_BLOCK = 64
+from gper.ops.state import rng_blocks
+from gper.ops.trajectory_reference import gather_sequences, rep_count  # noqa: F401 (gather_sequences: the contract's)
+from gper.ops.triton_ops import LAUNCH, _advance_rng, _draw, _level_offsets, recompute
 
 
 @triton.jit
@@ -40,6 +40,8 @@ def _stream_add(
     tcounters,
     obs_cols,
     reps,
+    level_off,
+    level_size,
     leaf_off,
     T,
     value,
@@ -53,6 +55,11 @@ def _stream_add(
     K: tl.constexpr,
     USE_MAX: tl.constexpr,
     HAS_KEYS: tl.constexpr,
+    DEPTH: tl.constexpr,
+    LOG2K: tl.constexpr,
+    PRIVATE: tl.constexpr,
+    SHARED: tl.constexpr,
+    CH: tl.constexpr,
 ):
     e = tl.program_id(0).to(tl.int64)
     base = e * T
@@ -131,35 +138,93 @@ def _stream_add(
     q = tl.where(r == R - 3, hi, q)
     q = tl.where(r == R - 2, w_end, q)
     q = tl.where(r == R - 1, w_start, q)
-    tl.store(reps + R * e + r, base + q % T, mask=r < R)
+    rm = r < R
+    rep = base + q % T
+    if PRIVATE == 0:  # the repair runs in launches of its own, after this one
+        tl.store(reps + R * e + r, rep, mask=rm)
+    else:
+        # the levels whose nodes each lie inside one stream's block: this program alone writes the
+        # nodes above its stream's leaves, level by level (a barrier orders its threads' writes)
+        kk = tl.arange(0, K)
+        tl.debug_barrier()
+        for lv in tl.static_range(PRIVATE):
+            level = DEPTH - 2 - lv
+            par = rep >> (LOG2K * (DEPTH - 1 - level))
+            c = tl.load(level_off + level + 1) + par[:, None] * K + kk[None, :]
+            po = tl.load(level_off + level) + par
+            tl.store(tree + po, tl.sum(tl.load(tree + c, mask=rm[:, None], other=0.0), axis=1), mask=rm)
+            mv = tl.load(mintree + c, mask=rm[:, None], other=float("inf"))
+            tl.store(mintree + po, tl.min(mv, axis=1), mask=rm)
+            tl.debug_barrier()
+        if SHARED > 0:
+            # the levels above, shared between streams: the last program to get here recomputes
+            # them whole (few nodes), reading the others' writes past L1; its ticket releases its own
+            ticket = tl.atomic_add(tcounters + 2, 1)  # T_TICKET
+            if ticket == tl.num_programs(0) - 1:
+                for top in tl.static_range(SHARED):
+                    n_nodes = tl.load(level_size + SHARED - 1 - top)
+                    up = tl.load(level_off + SHARED - 1 - top)
+                    down = tl.load(level_off + SHARED - top)
+                    for c0 in range(0, n_nodes, CH):
+                        nodes = c0 + tl.arange(0, CH)
+                        nm = nodes < n_nodes
+                        cc = down + nodes[:, None] * K + kk[None, :]
+                        sv = tl.load(tree + cc, mask=nm[:, None], other=0.0, cache_modifier=".cg")
+                        tl.store(tree + up + nodes, tl.sum(sv, axis=1), mask=nm)
+                        smv = tl.load(mintree + cc, mask=nm[:, None], other=float("inf"), cache_modifier=".cg")
+                        tl.store(mintree + up + nodes, tl.min(smv, axis=1), mask=nm)
+                    tl.debug_barrier()
+                tl.store(tcounters + 2, ticket * 0)
 
 
 @triton.jit
-def _complete(
+def _sample_transitions(
+    tree,
+    mintree,
+    level_off,
     rows,
-    idx,
+    gen,
+    counters,
+    beta_ptr,
     gamma_ptr,
     out_rows,
     out_next,
+    out_idx,
+    out_gen,
+    out_w,
     out_disc,
+    seed,
     B,
     T,
+    DEPTH: tl.constexpr,
+    K: tl.constexpr,
+    NB: tl.constexpr,
+    MODE: tl.constexpr,
     W: tl.constexpr,
     WP: tl.constexpr,
     RC: tl.constexpr,
     FC: tl.constexpr,
     N: tl.constexpr,
     BLOCK: tl.constexpr,
+    LOG2K: tl.constexpr,
 ):
     s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = s < B
-    a = tl.load(idx + s, mask=m, other=0)
-    pos = a % T
-    base = a - pos
+    node, w, rng = _draw(tree, mintree, level_off, counters, beta_ptr, seed, B, s, m, DEPTH, K, NB, MODE, BLOCK, LOG2K)
+    tl.store(out_idx + s, node, mask=m)
+    tl.store(out_w + s, w, mask=m)
+    tl.store(out_gen + s, tl.load(gen + node, mask=m, other=0), mask=m)
+    cols = tl.arange(0, WP)
+    cm = m[:, None] & (cols[None, :] < W)
+    vals = tl.load(rows + node[:, None] * W + cols[None, :], mask=cm, other=0)
+    # the n-step transition (see the reference's complete_transitions): the start row's reward and
+    # flags words, then the rows after it while its episode goes on
+    pos = node % T
+    base = node - pos
     g = tl.load(gamma_ptr)
     g = tl.where(g == g, tl.minimum(tl.maximum(g, 0.0), 1.0), 1.0)  # clamped, NaN read as 1
-    ret = tl.load(out_rows + s * W + RC, mask=m, other=0).to(tl.float32, bitcast=True)
-    flags = tl.load(out_rows + s * W + FC, mask=m, other=0)
+    ret = tl.sum(tl.where(cols[None, :] == RC, vals, 0), axis=1).to(tl.float32, bitcast=True)
+    flags = tl.sum(tl.where(cols[None, :] == FC, vals, 0), axis=1)
     power = g + tl.zeros([BLOCK], tl.float32)
     alive = (flags & 0x101) == 0
     steps = tl.full([BLOCK], 1, tl.int64)
@@ -172,14 +237,37 @@ def _complete(
         flags = tl.where(alive, f, flags)
         steps += alive.to(tl.int64)
         alive = alive & ((f & 0x101) == 0)
+    vals = tl.where(cols[None, :] == RC, ret.to(tl.int32, bitcast=True)[:, None], vals)
+    vals = tl.where(cols[None, :] == FC, (flags & 0x101)[:, None], vals)
+    tl.store(out_rows + s[:, None] * W + cols[None, :], vals, mask=cm)
     nslot = base + (pos + steps) % T
-    cols = tl.arange(0, WP)
-    cm = m[:, None] & (cols[None, :] < W)
-    vals = tl.load(rows + nslot[:, None] * W + cols[None, :], mask=cm, other=0)
-    tl.store(out_next + s[:, None] * W + cols[None, :], vals, mask=cm)
-    tl.store(out_rows + s * W + RC, ret.to(tl.int32, bitcast=True), mask=m)
-    tl.store(out_rows + s * W + FC, flags & 0x101, mask=m)
+    nvals = tl.load(rows + nslot[:, None] * W + cols[None, :], mask=cm, other=0)
+    tl.store(out_next + s[:, None] * W + cols[None, :], nvals, mask=cm)
     tl.store(out_disc + s, tl.where((flags & 0x1) != 0, 0.0, power), mask=m)
+    _advance_rng(counters, rng, B, NB)
+
+
+def _private_levels(layout: TreeLayout, rows_per_env: int) -> int:
+    """Inner levels, from the bottom, whose every node lies inside one stream's block of slots."""
+    n = 0
+    for level in range(layout.depth - 2, -1, -1):
+        if rows_per_env % layout.arity ** (layout.depth - 1 - level):
+            break
+        n += 1
+    return n
+
+
+#: the most nodes the last program of an add recomputes on its own (the levels shared by streams)
+_SHARED_NODES = 4096
+
+_LEVEL_SIZES: dict[tuple[TreeLayout, torch.device], torch.Tensor] = {}
+
+
+def _level_sizes(layout: TreeLayout, device: torch.device) -> torch.Tensor:
+    key = (layout, device)
+    if key not in _LEVEL_SIZES:
+        _LEVEL_SIZES[key] = torch.tensor(layout.sizes, dtype=torch.int64, device=device)
+    return _LEVEL_SIZES[key]
 
 
 def stream_add(
@@ -200,9 +288,17 @@ def stream_add(
     rows_per_env: int,
     window: int,
     value: float | None,
-    reps: torch.Tensor,
+    counters: torch.Tensor,
 ) -> None:
     e, w = pending.shape
+    n_reps = rep_count(window, layout.arity)
+    private = _private_levels(layout, rows_per_env)
+    shared = layout.depth - 1 - private
+    if private == 0 or sum(layout.sizes[:shared]) > _SHARED_NODES:
+        # blocks not aligned with the nodes, or too many shared nodes for one program: the repair
+        # runs in launches of its own, level by level
+        private, shared = 0, 0
+    reps = torch.empty(e, n_reps, dtype=torch.int64, device=rows.device)
     _stream_add[(e,)](
         tree,
         mintree,
@@ -216,6 +312,8 @@ def stream_add(
         tcounters,
         obs_cols.view(torch.int8),
         reps,
+        _level_offsets(layout, tree.device),
+        _level_sizes(layout, tree.device),
         layout.leaf_offset,
         rows_per_env,
         0.0 if value is None else float(value),
@@ -224,44 +322,75 @@ def stream_add(
         FC=flags_col,
         WINDOW=window,
         HP=triton.next_power_of_2(window + 1),
-        R=reps.shape[1],
-        RP=triton.next_power_of_2(reps.shape[1]),
+        R=n_reps,
+        RP=triton.next_power_of_2(n_reps),
         K=layout.arity,
         USE_MAX=value is None,
         HAS_KEYS=keys is not None,
+        DEPTH=layout.depth,
+        LOG2K=layout.log2_arity,
+        PRIVATE=private,
+        SHARED=shared,
+        CH=64,
         num_warps=1,
     )
+    if private == 0:
+        recompute(tree=tree, mintree=mintree, layout=layout, leaves=reps.view(-1), counters=counters)
 
 
-def complete_transitions(
+def sample_transitions(
     *,
+    tree: torch.Tensor,
+    mintree: torch.Tensor,
+    layout: TreeLayout,
     rows: torch.Tensor,
-    rows_per_env: int,
-    n_step: int,
+    gen: torch.Tensor,
+    counters: torch.Tensor,
+    seed: int,
+    mode: int,
+    beta: torch.Tensor,
     gamma: torch.Tensor,
+    n_step: int,
+    rows_per_env: int,
     reward_col: int,
     flags_col: int,
-    idx: torch.Tensor,
     out_rows: torch.Tensor,
     out_next: torch.Tensor,
+    out_idx: torch.Tensor,
+    out_gen: torch.Tensor,
+    out_w: torch.Tensor,
     out_discount: torch.Tensor,
 ) -> None:
     b, w = out_rows.shape
-    _complete[(triton.cdiv(b, COMPLETE_BLOCK),)](
+    _sample_transitions[(triton.cdiv(b, LAUNCH.sample_block),)](
+        tree,
+        mintree,
+        _level_offsets(layout, tree.device),
         rows,
-        idx,
+        gen,
+        counters,
+        beta,
         gamma,
         out_rows,
         out_next,
+        out_idx,
+        out_gen,
+        out_w,
         out_discount,
+        seed,
         b,
         rows_per_env,
+        DEPTH=layout.depth,
+        K=layout.arity,
+        NB=rng_blocks(layout.depth),
+        MODE=mode,
         W=w,
         WP=triton.next_power_of_2(w),
         RC=reward_col,
         FC=flags_col,
         N=n_step,
-        BLOCK=COMPLETE_BLOCK,
-        num_warps=4,
+        BLOCK=LAUNCH.sample_block,
+        LOG2K=layout.log2_arity,
+        num_warps=LAUNCH.sample_warps,
         enable_fp_fusion=False,
     )

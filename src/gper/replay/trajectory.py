@@ -21,7 +21,7 @@ from gper.ops import backend_module, select_backend, trajectory_module
 from gper.ops.layout import DEFAULT_ARITY
 from gper.ops.probe import triton_problem
 from gper.ops.state import C_SIZE, MODE_PROPORTIONAL, MODE_UNIFORM
-from gper.ops.trajectory_reference import N_TCOUNTERS, T_DISCONTINUITIES, T_STEPS, rep_count
+from gper.ops.trajectory_reference import N_TCOUNTERS, T_DISCONTINUITIES, T_STEPS
 from gper.replay.checkpoint import check_state
 from gper.replay.checks import (
     check_batch_size,
@@ -162,7 +162,6 @@ class TrajectoryReplayBuffer:
         self.pending = torch.zeros(e, w, dtype=torch.int32, device=device)
         self.tcounters = torch.zeros(N_TCOUNTERS, dtype=torch.int64, device=device)
         self._gamma_scalar = torch.ones((), dtype=torch.float32, device=device)
-        self._reps = torch.zeros(e, rep_count(self.window, cfg.arity), dtype=torch.int64, device=device)
         self._obs_cols = self.layout.obs_cols(device)
         self._packer = StepPacker(self.layout, e, device)
 
@@ -256,10 +255,7 @@ class TrajectoryReplayBuffer:
             rows_per_env=self.rows_per_env,
             window=self.window,
             value=self._new_start_value,
-            reps=self._reps,
-        )
-        tree.kernels.recompute(
-            tree=tree.tree, mintree=tree.mintree, layout=tree.layout, leaves=self._reps.view(-1), counters=tree.counters
+            counters=tree.counters,
         )
 
     @property
@@ -339,19 +335,30 @@ class TrajectoryReplayBuffer:
     def _sample(self, b: int, n: int, beta: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
         flat = self._out.empty(b, self.device)
         parts = self._out.split(flat)
-        self._draw(b, beta, parts)
-        self._kernels.complete_transitions(
+        tree = self.tree
+        self._kernels.sample_transitions(
+            tree=tree.tree,
+            mintree=tree.mintree,
+            layout=tree.layout,
             rows=self.rows.words,
-            rows_per_env=self.rows_per_env,
-            n_step=n,
+            gen=tree.gen,
+            counters=tree.counters,
+            seed=self.seed,
+            mode=self._kernel_mode(),
+            beta=beta,
             gamma=gamma,
+            n_step=n,
+            rows_per_env=self.rows_per_env,
             reward_col=self.layout.reward_col,
             flags_col=self.layout.flags_col,
-            idx=parts["indices"],
             out_rows=parts["rows"],
             out_next=parts["next_rows"],
+            out_idx=parts["indices"],
+            out_gen=parts["generations"],
+            out_w=parts["weights"],
             out_discount=parts["discount"],
         )
+        self.policy.normalise(parts, tree, beta)
         return flat
 
     @on_own_device
@@ -527,7 +534,7 @@ class TrajectoryReplayBuffer:
         held = self.streams[:, 0].clamp(max=self.rows_per_env)
         size, drawable = torch.stack((held.sum(), self.drawable().sum())).tolist()
         out |= {"size": size, "steps": t[T_STEPS], "drawable": drawable, "discontinuities": t[T_DISCONTINUITIES]}
-        self._size = size
+        self._size, self._steps = size, t[T_STEPS]  # adds replayed from a caller's graph count too
         self._invalid_reported = warn_dropped(out["invalid_indices"], self._invalid_reported)
         return out
 
