@@ -27,6 +27,16 @@ from gper.ops.triton_ops import LAUNCH, _advance_rng, _draw, _level_offsets, rec
 
 
 @triton.jit
+def _patch(c, kids_sum, kids_min, nodes, new_sum, new_min):
+    """Children ``c`` [RP, K] with old values: those among ``nodes`` [RP] take the new values."""
+    match = c[:, :, None] == nodes[None, None, :]
+    has = tl.max(match.to(tl.int32), axis=2) > 0
+    s = tl.max(tl.where(match, new_sum[None, None, :], -1.0), axis=2)
+    m = tl.min(tl.where(match, new_min[None, None, :], float("inf")), axis=2)
+    return tl.where(has, s, kids_sum), tl.where(has, m, kids_min)
+
+
+@triton.jit
 def _stream_add(
     tree,
     mintree,
@@ -61,6 +71,8 @@ def _stream_add(
     SHARED: tl.constexpr,
     CH: tl.constexpr,
 ):
+    # loads first, in two dependent rounds (what the stream holds; then what sits at its cursor
+    # and the tree above it), so that the program waits on memory as few times as it can
     e = tl.program_id(0).to(tl.int64)
     base = e * T
     k = tl.load(streams + 2 * e)
@@ -71,9 +83,51 @@ def _stream_add(
     nxt = tl.load(staged + 2 * W * e + W + cols, mask=cm, other=0)
     pend = tl.load(pending + W * e + cols, mask=cm, other=0)
     ocol = tl.load(obs_cols + cols, mask=cm, other=0) != 0
+    maxp = tl.load(scalars + 0)  # S_MAXP
     has_prev = k > 0
     prev_slot = base + tl.maximum(k - 1, 0) % T
     prev_flags = tl.load(rows + prev_slot * W + FC)
+    # leaves for the repair of rows lo .. k + 1 (this add writes row k, and k + 1 if it inserts an
+    # end row): one every K rows, the last, and both sides of a wrap of the ring
+    back = k - WINDOW
+    lo = tl.maximum(back, 0)
+    hi = k + 1
+    r = tl.arange(0, RP)
+    wrap_end = ((hi + 1) // T) * T - 1
+    wrapped = wrap_end >= lo
+    w_end = tl.where(wrapped, wrap_end, hi)
+    w_start = tl.where(wrapped & (wrap_end + 1 <= hi), wrap_end + 1, hi)
+    q = tl.minimum(lo + r.to(tl.int64) * K, hi)
+    q = tl.where(r == R - 3, hi, q)
+    q = tl.where(r == R - 2, w_end, q)
+    q = tl.where(r == R - 1, w_start, q)
+    rm = r < R
+    rep = base + q % T
+    kk = tl.arange(0, K)
+    if PRIVATE >= 1:  # the old values of the children of each repaired node, every level at once
+        n0 = rep >> LOG2K
+        c0 = n0[:, None] * K + kk[None, :]  # leaves
+        a0 = tl.load(tree + leaf_off + c0)
+        b0 = tl.load(mintree + leaf_off + c0)
+    if PRIVATE >= 2:
+        n1 = rep >> (2 * LOG2K)
+        c1 = n1[:, None] * K + kk[None, :]
+        o1 = tl.load(level_off + DEPTH - 2)
+        a1 = tl.load(tree + o1 + c1)
+        b1 = tl.load(mintree + o1 + c1)
+    if PRIVATE >= 3:
+        n2 = rep >> (3 * LOG2K)
+        c2 = n2[:, None] * K + kk[None, :]
+        o2 = tl.load(level_off + DEPTH - 3)
+        a2 = tl.load(tree + o2 + c2)
+        b2 = tl.load(mintree + o2 + c2)
+    if PRIVATE >= 4:
+        n3 = rep >> (4 * LOG2K)
+        c3 = n3[:, None] * K + kk[None, :]
+        o3 = tl.load(level_off + DEPTH - 4)
+        a3 = tl.load(tree + o3 + c3)
+        b3 = tl.load(mintree + o3 + c3)
+    # which of the four cases of add this step is (see the reference)
     prev_ended = has_prev & ((prev_flags & 0x101) != 0)  # terminated or truncated byte
     prev_end_row = has_prev & ((prev_flags & 0x10000) != 0)
     differ = tl.sum(((step != pend) & ocol).to(tl.int32), axis=0)
@@ -81,10 +135,10 @@ def _stream_add(
     reset_step = prev_ended & same
     insert = has_prev & (differ != 0)
     jump = insert & ~prev_ended
-    # the step before an unflagged reset becomes truncated (a no-op store elsewhere)
-    fixed = tl.where(jump & ~prev_end_row, prev_flags | 0x100, prev_flags)
-    tl.store(rows + prev_slot * W + FC, fixed)
     ends = reset_step | insert
+    # the step before an unflagged reset becomes truncated (an unchanged store elsewhere)
+    fixed = tl.where(jump & ~prev_end_row, prev_flags | 0x100, prev_flags)
+    tl.store(rows + prev_slot * W + FC, fixed, mask=has_prev)
     # the per-stream flags as [WP] masks (the interpreter rejects a vector mask and'ed with a scalar)
     insert_v = (cols * 0 + insert.to(tl.int32)) != 0
     ends_v = (cols * 0 + ends.to(tl.int32)) != 0
@@ -95,22 +149,20 @@ def _stream_add(
     s2 = base + (k + 1) % T
     tl.store(rows + s1 * W + cols, first, mask=cm)
     tl.store(rows + s2 * W + cols, step, mask=cm & insert_v)
-    tl.store(gen + s1, tl.load(gen + s1) + 1)
-    tl.store(gen + s2, tl.load(gen + s2) + 1, mask=insert)
+    tl.atomic_add(gen + s1, 1)
+    tl.atomic_add(gen + s2, 1, mask=insert)
     tl.store(tree + leaf_off + s1, 0.0)
     tl.store(mintree + leaf_off + s1, float("inf"))
     tl.store(tree + leaf_off + s2, 0.0, mask=insert)
     tl.store(mintree + leaf_off + s2, float("inf"), mask=insert)
-    # starts made drawable (see the reference): after an end row every pending one of its
-    # episode, after a step the one WINDOW rows back if it lies in the episode in progress
+    # starts made drawable: after an end row every pending one of its episode, after a step the
+    # one WINDOW rows back if it lies in the episode in progress
     j = tl.arange(0, HP)
-    back = k - WINDOW
     first_new = tl.where(ends, tl.maximum(back, ep), back)
     last_new = tl.where(ends, k - 1, tl.where(back >= ep, back, back - 1))
     cand = first_new + j
     live = (j < WINDOW + 1) & (cand <= last_new)
     cslot = base + tl.where(live, cand, 0) % T
-    maxp = tl.load(scalars + 0)  # S_MAXP
     if USE_MAX:
         v = maxp
     else:
@@ -126,47 +178,56 @@ def _stream_add(
     tl.atomic_add(tcounters + 0, jump.to(tl.int64), mask=jump)  # T_DISCONTINUITIES
     first_program = e == 0
     tl.store(tcounters + 1, tl.load(tcounters + 1) + 1, mask=first_program)  # T_STEPS: only program 0 writes it
-    # leaves for the repair of rows lo .. hi: one every K rows, the last, and both sides of a wrap
-    lo = tl.maximum(back, 0)
-    hi = k + n_rows - 1
-    r = tl.arange(0, RP)
-    wrap_end = ((hi + 1) // T) * T - 1
-    wrapped = wrap_end >= lo
-    w_end = tl.where(wrapped, wrap_end, hi)
-    w_start = tl.where(wrapped & (wrap_end + 1 <= hi), wrap_end + 1, hi)
-    q = tl.minimum(lo + r.to(tl.int64) * K, hi)
-    q = tl.where(r == R - 3, hi, q)
-    q = tl.where(r == R - 2, w_end, q)
-    q = tl.where(r == R - 1, w_start, q)
-    rm = r < R
-    rep = base + q % T
     if PRIVATE == 0:  # the repair runs in launches of its own, after this one
         tl.store(reps + R * e + r, rep, mask=rm)
     else:
         # the levels whose nodes each lie inside one stream's block: this program alone writes the
-        # nodes above its stream's leaves, level by level (a barrier orders its threads' writes)
-        kk = tl.arange(0, K)
-        tl.debug_barrier()
-        for lv in tl.static_range(PRIVATE):
-            level = DEPTH - 2 - lv
-            par = rep >> (LOG2K * (DEPTH - 1 - level))
-            c = tl.load(level_off + level + 1) + par[:, None] * K + kk[None, :]
-            po = tl.load(level_off + level) + par
-            tl.store(tree + po, tl.sum(tl.load(tree + c, mask=rm[:, None], other=0.0), axis=1), mask=rm)
-            mv = tl.load(mintree + c, mask=rm[:, None], other=float("inf"))
-            tl.store(mintree + po, tl.min(mv, axis=1), mask=rm)
-            tl.debug_barrier()
+        # nodes above its leaves, from the old values loaded above patched with the new ones
+        newest = k + n_rows - 1
+        p = c0 - base  # each child leaf's ring position, and the row it holds
+        qc = newest - ((newest - p) % T + T) % T
+        fresh = (qc == k) | ((qc == k + 1) & ((qc * 0 + insert.to(tl.int64)) != 0))
+        act = (qc >= first_new) & (qc <= last_new)
+        a0 = tl.where(fresh, 0.0, tl.where(act, v, a0))
+        b0 = tl.where(fresh, float("inf"), tl.where(act, v, b0))
+        v_sum = tl.sum(a0, axis=1)
+        v_min = tl.min(b0, axis=1)
+        po = tl.load(level_off + DEPTH - 2)
+        tl.store(tree + po + n0, v_sum, mask=rm)
+        tl.store(mintree + po + n0, v_min, mask=rm)
+        if PRIVATE >= 2:
+            a1, b1 = _patch(c1, a1, b1, n0, v_sum, v_min)
+            v_sum = tl.sum(a1, axis=1)
+            v_min = tl.min(b1, axis=1)
+            po = tl.load(level_off + DEPTH - 3)
+            tl.store(tree + po + n1, v_sum, mask=rm)
+            tl.store(mintree + po + n1, v_min, mask=rm)
+        if PRIVATE >= 3:
+            a2, b2 = _patch(c2, a2, b2, n1, v_sum, v_min)
+            v_sum = tl.sum(a2, axis=1)
+            v_min = tl.min(b2, axis=1)
+            po = tl.load(level_off + DEPTH - 4)
+            tl.store(tree + po + n2, v_sum, mask=rm)
+            tl.store(mintree + po + n2, v_min, mask=rm)
+        if PRIVATE >= 4:
+            a3, b3 = _patch(c3, a3, b3, n2, v_sum, v_min)
+            v_sum = tl.sum(a3, axis=1)
+            v_min = tl.min(b3, axis=1)
+            po = tl.load(level_off + DEPTH - 5)
+            tl.store(tree + po + n3, v_sum, mask=rm)
+            tl.store(mintree + po + n3, v_min, mask=rm)
         if SHARED > 0:
             # the levels above, shared between streams: the last program to get here recomputes
             # them whole (few nodes), reading the others' writes past L1; its ticket releases its own
+            tl.debug_barrier()
             ticket = tl.atomic_add(tcounters + 2, 1)  # T_TICKET
             if ticket == tl.num_programs(0) - 1:
                 for top in tl.static_range(SHARED):
                     n_nodes = tl.load(level_size + SHARED - 1 - top)
                     up = tl.load(level_off + SHARED - 1 - top)
                     down = tl.load(level_off + SHARED - top)
-                    for c0 in range(0, n_nodes, CH):
-                        nodes = c0 + tl.arange(0, CH)
+                    for c_at in range(0, n_nodes, CH):
+                        nodes = c_at + tl.arange(0, CH)
                         nm = nodes < n_nodes
                         cc = down + nodes[:, None] * K + kk[None, :]
                         sv = tl.load(tree + cc, mask=nm[:, None], other=0.0, cache_modifier=".cg")
@@ -292,7 +353,8 @@ def stream_add(
 ) -> None:
     e, w = pending.shape
     n_reps = rep_count(window, layout.arity)
-    private = _private_levels(layout, rows_per_env)
+    # the add kernel repairs up to 4 levels inside a stream's block; the rest count as shared
+    private = min(_private_levels(layout, rows_per_env), 4)
     shared = layout.depth - 1 - private
     if private == 0 or sum(layout.sizes[:shared]) > _SHARED_NODES:
         # blocks not aligned with the nodes, or too many shared nodes for one program: the repair
