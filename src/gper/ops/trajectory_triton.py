@@ -27,6 +27,31 @@ from gper.ops.triton_ops import LAUNCH, _advance_rng, _draw, _level_offsets, rec
 
 
 @triton.jit
+def _source(words, plan, e, which: tl.constexpr, src, stride):
+    """The words of ``plan`` that come from source ``which`` (``src``, ``stride`` words a row)."""
+    take = (plan >> 16) == which
+    return tl.where(take, tl.load(src + e * stride + (plan & 0xFFFF), mask=take, other=0), words)
+
+
+@triton.jit
+def _gather_step(plan, e, s0, s1, s2, s3, s4, s5, t0, t1, t2, t3, t4, t5, N_SRC: tl.constexpr, WP: tl.constexpr):
+    """A staged row gathered from the step's own tensors by the add's word plan (see StepPacker.word_plan)."""
+    words = tl.zeros([WP], tl.int32)
+    words = _source(words, plan, e, 0, s0, t0)
+    if N_SRC > 1:
+        words = _source(words, plan, e, 1, s1, t1)
+    if N_SRC > 2:
+        words = _source(words, plan, e, 2, s2, t2)
+    if N_SRC > 3:
+        words = _source(words, plan, e, 3, s3, t3)
+    if N_SRC > 4:
+        words = _source(words, plan, e, 4, s4, t4)
+    if N_SRC > 5:
+        words = _source(words, plan, e, 5, s5, t5)
+    return words
+
+
+@triton.jit
 def _patch(c, kids_sum, kids_min, nodes, new_sum, new_min):
     """Children ``c`` [RP, K] with old values: those among ``nodes`` [RP] take the new values."""
     match = c[:, :, None] == nodes[None, None, :]
@@ -55,6 +80,21 @@ def _stream_add(
     leaf_off,
     T,
     value,
+    plan,
+    term,
+    trunc,
+    s0,
+    s1,
+    s2,
+    s3,
+    s4,
+    s5,
+    t0,
+    t1,
+    t2,
+    t3,
+    t4,
+    t5,
     W: tl.constexpr,
     WP: tl.constexpr,
     FC: tl.constexpr,
@@ -70,6 +110,7 @@ def _stream_add(
     PRIVATE: tl.constexpr,
     SHARED: tl.constexpr,
     CH: tl.constexpr,
+    N_SRC: tl.constexpr,
 ):
     # loads first, in two dependent rounds (what the stream holds; then what sits at its cursor
     # and the tree above it), so that the program waits on memory as few times as it can
@@ -79,8 +120,16 @@ def _stream_add(
     ep = tl.load(streams + 2 * e + 1)
     cols = tl.arange(0, WP)
     cm = cols < W
-    step = tl.load(staged + 2 * W * e + cols, mask=cm, other=0)
-    nxt = tl.load(staged + 2 * W * e + W + cols, mask=cm, other=0)
+    if N_SRC == 0:  # packed by the caller: [E, 2W] staged rows
+        step = tl.load(staged + 2 * W * e + cols, mask=cm, other=0)
+        nxt = tl.load(staged + 2 * W * e + W + cols, mask=cm, other=0)
+    else:  # gathered here from the step's own tensors, by the word plan
+        plan_step = tl.load(plan + cols, mask=cm, other=-1)
+        plan_next = tl.load(plan + W + cols, mask=cm, other=-1)
+        step = _gather_step(plan_step, e, s0, s1, s2, s3, s4, s5, t0, t1, t2, t3, t4, t5, N_SRC, WP)
+        nxt = _gather_step(plan_next, e, s0, s1, s2, s3, s4, s5, t0, t1, t2, t3, t4, t5, N_SRC, WP)
+        flags = tl.load(term + e).to(tl.int32) | (tl.load(trunc + e).to(tl.int32) << 8)
+        step = tl.where(cols == FC, flags, step)
     pend = tl.load(pending + W * e + cols, mask=cm, other=0)
     ocol = tl.load(obs_cols + cols, mask=cm, other=0) != 0
     maxp = tl.load(scalars + 0)  # S_MAXP
@@ -340,7 +389,7 @@ def stream_add(
     keys: torch.Tensor | None,
     scalars: torch.Tensor,
     rows: torch.Tensor,
-    staged: torch.Tensor,
+    staged: torch.Tensor | None,
     streams: torch.Tensor,
     pending: torch.Tensor,
     tcounters: torch.Tensor,
@@ -350,8 +399,16 @@ def stream_add(
     window: int,
     value: float | None,
     counters: torch.Tensor,
+    sources: tuple[torch.Tensor, ...] = (),
+    plan: torch.Tensor | None = None,
+    flags: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
+    """As the reference's; or, with ``staged=None``, the step read from ``sources`` ([E, words]
+    int32 views of its tensors) by ``plan`` (:meth:`gper.replay.streams.StepPacker.word_plan`) and
+    ``flags`` (its terminated and truncated), so that no pack runs before the kernel."""
     e, w = pending.shape
+    srcs = list(sources) + [pending] * (6 - len(sources))
+    term, trunc = flags if flags is not None else (pending, pending)
     n_reps = rep_count(window, layout.arity)
     # the add kernel repairs up to 4 levels inside a stream's block; the rest count as shared
     private = min(_private_levels(layout, rows_per_env), 4)
@@ -368,7 +425,7 @@ def stream_add(
         keys if keys is not None else tree,
         scalars,
         rows,
-        staged,
+        staged if staged is not None else pending,
         streams,
         pending,
         tcounters,
@@ -379,6 +436,11 @@ def stream_add(
         layout.leaf_offset,
         rows_per_env,
         0.0 if value is None else float(value),
+        plan if plan is not None else pending,
+        term.view(torch.int8) if term.dtype == torch.bool else term,
+        trunc.view(torch.int8) if trunc.dtype == torch.bool else trunc,
+        *srcs,
+        *(x.shape[1] for x in srcs),
         W=w,
         WP=triton.next_power_of_2(w),
         FC=flags_col,
@@ -394,6 +456,7 @@ def stream_add(
         PRIVATE=private,
         SHARED=shared,
         CH=64,
+        N_SRC=len(sources) if staged is None else 0,
         num_warps=1,
     )
     if private == 0:

@@ -39,7 +39,7 @@ from gper.replay.files import TensorFile, write_tensors
 from gper.replay.graphs import BufferGraphs, capturing
 from gper.replay.sampling import BetaInput, SamplingPolicy
 from gper.replay.storage import RowStorage
-from gper.replay.streams import StepPacker, StreamLayout
+from gper.replay.streams import STEP_FLAGS, StepPacker, StreamLayout
 from gper.replay.trajectory_batch import SequenceBatch, TransitionBatch, TransitionSample
 from gper.replay.trajectory_checkpoint import check_trajectory_contents
 from gper.replay.tree import PriorityTree
@@ -164,6 +164,7 @@ class TrajectoryReplayBuffer:
         self._gamma_scalar = torch.ones((), dtype=torch.float32, device=device)
         self._obs_cols = self.layout.obs_cols(device)
         self._packer = StepPacker(self.layout, e, device)
+        self._plan = self._packer.word_plan() if self.backend == "triton" else None
 
     # settings, as the flat buffer's
     alpha, beta, eps, sampling = Setting(), Setting(), Setting(), Setting()
@@ -236,8 +237,16 @@ class TrajectoryReplayBuffer:
         self._size = min(self._steps, self.rows_per_env) * self.num_envs
 
     def _add(self, *args: torch.Tensor) -> None:
-        staged = self._packer.pack(dict(zip(self.layout.step_names(), args, strict=True)))
+        data = dict(zip(self.layout.step_names(), args, strict=True))
         tree = self.tree
+        direct = {}  # the Triton add reads the step's tensors itself where their fields are whole words
+        if self._plan is not None:
+            keys, plan = self._plan
+            staged = None
+            flags = tuple(data[n].detach().to(self.device, non_blocking=True).contiguous() for n in STEP_FLAGS)
+            direct = {"sources": tuple(self._packer.words_of(data, keys)), "plan": plan, "flags": flags}
+        else:
+            staged = self._packer.pack(data)
         self._kernels.stream_add(
             tree=tree.tree,
             mintree=tree.mintree,
@@ -256,6 +265,7 @@ class TrajectoryReplayBuffer:
             window=self.window,
             value=self._new_start_value,
             counters=tree.counters,
+            **direct,
         )
 
     @property
