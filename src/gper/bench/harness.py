@@ -211,6 +211,8 @@ class Group:
         impls: the implementation ids it serves (as result rows name them).
         build: makes the filled peer (it may raise :class:`Skip`, or run out of memory).
         ops_of: the ops timed for an implementation (the sweep keeps those it asked for).
+        ops_at: the ops timed for an implementation at a batch size (default: all of ``ops_of``); the
+            built peer's own :meth:`~gper.bench.peers.base.Peer.ops_at` decides for the rows it times.
         unbuilt_modes: the modes a cell is filed under when the peer (or its batch) never got that far.
     """
 
@@ -218,6 +220,7 @@ class Group:
     impls: tuple[str, ...]
     build: Callable[[], Peer]
     ops_of: Callable[[str], Sequence[str]] = Peer.ops_of
+    ops_at: Callable[[str, int], Sequence[str]] | None = None
     unbuilt_modes: Callable[[str], Sequence[str]] = lambda impl: ("eager",)
 
 
@@ -255,8 +258,9 @@ class Sweep:
     def group(self, g: Group) -> list[Row]:
         """Build ``g``'s peer and time every op at every batch size on it; its memory is freed before returning."""
         cap = g.capacity
-        batches = [b for b in self.batches if b <= cap]
-        plan = [(b, i, op) for b in batches for i in g.impls for op in self.ops if op in g.ops_of(i)]
+        ops_at = g.ops_at or (lambda impl, b: g.ops_of(impl))
+        plan = [(b, i, op) for b in self.batches if b <= cap for i in g.impls for op in self.ops if op in ops_at(i, b)]
+        batches = list(dict.fromkeys(b for b, _, _ in plan))  # those with something to time
         t0 = time.perf_counter()
         peer, status, why = None, "", ""
         try:
@@ -290,7 +294,7 @@ class Sweep:
                     ]
                     continue
                 for impl in peer.impls:
-                    for op in (op for op in self.ops if op in peer.ops_of(impl)):
+                    for op in (op for op in self.ops if op in peer.ops_at(impl, b)):
                         for mode in peer.modes_of(op):
                             rows.append(self.cell(peer, impl, op, b, mode, failed))
                 self.log(f"    batch {b}: {len(rows)} timings so far, {time.perf_counter() - t0:.1f} s")

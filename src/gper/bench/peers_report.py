@@ -15,7 +15,7 @@ import torch
 
 from gper.bench import peers
 from gper.bench.harness import Row
-from gper.bench.peers.base import OPS
+from gper.bench.peers.base import OPS, TRAJ_OPS
 from gper.bench.peers.baselines import CUMSUM, MULTINOMIAL
 from gper.bench.report import format_markdown, header_line
 from gper.bench.workload import format_capacity
@@ -27,7 +27,15 @@ MODES = ("graph", "eager", "jit", "jit-split", "jit-scan")
 RATIOS = ("x_gper_eager", "x_gper_graph")
 #: the order implementations are listed in, in tables and in the plot
 IMPL_ORDER = ("gper-triton", "gper-torch", CUMSUM, MULTINOMIAL, "torchrl", "torchrl-td", "cpprb", "flashbax")
-IMPL_ORDER += ("flashbax-x64",)
+IMPL_ORDER += ("flashbax-x64", "gper-traj-triton", "gper-traj-torch", "torchrl-nstep", "torchrl-nstep-uniform")
+IMPL_ORDER += ("flashbax-traj",)
+#: the trajectory workload's ops that get a summary table of their own: (op, title)
+TRAJ_SUMMARIES = (
+    ("sample-n1", "trajectory workload: sample-n1 = 1-step sample, us"),
+    ("sample-n3", "trajectory workload: sample-n3 = 3-step sample (gamma 0.99), us"),
+    ("step-n3", "trajectory workload: step-n3 = 3-step sample + update, us"),
+    ("add-envs", "trajectory workload: add-envs = one step of every stream, us"),
+)
 #: the targets set for gper's step at 2^24 slots on the H200: at least this many times faster than the peer
 TARGETS = {
     ("torchrl", 16384, "graph"): 300,
@@ -41,7 +49,7 @@ TARGETS = {
 
 def row_key(r: Row) -> tuple:
     order = IMPL_ORDER.index(r.impl) if r.impl in IMPL_ORDER else len(IMPL_ORDER)
-    return (r.capacity, r.batch, OPS.index(r.op), order, MODES.index(r.mode))
+    return (r.capacity, r.batch, (OPS + TRAJ_OPS).index(r.op), order, MODES.index(r.mode))
 
 
 def add_ratios(rows: list[Row]) -> None:
@@ -175,8 +183,16 @@ def make_report(cfg: PeersConfig, env: dict, versions: dict, absent: dict, rows:
         )
         if cfg.load:
             settings += f" Load average of the machine at the start and end: {cfg.load}."
+    if any(r.op in TRAJ_OPS for r in rows):
+        w = cfg.traj
+        settings += (
+            f" Trajectory workload (ops *-n1, *-n3, add-envs): {w.num_envs} streams of random episodes (a step ends "
+            f"one with probability {w.end_prob:g}), filled to capacity; 1-step and 3-step transitions (gamma 0.99) "
+            "with IS weights; its x_gper ratios are over gper-traj's."
+        )
     tables = []
-    for op, title in (("step", "step = sample + update_priorities, us"), ("step+add", "step+add = add + step, us")):
+    flat = (("step", "step = sample + update_priorities, us"), ("step+add", "step+add = add + step, us"))
+    for op, title in flat + TRAJ_SUMMARIES:
         s = summary(rows, op)
         if s:
             tables.append((title, s))

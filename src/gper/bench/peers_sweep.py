@@ -4,7 +4,10 @@ Peers (:mod:`gper.bench.peers`; each imported only when asked for; one that is n
 or does not load, is skipped with a message and named in the report): ``gper`` (eager and, on
 CUDA, replayed as one captured graph), the O(N) baselines ``cumsum`` and ``multinomial``,
 ``torchrl`` and ``torchrl-td``, ``cpprb``, and ``flashbax`` and ``flashbax-x64`` (each in a
-worker process of its own).
+worker process of its own). On the trajectory workload (:data:`TRAJ_PEERS`, asked for by name):
+``gper-traj`` (:class:`gper.TrajectoryReplayBuffer`), ``torchrl-nstep`` and
+``torchrl-nstep-uniform`` (TorchRL's ``MultiStepTransform``) and ``flashbax-traj`` (flashbax's
+prioritised trajectory buffer, in the worker process).
 
 What is timed, per capacity and batch size B, on a buffer filled to capacity with random
 transitions (obs and next_obs 51 float32, action int64, reward float32, done bool) whose
@@ -15,6 +18,12 @@ priorities are then set from log-uniform TD errors:
 * ``update``: new priorities for one sampled batch, from a [B] tensor of TD errors on the device.
 * ``step``: ``sample`` then ``update`` of what it drew (the PER step of a training loop).
 * ``step+add``: ``add`` then ``step``.
+
+The trajectory workload's ops (:data:`~gper.bench.peers.base.TRAJ_OPS`) are ``sample-n1`` /
+``sample-n3`` (1-step / 3-step transitions, discount 0.99, with IS weights), ``step-n1`` /
+``step-n3`` (that sample, then the update of what it drew) and ``add-envs`` (one step of every one
+of ``--num-envs`` streams, timed at batch ``num_envs``), on ``--num-envs`` streams of random
+episodes filled to capacity; their ratios are against ``gper-traj``.
 
 Where a peer hands results to the host (cpprb's arrays, TorchRL's host-side IS weights), the time
 includes moving them to the device, and where it needs TD errors or new data on the host, moving
@@ -32,6 +41,7 @@ step against capacity, log-log, one line per implementation, one panel per batch
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -46,14 +56,19 @@ from gper.bench.harness import Group, Probed, Row, Sweep, free, make_log
 from gper.bench.peers import baselines
 from gper.bench.peers import flashbax as flashbax_peer
 from gper.bench.peers import gper as gper_peer
-from gper.bench.peers.base import OPS, Peer, Setting
+from gper.bench.peers import gper_traj as gper_traj_peer
+from gper.bench.peers.base import OPS, TRAJ_OPS, Peer, Setting
 from gper.bench.peers_report import add_ratios, make_report, plot_steps, row_key
 from gper.bench.report import DEFAULT_OUT, ResultFiles, environment, header_line, print_table
-from gper.bench.workload import format_capacity
+from gper.bench.workload import TrajectoryWorkload, format_capacity
 
 #: in the order they run (the targets' peers first, so a run cut short by --deadline-s keeps them)
 PEERS = ("gper", "torchrl", "torchrl-td", "flashbax", "cpprb", "flashbax-x64", "cumsum", "multinomial")
-JAX_PEERS = flashbax_peer.NAMES
+#: the peers of the trajectory workload (n-step transitions from streams of steps), timed when named
+TRAJ_PEERS = ("gper-traj", "torchrl-nstep", "torchrl-nstep-uniform", "flashbax-traj")
+#: every op, of both workloads (each peer is timed on those of its own workload)
+ALL_OPS = OPS + tuple(op for op in TRAJ_OPS if op != "sequences")
+JAX_PEERS = flashbax_peer.WORKER_NAMES
 COLUMNS = ("impl", "op", "capacity", "batch", "mode", "median_us", "x_gper_eager", "x_gper_graph")
 COLUMNS += ("min_us", "max_us", "iters", "repeats", "status", "note")
 
@@ -68,7 +83,7 @@ class PeersConfig:
     batches: list[int]
     device: torch.device
     peers: list[str] = field(default_factory=lambda: list(PEERS))
-    ops: list[str] = field(default_factory=lambda: list(OPS))
+    ops: list[str] = field(default_factory=lambda: list(ALL_OPS))
     repeats: int = 7
     warmup: int = 3
     target_ms: float = 20.0
@@ -84,6 +99,8 @@ class PeersConfig:
     deadline: float | None = None
     #: the 1-minute load average at the start and end of a CPU run (others' work there skews the numbers)
     load: str = ""
+    #: the streams of the trajectory workload's peers
+    traj: TrajectoryWorkload = field(default_factory=TrajectoryWorkload)
 
     def left_s(self) -> float:
         """Seconds left before the deadline (infinite without one)."""
@@ -103,13 +120,16 @@ def _group(cfg: PeersConfig, peer: str, cap: int, ours: str, setting: Setting) -
     module = peers.load(peer)
     if peer == "gper":
         impls = (ours,)
+    elif peer == "gper-traj":
+        impls = (gper_traj_peer.impl_name(ours.removeprefix("gper-")),)
     elif module is baselines:
         impls = tuple(baselines.IMPLS[p] for p in baselines.NAMES if p in cfg.peers)
     else:
         impls = (peer,)
     build = partial(module.build, impls, cap, setting)
     ops_of = getattr(module, "ops_of", Peer.ops_of)
-    return Group(cap, impls, build, ops_of=ops_of, unbuilt_modes=lambda impl: (plain_mode(impl),))
+    ops_at = partial(module.ops_at, setting=setting) if hasattr(module, "ops_at") else None
+    return Group(cap, impls, build, ops_of=ops_of, ops_at=ops_at, unbuilt_modes=lambda impl: (plain_mode(impl),))
 
 
 def _write_csv(files: ResultFiles, rows: list[Row]) -> None:
@@ -137,6 +157,7 @@ def run(cfg: PeersConfig) -> tuple[list[Row], dict]:
     ours = gper_peer.impl_name(cfg.device)
     modes = ("graph", "eager") if cfg.device.type == "cuda" else ("eager",)
     setting = Setting(cfg.device, cfg.seed, tuple(cfg.batches), cfg.max_fill_s, cfg.deadline, modes=modes)
+    setting = dataclasses.replace(setting, traj=cfg.traj)
     sweep = Sweep(cfg.device, cfg.timer(), cfg.ops, cfg.batches, deadline=cfg.deadline, log=log)
     for peer in cfg.peers:
         if peer in JAX_PEERS:
@@ -181,14 +202,25 @@ def _run_worker(cfg: PeersConfig, peer: str) -> tuple[list[Row], str]:
     free(cfg.device)
     log(f"{peer}: in a subprocess")
     got, versions, why = flashbax_peer.time_in_worker(
-        peer, cfg.device, cfg.capacities, cfg.batches, cfg.ops, cfg.timer(), cfg.seed, cfg.max_fill_s, left, timeout
+        peer,
+        cfg.device,
+        cfg.capacities,
+        cfg.batches,
+        cfg.ops,
+        cfg.timer(),
+        cfg.seed,
+        cfg.max_fill_s,
+        left,
+        timeout,
+        traj=cfg.traj,
     )
     why = f"the {peer} worker {why}" if why else ""
     rows = [Row(**r) for r in got]
     seen = {(r.capacity, r.batch, r.op) for r in rows}
+    setting = Setting(cfg.device, batches=tuple(cfg.batches), traj=cfg.traj)
     for cap in cfg.capacities:
         for b in (b for b in cfg.batches if b <= cap):
-            for op in cfg.ops:
+            for op in (op for op in cfg.ops if op in flashbax_peer.ops_at(peer, b, setting)):
                 if (cap, b, op) not in seen:
                     rows.append(Row(peer, op, cap, b, "jit", status="skipped", note=why or "not reached"))
     if why:

@@ -1,14 +1,18 @@
-"""The benchmarks' workload: the reference transition, its random data.
+"""The benchmarks' workloads: the reference transition and the reference streams, their random data.
 
 The reference transition (51-float obs, int64 action, float32 reward, 51-float next_obs, bool
-done) is what every gper benchmark stores, with alpha 0.6, beta 0.4 and eps 1e-6. Everything is
-generated on the device, in chunks, so filling 2^25 slots needs no host memory. The buffers
-timed on it are in :mod:`gper.bench.peers`.
+done) is what the flat buffer's benchmarks store, with alpha 0.6, beta 0.4 and eps 1e-6. The
+trajectory workload stores the same step once per row (:data:`TRAJ_SPEC`: obs, action, reward)
+in ``num_envs`` streams of episodes (:class:`TrajectoryWorkload`, :class:`StreamSteps`), and
+samples 1-step and :data:`N_STEP`-step transitions (discount :data:`GAMMA`) and sequences.
+Everything is generated on the device, in chunks, so filling 2^25 slots needs no host memory.
+The buffers timed on it are in :mod:`gper.bench.peers`.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -52,3 +56,98 @@ def random_td(n: int, device: torch.device, generator: torch.Generator) -> torch
 def format_capacity(n: int) -> str:
     """``2^k`` for powers of two, the plain number otherwise."""
     return f"2^{int(math.log2(n))}" if n > 0 and n & (n - 1) == 0 else str(n)
+
+
+# ----------------------------------------------------------------------------------------------
+# the trajectory workload
+
+#: one step of a stream as the trajectory buffer stores it (next_obs, terminated, truncated come with add)
+TRAJ_SPEC: dict[str, tuple[tuple[int, ...], torch.dtype]] = {
+    "obs": ((51,), torch.float32),
+    "action": ((), torch.int64),
+    "reward": ((), torch.float32),
+}
+#: the n of the n-step ops (``sample-n3``, ``step-n3``) and their discount
+N_STEP, GAMMA = 3, 0.99
+
+
+@dataclass(frozen=True)
+class TrajectoryWorkload:
+    """The streams a trajectory buffer is filled with, and the sequences sampled from it.
+
+    Attributes:
+        num_envs: streams; one ``add`` is one step of every stream (``add-envs`` is timed at this batch).
+        window: the trajectory buffer's longest n-step or sequence (``capacity // num_envs >= window + 2``).
+        end_prob: probability that a step ends its episode, half terminated, half truncated
+            (mean episode length ``1 / end_prob`` steps).
+        seq_batch: sequences per ``sample_sequences`` call (``sequences`` is timed at this batch).
+        seq_length: steps of a sequence after its burn-in.
+        burn_in: steps of a sequence before its start.
+    """
+
+    num_envs: int = 256
+    window: int = 80
+    end_prob: float = 0.01
+    seq_batch: int = 256
+    seq_length: int = 80
+    burn_in: int = 40
+
+    def min_capacity(self) -> int:
+        """The smallest capacity whose streams hold a window: ``num_envs * (window + 2)``."""
+        return self.num_envs * (self.window + 2)
+
+
+class StreamSteps:
+    """Random steps of ``num_envs`` streams of episodes, as a vectorised environment with Gymnasium's
+    same-step autoreset hands them out: a step's ``obs`` is the previous step's ``next_obs`` unless
+    the previous step ended its episode, and then it is a fresh first observation.
+
+    Steps come in chunks (:meth:`chunk`), each a dict of ``[k, num_envs, ...]`` tensors on the device
+    (``obs``, ``action``, ``reward``, ``next_obs``, ``terminated``, ``truncated``); chunks continue
+    one another.
+    """
+
+    def __init__(self, w: TrajectoryWorkload, device: torch.device, generator: torch.Generator) -> None:
+        self.w, self.device, self.gen = w, device, generator
+        self._next_obs: torch.Tensor | None = None  # [E, 51] next_obs of the last step handed out
+        self._ended = torch.zeros(w.num_envs, dtype=torch.bool, device=device)  # [E] it ended its episode
+
+    def chunk(self, k: int) -> dict[str, torch.Tensor]:
+        """The next ``k`` steps of every stream: a dict of ``[k, num_envs, ...]`` tensors."""
+        e, kw = self.w.num_envs, {"device": self.device, "generator": self.gen}
+        nxt = torch.randn(k, e, 51, **kw)
+        first = torch.randn(k, e, 51, **kw)  # first observations, used where the step before ended
+        u = torch.rand(k, e, **kw)
+        terminated = u < self.w.end_prob / 2
+        truncated = (u >= self.w.end_prob / 2) & (u < self.w.end_prob)
+        ended = terminated | truncated
+        prev = torch.cat([self._next_obs[None] if self._next_obs is not None else first[:1], nxt[:-1]])
+        prev_ended = torch.cat([self._ended[None], ended[:-1]])
+        obs = torch.where(prev_ended[..., None], first, prev)
+        self._next_obs, self._ended = nxt[-1], ended[-1]
+        return {
+            "obs": obs,
+            "action": torch.randint(0, 18, (k, e), **kw),
+            "reward": torch.randn(k, e, **kw),
+            "next_obs": nxt,
+            "terminated": terminated,
+            "truncated": truncated,
+        }
+
+
+def continuing_step(num_envs: int, device: torch.device, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """One step of every stream whose ``next_obs`` is its ``obs`` (bit for bit), no episode ending.
+
+    Added again and again, each add continues the episodes of the one before (its ``obs`` is the
+    ``next_obs`` the buffer keeps from it): the steady state of ``add``, with one pre-made input that
+    a CUDA graph can read in place.
+    """
+    obs = torch.randn(num_envs, 51, device=device, generator=generator)
+    return {
+        "obs": obs,
+        "action": torch.randint(0, 18, (num_envs,), device=device, generator=generator),
+        "reward": torch.randn(num_envs, device=device, generator=generator),
+        "next_obs": obs.clone(),
+        "terminated": torch.zeros(num_envs, dtype=torch.bool, device=device),
+        "truncated": torch.zeros(num_envs, dtype=torch.bool, device=device),
+    }

@@ -173,7 +173,7 @@ def backend_module(name: str) -> ModuleType:
 
 def trajectory_module(name: str) -> ModuleType:
     """The trajectory buffer's kernels of back end ``name`` ("triton" or "torch"): the functions
-    of :mod:`gper.ops.trajectory_reference` (``stream_add``, ``complete_transitions``,
+    of :mod:`gper.ops.trajectory_reference` (``stream_add``, ``sample_transitions``,
     ``gather_sequences``), with the same signatures."""
     if name == "torch":
         from gper.ops import trajectory_reference

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from gper.ops import reference
 from gper.ops.layout import TreeLayout
 from gper.ops.state import S_MAXP
 
@@ -32,7 +33,8 @@ S_EP_START = 1  #: the first row of the episode in progress
 # slots of ``tcounters``
 T_DISCONTINUITIES = 0  #: steps whose obs differed from the previous step's next_obs without an episode end
 T_STEPS = 1  #: add calls
-N_TCOUNTERS = 2
+T_TICKET = 2  #: scratch for the Triton add's last-program election (0 between calls)
+N_TCOUNTERS = 3
 
 #: bits of the flags word
 TERMINATED = 0x1
@@ -70,9 +72,10 @@ def stream_add(
     rows_per_env: int,
     window: int,
     value: float | None,
-    reps: torch.Tensor,
+    counters: torch.Tensor,
 ) -> None:
-    """Append one step of every stream: its rows, their generations, the starts it makes drawable.
+    """Append one step of every stream: its rows, their generations, the starts it makes drawable,
+    and the repair of the trees above every changed leaf.
 
     Args:
         rows: [E * T, W] int32 storage.
@@ -83,8 +86,7 @@ def stream_add(
         rows_per_env: T.
         window: rows after a start that must be written before it is drawable (unless its episode ended).
         value: tree value of a start that becomes drawable: None for the max priority.
-        reps: [E, rep_count] int64 out: leaves whose ancestors :func:`~gper.ops.reference.recompute`
-            must repair afterwards (the caller runs it).
+        counters: the tree's int64 device counters (the repair's scratch, as for ``recompute``).
     """
     t, (e_n, w) = rows_per_env, pending.shape
     device = rows.device
@@ -117,8 +119,8 @@ def stream_add(
     rows.index_copy_(0, slots, torch.cat((first, second)))
     gen.index_add_(0, slots, torch.cat((torch.ones_like(s1), insert.long())).to(gen.dtype))
     lo = layout.leaf_offset
-    tree[lo + slots] = 0.0
-    mintree[lo + slots] = float("inf")
+    tree.index_fill_(0, lo + slots, 0.0)  # a fill (not a copy of a host scalar): capturable
+    mintree.index_fill_(0, lo + slots, float("inf"))
     # starts made drawable: after an end row, every pending one of its episode; after a step, the
     # one `window` rows back (if it lies in the episode in progress)
     j = torch.arange(window + 1, device=device, dtype=torch.int64)
@@ -143,7 +145,8 @@ def stream_add(
     pending.copy_(nxt)
     tcounters[T_DISCONTINUITIES] += jump.sum()
     tcounters[T_STEPS] += 1
-    reps.copy_(_reps(base, (k - window).clamp_min(0), k + n_rows - 1, t, layout.arity, reps.shape[1]))
+    reps = _reps(base, (k - window).clamp_min(0), k + n_rows - 1, t, layout.arity, rep_count(window, layout.arity))
+    reference.recompute(tree=tree, mintree=mintree, layout=layout, leaves=reps.reshape(-1), counters=counters)
 
 
 def _reps(base: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, t: int, arity: int, n: int) -> torch.Tensor:
@@ -156,6 +159,62 @@ def _reps(base: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, t: int, arity:
     w_start = torch.where(wrapped & (wrap_end + 1 <= hi), wrap_end + 1, hi)
     q = torch.cat((steps, hi[:, None], w_end[:, None], w_start[:, None]), dim=1)
     return _rows_slots(base[:, None], q, t)
+
+
+def sample_transitions(
+    *,
+    tree: torch.Tensor,
+    mintree: torch.Tensor,
+    layout: TreeLayout,
+    rows: torch.Tensor,
+    gen: torch.Tensor,
+    counters: torch.Tensor,
+    seed: int,
+    mode: int,
+    beta: torch.Tensor,
+    gamma: torch.Tensor,
+    n_step: int,
+    rows_per_env: int,
+    reward_col: int,
+    flags_col: int,
+    out_rows: torch.Tensor,
+    out_next: torch.Tensor,
+    out_idx: torch.Tensor,
+    out_gen: torch.Tensor,
+    out_w: torch.Tensor,
+    out_discount: torch.Tensor,
+) -> None:
+    """Draw ``len(out_idx)`` starts as the flat buffer's :func:`gper.ops.reference.sample` draws
+    slots (``mode`` proportional or stratified: uniform buffers hold 1 on every drawable start),
+    then make each an n-step transition (:func:`complete_transitions`)."""
+    reference.sample(
+        tree=tree,
+        mintree=mintree,
+        layout=layout,
+        rows=rows,
+        gen=gen,
+        counters=counters,
+        seed=seed,
+        b=out_idx.numel(),
+        mode=mode,
+        beta=beta,
+        out_rows=out_rows,
+        out_idx=out_idx,
+        out_gen=out_gen,
+        out_w=out_w,
+    )
+    complete_transitions(
+        rows=rows,
+        rows_per_env=rows_per_env,
+        n_step=n_step,
+        gamma=gamma,
+        reward_col=reward_col,
+        flags_col=flags_col,
+        idx=out_idx,
+        out_rows=out_rows,
+        out_next=out_next,
+        out_discount=out_discount,
+    )
 
 
 def complete_transitions(

@@ -6,10 +6,11 @@
   leaves, the starts made drawable, the stream state, and the leaves the tree repair needs. Each
   program touches only its own stream's slots, so programs never race; the repair of the inner
   nodes is the flat buffer's level-by-level ``recompute``, launched after it.
-* ``_complete``: n-step transitions from drawn starts, after the flat buffer's sampling kernel has
-  drawn them and gathered their rows: the return over the steps up to the episode's end, the
-  flags, the discount, and the row m steps on. Compiled without floating-point contraction, so
-  its multiply-then-add rounds as the torch reference's does (bit-identical returns).
+* ``_sample_transitions``: the whole of a transition ``sample`` in one launch: the flat buffer's
+  draw (``triton_ops._draw``: the same slots and IS weights as its sampling kernel), then per draw
+  the return over the steps up to the episode's end, the flags, the discount, and the row m
+  steps on. Compiled without floating-point contraction, so its multiply-then-add rounds as the
+  torch reference's does (bit-identical returns).
 
 Sequences have no kernel of their own: :func:`gather_sequences` is the torch reference's.
 """
@@ -20,10 +21,44 @@ import torch
 
 from gper._triton import tl, triton
 from gper.ops.layout import TreeLayout
-from gper.ops.trajectory_reference import gather_sequences  # noqa: F401 (the contract's third function)
+from gper.ops.state import rng_blocks
+from gper.ops.trajectory_reference import gather_sequences, rep_count  # noqa: F401 (gather_sequences: the contract's)
+from gper.ops.triton_ops import LAUNCH, _advance_rng, _draw, _level_offsets, recompute
 
-#: draws per program of ``_complete``
-COMPLETE_BLOCK = 64
+
+@triton.jit
+def _source(words, plan, e, which: tl.constexpr, src, stride):
+    """The words of ``plan`` that come from source ``which`` (``src``, ``stride`` words a row)."""
+    take = (plan >> 16) == which
+    return tl.where(take, tl.load(src + e * stride + (plan & 0xFFFF), mask=take, other=0), words)
+
+
+@triton.jit
+def _gather_step(plan, e, s0, s1, s2, s3, s4, s5, t0, t1, t2, t3, t4, t5, N_SRC: tl.constexpr, WP: tl.constexpr):
+    """A staged row gathered from the step's own tensors by the add's word plan (see StepPacker.word_plan)."""
+    words = tl.zeros([WP], tl.int32)
+    words = _source(words, plan, e, 0, s0, t0)
+    if N_SRC > 1:
+        words = _source(words, plan, e, 1, s1, t1)
+    if N_SRC > 2:
+        words = _source(words, plan, e, 2, s2, t2)
+    if N_SRC > 3:
+        words = _source(words, plan, e, 3, s3, t3)
+    if N_SRC > 4:
+        words = _source(words, plan, e, 4, s4, t4)
+    if N_SRC > 5:
+        words = _source(words, plan, e, 5, s5, t5)
+    return words
+
+
+@triton.jit
+def _patch(c, kids_sum, kids_min, nodes, new_sum, new_min):
+    """Children ``c`` [RP, K] with old values: those among ``nodes`` [RP] take the new values."""
+    match = c[:, :, None] == nodes[None, None, :]
+    has = tl.max(match.to(tl.int32), axis=2) > 0
+    s = tl.max(tl.where(match, new_sum[None, None, :], -1.0), axis=2)
+    m = tl.min(tl.where(match, new_min[None, None, :], float("inf")), axis=2)
+    return tl.where(has, s, kids_sum), tl.where(has, m, kids_min)
 
 
 @triton.jit
@@ -40,9 +75,26 @@ def _stream_add(
     tcounters,
     obs_cols,
     reps,
+    level_off,
+    level_size,
     leaf_off,
     T,
     value,
+    plan,
+    term,
+    trunc,
+    s0,
+    s1,
+    s2,
+    s3,
+    s4,
+    s5,
+    t0,
+    t1,
+    t2,
+    t3,
+    t4,
+    t5,
     W: tl.constexpr,
     WP: tl.constexpr,
     FC: tl.constexpr,
@@ -53,20 +105,78 @@ def _stream_add(
     K: tl.constexpr,
     USE_MAX: tl.constexpr,
     HAS_KEYS: tl.constexpr,
+    DEPTH: tl.constexpr,
+    LOG2K: tl.constexpr,
+    PRIVATE: tl.constexpr,
+    SHARED: tl.constexpr,
+    CH: tl.constexpr,
+    N_SRC: tl.constexpr,
 ):
+    # loads first, in two dependent rounds (what the stream holds; then what sits at its cursor
+    # and the tree above it), so that the program waits on memory as few times as it can
     e = tl.program_id(0).to(tl.int64)
     base = e * T
     k = tl.load(streams + 2 * e)
     ep = tl.load(streams + 2 * e + 1)
     cols = tl.arange(0, WP)
     cm = cols < W
-    step = tl.load(staged + 2 * W * e + cols, mask=cm, other=0)
-    nxt = tl.load(staged + 2 * W * e + W + cols, mask=cm, other=0)
+    if N_SRC == 0:  # packed by the caller: [E, 2W] staged rows
+        step = tl.load(staged + 2 * W * e + cols, mask=cm, other=0)
+        nxt = tl.load(staged + 2 * W * e + W + cols, mask=cm, other=0)
+    else:  # gathered here from the step's own tensors, by the word plan
+        plan_step = tl.load(plan + cols, mask=cm, other=-1)
+        plan_next = tl.load(plan + W + cols, mask=cm, other=-1)
+        step = _gather_step(plan_step, e, s0, s1, s2, s3, s4, s5, t0, t1, t2, t3, t4, t5, N_SRC, WP)
+        nxt = _gather_step(plan_next, e, s0, s1, s2, s3, s4, s5, t0, t1, t2, t3, t4, t5, N_SRC, WP)
+        flags = tl.load(term + e).to(tl.int32) | (tl.load(trunc + e).to(tl.int32) << 8)
+        step = tl.where(cols == FC, flags, step)
     pend = tl.load(pending + W * e + cols, mask=cm, other=0)
     ocol = tl.load(obs_cols + cols, mask=cm, other=0) != 0
+    maxp = tl.load(scalars + 0)  # S_MAXP
     has_prev = k > 0
     prev_slot = base + tl.maximum(k - 1, 0) % T
     prev_flags = tl.load(rows + prev_slot * W + FC)
+    # leaves for the repair of rows lo .. k + 1 (this add writes row k, and k + 1 if it inserts an
+    # end row): one every K rows, the last, and both sides of a wrap of the ring
+    back = k - WINDOW
+    lo = tl.maximum(back, 0)
+    hi = k + 1
+    r = tl.arange(0, RP)
+    wrap_end = ((hi + 1) // T) * T - 1
+    wrapped = wrap_end >= lo
+    w_end = tl.where(wrapped, wrap_end, hi)
+    w_start = tl.where(wrapped & (wrap_end + 1 <= hi), wrap_end + 1, hi)
+    q = tl.minimum(lo + r.to(tl.int64) * K, hi)
+    q = tl.where(r == R - 3, hi, q)
+    q = tl.where(r == R - 2, w_end, q)
+    q = tl.where(r == R - 1, w_start, q)
+    rm = r < R
+    rep = base + q % T
+    kk = tl.arange(0, K)
+    if PRIVATE >= 1:  # the old values of the children of each repaired node, every level at once
+        n0 = rep >> LOG2K
+        c0 = n0[:, None] * K + kk[None, :]  # leaves
+        a0 = tl.load(tree + leaf_off + c0)
+        b0 = tl.load(mintree + leaf_off + c0)
+    if PRIVATE >= 2:
+        n1 = rep >> (2 * LOG2K)
+        c1 = n1[:, None] * K + kk[None, :]
+        o1 = tl.load(level_off + DEPTH - 2)
+        a1 = tl.load(tree + o1 + c1)
+        b1 = tl.load(mintree + o1 + c1)
+    if PRIVATE >= 3:
+        n2 = rep >> (3 * LOG2K)
+        c2 = n2[:, None] * K + kk[None, :]
+        o2 = tl.load(level_off + DEPTH - 3)
+        a2 = tl.load(tree + o2 + c2)
+        b2 = tl.load(mintree + o2 + c2)
+    if PRIVATE >= 4:
+        n3 = rep >> (4 * LOG2K)
+        c3 = n3[:, None] * K + kk[None, :]
+        o3 = tl.load(level_off + DEPTH - 4)
+        a3 = tl.load(tree + o3 + c3)
+        b3 = tl.load(mintree + o3 + c3)
+    # which of the four cases of add this step is (see the reference)
     prev_ended = has_prev & ((prev_flags & 0x101) != 0)  # terminated or truncated byte
     prev_end_row = has_prev & ((prev_flags & 0x10000) != 0)
     differ = tl.sum(((step != pend) & ocol).to(tl.int32), axis=0)
@@ -74,10 +184,10 @@ def _stream_add(
     reset_step = prev_ended & same
     insert = has_prev & (differ != 0)
     jump = insert & ~prev_ended
-    # the step before an unflagged reset becomes truncated (a no-op store elsewhere)
-    fixed = tl.where(jump & ~prev_end_row, prev_flags | 0x100, prev_flags)
-    tl.store(rows + prev_slot * W + FC, fixed)
     ends = reset_step | insert
+    # the step before an unflagged reset becomes truncated (an unchanged store elsewhere)
+    fixed = tl.where(jump & ~prev_end_row, prev_flags | 0x100, prev_flags)
+    tl.store(rows + prev_slot * W + FC, fixed, mask=has_prev)
     # the per-stream flags as [WP] masks (the interpreter rejects a vector mask and'ed with a scalar)
     insert_v = (cols * 0 + insert.to(tl.int32)) != 0
     ends_v = (cols * 0 + ends.to(tl.int32)) != 0
@@ -88,22 +198,20 @@ def _stream_add(
     s2 = base + (k + 1) % T
     tl.store(rows + s1 * W + cols, first, mask=cm)
     tl.store(rows + s2 * W + cols, step, mask=cm & insert_v)
-    tl.store(gen + s1, tl.load(gen + s1) + 1)
-    tl.store(gen + s2, tl.load(gen + s2) + 1, mask=insert)
+    tl.atomic_add(gen + s1, 1)
+    tl.atomic_add(gen + s2, 1, mask=insert)
     tl.store(tree + leaf_off + s1, 0.0)
     tl.store(mintree + leaf_off + s1, float("inf"))
     tl.store(tree + leaf_off + s2, 0.0, mask=insert)
     tl.store(mintree + leaf_off + s2, float("inf"), mask=insert)
-    # starts made drawable (see the reference): after an end row every pending one of its
-    # episode, after a step the one WINDOW rows back if it lies in the episode in progress
+    # starts made drawable: after an end row every pending one of its episode, after a step the
+    # one WINDOW rows back if it lies in the episode in progress
     j = tl.arange(0, HP)
-    back = k - WINDOW
     first_new = tl.where(ends, tl.maximum(back, ep), back)
     last_new = tl.where(ends, k - 1, tl.where(back >= ep, back, back - 1))
     cand = first_new + j
     live = (j < WINDOW + 1) & (cand <= last_new)
     cslot = base + tl.where(live, cand, 0) % T
-    maxp = tl.load(scalars + 0)  # S_MAXP
     if USE_MAX:
         v = maxp
     else:
@@ -119,47 +227,114 @@ def _stream_add(
     tl.atomic_add(tcounters + 0, jump.to(tl.int64), mask=jump)  # T_DISCONTINUITIES
     first_program = e == 0
     tl.store(tcounters + 1, tl.load(tcounters + 1) + 1, mask=first_program)  # T_STEPS: only program 0 writes it
-    # leaves for the repair of rows lo .. hi: one every K rows, the last, and both sides of a wrap
-    lo = tl.maximum(back, 0)
-    hi = k + n_rows - 1
-    r = tl.arange(0, RP)
-    wrap_end = ((hi + 1) // T) * T - 1
-    wrapped = wrap_end >= lo
-    w_end = tl.where(wrapped, wrap_end, hi)
-    w_start = tl.where(wrapped & (wrap_end + 1 <= hi), wrap_end + 1, hi)
-    q = tl.minimum(lo + r.to(tl.int64) * K, hi)
-    q = tl.where(r == R - 3, hi, q)
-    q = tl.where(r == R - 2, w_end, q)
-    q = tl.where(r == R - 1, w_start, q)
-    tl.store(reps + R * e + r, base + q % T, mask=r < R)
+    if PRIVATE == 0:  # the repair runs in launches of its own, after this one
+        tl.store(reps + R * e + r, rep, mask=rm)
+    else:
+        # the levels whose nodes each lie inside one stream's block: this program alone writes the
+        # nodes above its leaves, from the old values loaded above patched with the new ones
+        newest = k + n_rows - 1
+        p = c0 - base  # each child leaf's ring position, and the row it holds
+        qc = newest - ((newest - p) % T + T) % T
+        fresh = (qc == k) | ((qc == k + 1) & ((qc * 0 + insert.to(tl.int64)) != 0))
+        act = (qc >= first_new) & (qc <= last_new)
+        a0 = tl.where(fresh, 0.0, tl.where(act, v, a0))
+        b0 = tl.where(fresh, float("inf"), tl.where(act, v, b0))
+        v_sum = tl.sum(a0, axis=1)
+        v_min = tl.min(b0, axis=1)
+        po = tl.load(level_off + DEPTH - 2)
+        tl.store(tree + po + n0, v_sum, mask=rm)
+        tl.store(mintree + po + n0, v_min, mask=rm)
+        if PRIVATE >= 2:
+            a1, b1 = _patch(c1, a1, b1, n0, v_sum, v_min)
+            v_sum = tl.sum(a1, axis=1)
+            v_min = tl.min(b1, axis=1)
+            po = tl.load(level_off + DEPTH - 3)
+            tl.store(tree + po + n1, v_sum, mask=rm)
+            tl.store(mintree + po + n1, v_min, mask=rm)
+        if PRIVATE >= 3:
+            a2, b2 = _patch(c2, a2, b2, n1, v_sum, v_min)
+            v_sum = tl.sum(a2, axis=1)
+            v_min = tl.min(b2, axis=1)
+            po = tl.load(level_off + DEPTH - 4)
+            tl.store(tree + po + n2, v_sum, mask=rm)
+            tl.store(mintree + po + n2, v_min, mask=rm)
+        if PRIVATE >= 4:
+            a3, b3 = _patch(c3, a3, b3, n2, v_sum, v_min)
+            v_sum = tl.sum(a3, axis=1)
+            v_min = tl.min(b3, axis=1)
+            po = tl.load(level_off + DEPTH - 5)
+            tl.store(tree + po + n3, v_sum, mask=rm)
+            tl.store(mintree + po + n3, v_min, mask=rm)
+        if SHARED > 0:
+            # the levels above, shared between streams: the last program to get here recomputes
+            # them whole (few nodes), reading the others' writes past L1; its ticket releases its own
+            tl.debug_barrier()
+            ticket = tl.atomic_add(tcounters + 2, 1)  # T_TICKET
+            if ticket == tl.num_programs(0) - 1:
+                for top in tl.static_range(SHARED):
+                    n_nodes = tl.load(level_size + SHARED - 1 - top)
+                    up = tl.load(level_off + SHARED - 1 - top)
+                    down = tl.load(level_off + SHARED - top)
+                    for c_at in range(0, n_nodes, CH):
+                        nodes = c_at + tl.arange(0, CH)
+                        nm = nodes < n_nodes
+                        cc = down + nodes[:, None] * K + kk[None, :]
+                        sv = tl.load(tree + cc, mask=nm[:, None], other=0.0, cache_modifier=".cg")
+                        tl.store(tree + up + nodes, tl.sum(sv, axis=1), mask=nm)
+                        smv = tl.load(mintree + cc, mask=nm[:, None], other=float("inf"), cache_modifier=".cg")
+                        tl.store(mintree + up + nodes, tl.min(smv, axis=1), mask=nm)
+                    tl.debug_barrier()
+                tl.store(tcounters + 2, ticket * 0)
 
 
 @triton.jit
-def _complete(
+def _sample_transitions(
+    tree,
+    mintree,
+    level_off,
     rows,
-    idx,
+    gen,
+    counters,
+    beta_ptr,
     gamma_ptr,
     out_rows,
     out_next,
+    out_idx,
+    out_gen,
+    out_w,
     out_disc,
+    seed,
     B,
     T,
+    DEPTH: tl.constexpr,
+    K: tl.constexpr,
+    NB: tl.constexpr,
+    MODE: tl.constexpr,
     W: tl.constexpr,
     WP: tl.constexpr,
     RC: tl.constexpr,
     FC: tl.constexpr,
     N: tl.constexpr,
     BLOCK: tl.constexpr,
+    LOG2K: tl.constexpr,
 ):
     s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = s < B
-    a = tl.load(idx + s, mask=m, other=0)
-    pos = a % T
-    base = a - pos
+    node, w, rng = _draw(tree, mintree, level_off, counters, beta_ptr, seed, B, s, m, DEPTH, K, NB, MODE, BLOCK, LOG2K)
+    tl.store(out_idx + s, node, mask=m)
+    tl.store(out_w + s, w, mask=m)
+    tl.store(out_gen + s, tl.load(gen + node, mask=m, other=0), mask=m)
+    cols = tl.arange(0, WP)
+    cm = m[:, None] & (cols[None, :] < W)
+    vals = tl.load(rows + node[:, None] * W + cols[None, :], mask=cm, other=0)
+    # the n-step transition (see the reference's complete_transitions): the start row's reward and
+    # flags words, then the rows after it while its episode goes on
+    pos = node % T
+    base = node - pos
     g = tl.load(gamma_ptr)
     g = tl.where(g == g, tl.minimum(tl.maximum(g, 0.0), 1.0), 1.0)  # clamped, NaN read as 1
-    ret = tl.load(out_rows + s * W + RC, mask=m, other=0).to(tl.float32, bitcast=True)
-    flags = tl.load(out_rows + s * W + FC, mask=m, other=0)
+    ret = tl.sum(tl.where(cols[None, :] == RC, vals, 0), axis=1).to(tl.float32, bitcast=True)
+    flags = tl.sum(tl.where(cols[None, :] == FC, vals, 0), axis=1)
     power = g + tl.zeros([BLOCK], tl.float32)
     alive = (flags & 0x101) == 0
     steps = tl.full([BLOCK], 1, tl.int64)
@@ -172,14 +347,37 @@ def _complete(
         flags = tl.where(alive, f, flags)
         steps += alive.to(tl.int64)
         alive = alive & ((f & 0x101) == 0)
+    vals = tl.where(cols[None, :] == RC, ret.to(tl.int32, bitcast=True)[:, None], vals)
+    vals = tl.where(cols[None, :] == FC, (flags & 0x101)[:, None], vals)
+    tl.store(out_rows + s[:, None] * W + cols[None, :], vals, mask=cm)
     nslot = base + (pos + steps) % T
-    cols = tl.arange(0, WP)
-    cm = m[:, None] & (cols[None, :] < W)
-    vals = tl.load(rows + nslot[:, None] * W + cols[None, :], mask=cm, other=0)
-    tl.store(out_next + s[:, None] * W + cols[None, :], vals, mask=cm)
-    tl.store(out_rows + s * W + RC, ret.to(tl.int32, bitcast=True), mask=m)
-    tl.store(out_rows + s * W + FC, flags & 0x101, mask=m)
+    nvals = tl.load(rows + nslot[:, None] * W + cols[None, :], mask=cm, other=0)
+    tl.store(out_next + s[:, None] * W + cols[None, :], nvals, mask=cm)
     tl.store(out_disc + s, tl.where((flags & 0x1) != 0, 0.0, power), mask=m)
+    _advance_rng(counters, rng, B, NB)
+
+
+def _private_levels(layout: TreeLayout, rows_per_env: int) -> int:
+    """Inner levels, from the bottom, whose every node lies inside one stream's block of slots."""
+    n = 0
+    for level in range(layout.depth - 2, -1, -1):
+        if rows_per_env % layout.arity ** (layout.depth - 1 - level):
+            break
+        n += 1
+    return n
+
+
+#: the most nodes the last program of an add recomputes on its own (the levels shared by streams)
+_SHARED_NODES = 4096
+
+_LEVEL_SIZES: dict[tuple[TreeLayout, torch.device], torch.Tensor] = {}
+
+
+def _level_sizes(layout: TreeLayout, device: torch.device) -> torch.Tensor:
+    key = (layout, device)
+    if key not in _LEVEL_SIZES:
+        _LEVEL_SIZES[key] = torch.tensor(layout.sizes, dtype=torch.int64, device=device)
+    return _LEVEL_SIZES[key]
 
 
 def stream_add(
@@ -191,7 +389,7 @@ def stream_add(
     keys: torch.Tensor | None,
     scalars: torch.Tensor,
     rows: torch.Tensor,
-    staged: torch.Tensor,
+    staged: torch.Tensor | None,
     streams: torch.Tensor,
     pending: torch.Tensor,
     tcounters: torch.Tensor,
@@ -200,9 +398,26 @@ def stream_add(
     rows_per_env: int,
     window: int,
     value: float | None,
-    reps: torch.Tensor,
+    counters: torch.Tensor,
+    sources: tuple[torch.Tensor, ...] = (),
+    plan: torch.Tensor | None = None,
+    flags: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
+    """As the reference's; or, with ``staged=None``, the step read from ``sources`` ([E, words]
+    int32 views of its tensors) by ``plan`` (:meth:`gper.replay.streams.StepPacker.word_plan`) and
+    ``flags`` (its terminated and truncated), so that no pack runs before the kernel."""
     e, w = pending.shape
+    srcs = list(sources) + [pending] * (6 - len(sources))
+    term, trunc = flags if flags is not None else (pending, pending)
+    n_reps = rep_count(window, layout.arity)
+    # the add kernel repairs up to 4 levels inside a stream's block; the rest count as shared
+    private = min(_private_levels(layout, rows_per_env), 4)
+    shared = layout.depth - 1 - private
+    if private == 0 or sum(layout.sizes[:shared]) > _SHARED_NODES:
+        # blocks not aligned with the nodes, or too many shared nodes for one program: the repair
+        # runs in launches of its own, level by level
+        private, shared = 0, 0
+    reps = torch.empty(e, n_reps, dtype=torch.int64, device=rows.device)
     _stream_add[(e,)](
         tree,
         mintree,
@@ -210,58 +425,97 @@ def stream_add(
         keys if keys is not None else tree,
         scalars,
         rows,
-        staged,
+        staged if staged is not None else pending,
         streams,
         pending,
         tcounters,
         obs_cols.view(torch.int8),
         reps,
+        _level_offsets(layout, tree.device),
+        _level_sizes(layout, tree.device),
         layout.leaf_offset,
         rows_per_env,
         0.0 if value is None else float(value),
+        plan if plan is not None else pending,
+        term.view(torch.int8) if term.dtype == torch.bool else term,
+        trunc.view(torch.int8) if trunc.dtype == torch.bool else trunc,
+        *srcs,
+        *(x.shape[1] for x in srcs),
         W=w,
         WP=triton.next_power_of_2(w),
         FC=flags_col,
         WINDOW=window,
         HP=triton.next_power_of_2(window + 1),
-        R=reps.shape[1],
-        RP=triton.next_power_of_2(reps.shape[1]),
+        R=n_reps,
+        RP=triton.next_power_of_2(n_reps),
         K=layout.arity,
         USE_MAX=value is None,
         HAS_KEYS=keys is not None,
+        DEPTH=layout.depth,
+        LOG2K=layout.log2_arity,
+        PRIVATE=private,
+        SHARED=shared,
+        CH=64,
+        N_SRC=len(sources) if staged is None else 0,
         num_warps=1,
     )
+    if private == 0:
+        recompute(tree=tree, mintree=mintree, layout=layout, leaves=reps.view(-1), counters=counters)
 
 
-def complete_transitions(
+def sample_transitions(
     *,
+    tree: torch.Tensor,
+    mintree: torch.Tensor,
+    layout: TreeLayout,
     rows: torch.Tensor,
-    rows_per_env: int,
-    n_step: int,
+    gen: torch.Tensor,
+    counters: torch.Tensor,
+    seed: int,
+    mode: int,
+    beta: torch.Tensor,
     gamma: torch.Tensor,
+    n_step: int,
+    rows_per_env: int,
     reward_col: int,
     flags_col: int,
-    idx: torch.Tensor,
     out_rows: torch.Tensor,
     out_next: torch.Tensor,
+    out_idx: torch.Tensor,
+    out_gen: torch.Tensor,
+    out_w: torch.Tensor,
     out_discount: torch.Tensor,
 ) -> None:
     b, w = out_rows.shape
-    _complete[(triton.cdiv(b, COMPLETE_BLOCK),)](
+    _sample_transitions[(triton.cdiv(b, LAUNCH.sample_block),)](
+        tree,
+        mintree,
+        _level_offsets(layout, tree.device),
         rows,
-        idx,
+        gen,
+        counters,
+        beta,
         gamma,
         out_rows,
         out_next,
+        out_idx,
+        out_gen,
+        out_w,
         out_discount,
+        seed,
         b,
         rows_per_env,
+        DEPTH=layout.depth,
+        K=layout.arity,
+        NB=rng_blocks(layout.depth),
+        MODE=mode,
         W=w,
         WP=triton.next_power_of_2(w),
         RC=reward_col,
         FC=flags_col,
         N=n_step,
-        BLOCK=COMPLETE_BLOCK,
-        num_warps=4,
+        BLOCK=LAUNCH.sample_block,
+        LOG2K=layout.log2_arity,
+        num_warps=LAUNCH.sample_warps,
         enable_fp_fusion=False,
     )

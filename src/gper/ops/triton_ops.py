@@ -93,31 +93,25 @@ def _pick(r0, r1, r2, r3, lane: tl.constexpr):
 
 
 @triton.jit
-def _sample_kernel(
-    tree,  # [numel + 1] float32 sum tree
-    mintree,  # [numel + 1] float32 min tree
-    level_off,  # [DEPTH] int64 start of each level
-    rows,  # [capacity, W] int32 packed storage
-    gen,  # [capacity] int32
-    counters,  # int64 device counters
-    beta_ptr,  # 0-d float32
-    out_rows,  # [B, W] int32
-    out_idx,  # [B] int64
-    out_gen,  # [B] int32
-    out_w,  # [B] float32
+def _draw(
+    tree,
+    mintree,
+    level_off,
+    counters,
+    beta_ptr,
     seed,
     B,
+    s,
+    m,
     DEPTH: tl.constexpr,
     K: tl.constexpr,
     NB: tl.constexpr,
     MODE: tl.constexpr,
-    W: tl.constexpr,
-    WP: tl.constexpr,
     BLOCK: tl.constexpr,
     LOG2K: tl.constexpr,
 ):
-    s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = s < B
+    """The draws ``s`` (masked by ``m``) of a sample: (slots, IS weights, the RNG counter read).
+    Shared by the flat buffer's kernel and the trajectory buffer's, so both draw the same slots."""
     kk = tl.arange(0, K)
     base = tl.load(counters + 0)  # C_RNG
     last_filled = tl.maximum(tl.load(counters + 2) - 1, 0)  # C_SIZE
@@ -180,6 +174,45 @@ def _sample_kernel(
         ratio = lf / pmin
         lg = tl.where(ratio < float("inf"), tl.log2(ratio), tl.log2(lf) - tl.log2(pmin))
         w = tl.exp2(-beta * lg)
+    return node, w, base
+
+
+@triton.jit
+def _advance_rng(counters, base, B, NB: tl.constexpr):
+    """The last program of a sampling kernel advances the RNG counter: all have read it by then."""
+    ticket = tl.atomic_add(counters + 6, 1)  # C_TICKET
+    last = ticket == tl.num_programs(0) - 1
+    tl.store(counters + 0, base + B * NB, mask=last)
+    tl.store(counters + 6, ticket * 0, mask=last)
+
+
+@triton.jit
+def _sample_kernel(
+    tree,  # [numel + 1] float32 sum tree
+    mintree,  # [numel + 1] float32 min tree
+    level_off,  # [DEPTH] int64 start of each level
+    rows,  # [capacity, W] int32 packed storage
+    gen,  # [capacity] int32
+    counters,  # int64 device counters
+    beta_ptr,  # 0-d float32
+    out_rows,  # [B, W] int32
+    out_idx,  # [B] int64
+    out_gen,  # [B] int32
+    out_w,  # [B] float32
+    seed,
+    B,
+    DEPTH: tl.constexpr,
+    K: tl.constexpr,
+    NB: tl.constexpr,
+    MODE: tl.constexpr,
+    W: tl.constexpr,
+    WP: tl.constexpr,
+    BLOCK: tl.constexpr,
+    LOG2K: tl.constexpr,
+):
+    s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = s < B
+    node, w, base = _draw(tree, mintree, level_off, counters, beta_ptr, seed, B, s, m, DEPTH, K, NB, MODE, BLOCK, LOG2K)
     tl.store(out_idx + s, node, mask=m)
     tl.store(out_w + s, w, mask=m)
     tl.store(out_gen + s, tl.load(gen + node, mask=m, other=0), mask=m)
@@ -187,11 +220,7 @@ def _sample_kernel(
     cm = m[:, None] & (cols[None, :] < W)
     vals = tl.load(rows + node[:, None] * W + cols[None, :], mask=cm, other=0)
     tl.store(out_rows + s[:, None] * W + cols[None, :], vals, mask=cm)
-    # the last program to get here advances the RNG counter: all programs have read it by now
-    ticket = tl.atomic_add(counters + 6, 1)  # C_TICKET
-    last = ticket == tl.num_programs(0) - 1
-    tl.store(counters + 0, base + B * NB, mask=last)
-    tl.store(counters + 6, ticket * 0, mask=last)
+    _advance_rng(counters, base, B, NB)
 
 
 @triton.jit

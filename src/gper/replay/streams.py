@@ -172,6 +172,43 @@ class StepPacker:
                 pieces.append((None, layout.row.row_bytes - end))
         self._pieces = pieces
 
+    #: the most tensors a step's fields may come in for the add kernel to read them itself
+    MAX_SOURCES = 6
+
+    def word_plan(self) -> tuple[tuple[str, ...], torch.Tensor] | None:
+        """The add kernel's own packing, where every field is whole int32 words (float32, int64,
+        ... of any shape) and there are at most :attr:`MAX_SOURCES` of them: ``(keys, plan)``,
+        with ``plan`` [2W] int32 giving for each staged word ``source << 16 | word`` (the key's
+        index in ``keys`` and the word in its row), or -1 for a word that is 0 (padding, and the
+        flags word, which the kernel makes from ``terminated`` and ``truncated``). None otherwise."""
+        keys: list[str] = []
+        plan = [-1] * (2 * self.layout.words)
+        for key, _ in self._pieces:
+            if key is not None and key not in STEP_FLAGS and key not in keys:
+                keys.append(key)
+        if len(keys) > self.MAX_SOURCES:
+            return None
+        for half in (0, 1):  # the step's row, then its next observations
+            for f in self.layout.row.fields:
+                if f.name == "_flags" or (half == 1 and f.name not in self.layout.obs_keys):
+                    continue
+                if f.offset % 4 or f.nbytes % 4:
+                    return None
+                key = f.name if half == 0 else next_name(f.name)
+                for w in range(f.nbytes // 4):
+                    plan[half * self.layout.words + f.offset // 4 + w] = keys.index(key) << 16 | w
+        return tuple(keys), torch.tensor(plan, dtype=torch.int32, device=self.device)
+
+    def words_of(self, data: Mapping[str, torch.Tensor], keys: tuple[str, ...]) -> list[torch.Tensor]:
+        """The tensors of ``keys`` as contiguous ``[num_envs, words]`` int32 views on the device."""
+        out = []
+        for key in keys:
+            x = data[key].detach()
+            if x.device != self.device:
+                x = x.to(self.device, non_blocking=True)
+            out.append(x.contiguous().view(torch.int32).reshape(self.num_envs, -1))
+        return out
+
     def pack(self, data: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """The staged rows of a checked step, on the device (inputs are never written to)."""
         e = self.num_envs

@@ -21,7 +21,7 @@ from gper.ops import backend_module, select_backend, trajectory_module
 from gper.ops.layout import DEFAULT_ARITY
 from gper.ops.probe import triton_problem
 from gper.ops.state import C_SIZE, MODE_PROPORTIONAL, MODE_UNIFORM
-from gper.ops.trajectory_reference import N_TCOUNTERS, T_DISCONTINUITIES, T_STEPS, rep_count
+from gper.ops.trajectory_reference import N_TCOUNTERS, T_DISCONTINUITIES, T_STEPS
 from gper.replay.checkpoint import check_state
 from gper.replay.checks import (
     check_batch_size,
@@ -39,7 +39,7 @@ from gper.replay.files import TensorFile, write_tensors
 from gper.replay.graphs import BufferGraphs, capturing
 from gper.replay.sampling import BetaInput, SamplingPolicy
 from gper.replay.storage import RowStorage
-from gper.replay.streams import StepPacker, StreamLayout
+from gper.replay.streams import STEP_FLAGS, StepPacker, StreamLayout
 from gper.replay.trajectory_batch import SequenceBatch, TransitionBatch, TransitionSample
 from gper.replay.trajectory_checkpoint import check_trajectory_contents
 from gper.replay.tree import PriorityTree
@@ -162,9 +162,9 @@ class TrajectoryReplayBuffer:
         self.pending = torch.zeros(e, w, dtype=torch.int32, device=device)
         self.tcounters = torch.zeros(N_TCOUNTERS, dtype=torch.int64, device=device)
         self._gamma_scalar = torch.ones((), dtype=torch.float32, device=device)
-        self._reps = torch.zeros(e, rep_count(self.window, cfg.arity), dtype=torch.int64, device=device)
         self._obs_cols = self.layout.obs_cols(device)
         self._packer = StepPacker(self.layout, e, device)
+        self._plan = self._packer.word_plan() if self.backend == "triton" else None
 
     # settings, as the flat buffer's
     alpha, beta, eps, sampling = Setting(), Setting(), Setting(), Setting()
@@ -237,8 +237,16 @@ class TrajectoryReplayBuffer:
         self._size = min(self._steps, self.rows_per_env) * self.num_envs
 
     def _add(self, *args: torch.Tensor) -> None:
-        staged = self._packer.pack(dict(zip(self.layout.step_names(), args, strict=True)))
+        data = dict(zip(self.layout.step_names(), args, strict=True))
         tree = self.tree
+        direct = {}  # the Triton add reads the step's tensors itself where their fields are whole words
+        if self._plan is not None:
+            keys, plan = self._plan
+            staged = None
+            flags = tuple(data[n].detach().to(self.device, non_blocking=True).contiguous() for n in STEP_FLAGS)
+            direct = {"sources": tuple(self._packer.words_of(data, keys)), "plan": plan, "flags": flags}
+        else:
+            staged = self._packer.pack(data)
         self._kernels.stream_add(
             tree=tree.tree,
             mintree=tree.mintree,
@@ -256,10 +264,8 @@ class TrajectoryReplayBuffer:
             rows_per_env=self.rows_per_env,
             window=self.window,
             value=self._new_start_value,
-            reps=self._reps,
-        )
-        tree.kernels.recompute(
-            tree=tree.tree, mintree=tree.mintree, layout=tree.layout, leaves=self._reps.view(-1), counters=tree.counters
+            counters=tree.counters,
+            **direct,
         )
 
     @property
@@ -339,19 +345,30 @@ class TrajectoryReplayBuffer:
     def _sample(self, b: int, n: int, beta: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
         flat = self._out.empty(b, self.device)
         parts = self._out.split(flat)
-        self._draw(b, beta, parts)
-        self._kernels.complete_transitions(
+        tree = self.tree
+        self._kernels.sample_transitions(
+            tree=tree.tree,
+            mintree=tree.mintree,
+            layout=tree.layout,
             rows=self.rows.words,
-            rows_per_env=self.rows_per_env,
-            n_step=n,
+            gen=tree.gen,
+            counters=tree.counters,
+            seed=self.seed,
+            mode=self._kernel_mode(),
+            beta=beta,
             gamma=gamma,
+            n_step=n,
+            rows_per_env=self.rows_per_env,
             reward_col=self.layout.reward_col,
             flags_col=self.layout.flags_col,
-            idx=parts["indices"],
             out_rows=parts["rows"],
             out_next=parts["next_rows"],
+            out_idx=parts["indices"],
+            out_gen=parts["generations"],
+            out_w=parts["weights"],
             out_discount=parts["discount"],
         )
+        self.policy.normalise(parts, tree, beta)
         return flat
 
     @on_own_device
@@ -470,7 +487,7 @@ class TrajectoryReplayBuffer:
         counted by the update): a raw update must not give mass to a start that is not drawable."""
         leaf = self.tree.leaves()[indices.clamp(0, self.capacity - 1)]
         ok = (indices >= 0) & (indices < self.capacity) & (leaf > 0)
-        if self.strict or self.device.type == "cpu":
+        if self.strict:  # one host sync, as strict index checks cost
             bad = (~ok).nonzero()
             if bad.numel():
                 i = int(bad[0, 0])
@@ -527,7 +544,7 @@ class TrajectoryReplayBuffer:
         held = self.streams[:, 0].clamp(max=self.rows_per_env)
         size, drawable = torch.stack((held.sum(), self.drawable().sum())).tolist()
         out |= {"size": size, "steps": t[T_STEPS], "drawable": drawable, "discontinuities": t[T_DISCONTINUITIES]}
-        self._size = size
+        self._size, self._steps = size, t[T_STEPS]  # adds replayed from a caller's graph count too
         self._invalid_reported = warn_dropped(out["invalid_indices"], self._invalid_reported)
         return out
 

@@ -26,6 +26,11 @@ MODULES: dict[str, str] = {
     "cpprb": "cpprb",
     "flashbax": "flashbax",
     "flashbax-x64": "flashbax",
+    # the trajectory workload (n-step transitions from streams of steps)
+    "gper-traj": "gper_traj",
+    "torchrl-nstep": "torchrl_nstep",
+    "torchrl-nstep-uniform": "torchrl_nstep",
+    "flashbax-traj": "flashbax_traj",
 }
 #: names an older command line may still use
 RENAMED = {"seeds": "cumsum"}

@@ -9,9 +9,11 @@ defines, for each registry name it serves:
 * ``build(impls, capacity, setting) -> Peer``: a buffer at ``capacity`` that serves the
   implementation ids ``impls`` (as they appear in result rows), filled with random transitions
   of the reference workload and random priorities (timing).
-* ``sampler(name, device) -> ExactSampler``: its sampler over given priorities (exactness).
+* ``sampler(name, device) -> ExactSampler``: its sampler over given priorities (exactness; the
+  trajectory workload's peers have none: they draw from the trees their flat counterparts check).
 * ``WHERE_TIME_GOES``: name -> one line on where its time goes, for the peers report.
-* optionally ``ops_of(impl)``: the ops an implementation is timed on (default all of :data:`OPS`).
+* optionally ``ops_of(impl)``: the ops an implementation is timed on (default all of :data:`OPS`),
+  and ``ops_at(impl, b, setting)``: those of them timed at batch size ``b`` (default all).
 
 Peer libraries are imported inside ``build`` and ``sampler`` only; when one is missing they
 raise :class:`Skip` naming the ``peers`` extra (:func:`require`).
@@ -23,17 +25,21 @@ import importlib.metadata
 import importlib.util
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from gper.bench.timing import Timing, synchronize, time_fn
-from gper.bench.workload import random_td, random_transitions
+from gper.bench.workload import TrajectoryWorkload, random_td, random_transitions
 
-#: every op a timing adapter serves (a sweep picks its own among them)
+#: every op a timing adapter of the flat workload serves (a sweep picks its own among them)
 OPS = ("sample", "update", "step", "add", "step+add")
+#: the ops of the trajectory workload (:class:`~gper.bench.workload.TrajectoryWorkload`): 1-step and
+#: ``N_STEP``-step samples, PER steps (sample + update), ``add`` of one step of every stream (timed at
+#: batch ``num_envs`` only) and ``sample_sequences`` (timed at batch ``seq_batch`` only)
+TRAJ_OPS = ("sample-n1", "sample-n3", "step-n1", "step-n3", "add-envs", "sequences")
 #: how to install the peer libraries
 PEERS_EXTRA = "pip install 'gper[peers]'"
 
@@ -69,6 +75,7 @@ class Setting:
         deadline: ``time.monotonic()`` of the sweep's deadline, if any: a fill gets no more than what is left.
         backend: gper's kernels: "auto", "triton" or "torch".
         modes: how gper and the baselines are called ("eager", "graph"), in the order they are timed.
+        traj: the trajectory workload's streams, window and sequences (its peers only).
     """
 
     device: torch.device
@@ -78,11 +85,20 @@ class Setting:
     deadline: float | None = None
     backend: str = "auto"
     modes: tuple[str, ...] = ("eager",)
+    traj: TrajectoryWorkload = TrajectoryWorkload()
 
     def fill_limit_s(self) -> float:
         """Seconds a fill may take from now: ``max_fill_s``, or what is left before the deadline if less."""
         left = math.inf if self.deadline is None else self.deadline - time.monotonic()
         return min(self.max_fill_s, max(left, 0.0))
+
+
+def trajectory_ops_at(ops: Sequence[str], b: int, setting: Setting, add_op: str = "add-envs") -> tuple[str, ...]:
+    """Those of ``ops`` timed at batch ``b``: ``add_op`` at ``num_envs`` (one step of every stream),
+    ``sequences`` at ``seq_batch``, every other op at the batch sizes in ``setting.batches``."""
+    w = setting.traj
+    at = {add_op: b == w.num_envs, "sequences": b == w.seq_batch}
+    return tuple(op for op in ops if at.get(op, b in setting.batches))
 
 
 def compose_step_add(add: Callable[[], object], step: Callable[[], object]) -> Callable[[], object]:
@@ -109,6 +125,10 @@ class Peer:
     def ops_of(impl: str) -> tuple[str, ...]:
         """The ops timed for ``impl`` (all of :data:`OPS` unless a peer says otherwise)."""
         return OPS
+
+    def ops_at(self, impl: str, b: int) -> tuple[str, ...]:
+        """The ops timed for ``impl`` at batch size ``b`` (all of :meth:`ops_of` unless a peer says otherwise)."""
+        return tuple(self.ops_of(impl))
 
     def modes_of(self, op: str) -> tuple[str, ...]:
         """How ``op`` is called: eagerly, and on CUDA also replayed as a graph where the peer allows it."""

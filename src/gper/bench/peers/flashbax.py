@@ -9,7 +9,8 @@ step and step+add also as separate jitted calls (``jit-split``), and the step as
 its time divided by the steps). Exactness: the same two variants, on flashbax's sum tree
 directly (``set_batch_bincount`` to set, ``stratified_sample`` to draw: what its buffers call).
 
-Each variant runs in a worker process of its own (``python -m gper.bench.peers.flashbax``),
+Each variant, and the trajectory buffer of :mod:`gper.bench.peers.flashbax_traj` (``flashbax-traj``),
+runs in a worker process of its own (``python -m gper.bench.peers.flashbax``),
 because x64 is a process-wide switch and because JAX keeps the memory it took until its process
 ends; :func:`time_in_worker` and :func:`check_in_worker` start it and read back its results.
 JAX and flashbax are imported only there (``pip install 'gper[peers]'``).
@@ -36,11 +37,14 @@ import torch
 import gper
 from gper.bench.checks import ExactConfig, run_checks
 from gper.bench.harness import Group, Probed, Row, Sweep, chunks, fill, first_line, make_log
-from gper.bench.peers.base import ExactSampler, Peer, Setting, Skip, require, version
+from gper.bench.peers import flashbax_traj
+from gper.bench.peers.base import OPS, ExactSampler, Peer, Setting, Skip, require, version
 from gper.bench.timing import Timing, time_sync
-from gper.bench.workload import ALPHA, BETA, EPS, FILL_CHUNK, TD_LOG10_RANGE, format_capacity
+from gper.bench.workload import ALPHA, BETA, EPS, FILL_CHUNK, TD_LOG10_RANGE, TrajectoryWorkload, format_capacity
 
 NAMES = ("flashbax", "flashbax-x64")
+#: every variant the worker process times (the flat buffer's two, and the trajectory buffer)
+WORKER_NAMES = NAMES + flashbax_traj.NAMES
 #: PER steps per call of the ``jit-scan`` mode (a jitted lax.scan: JAX's counterpart of a CUDA graph)
 SCAN_STEPS = 64
 WORKER_MODULE = "gper.bench.peers.flashbax"
@@ -276,9 +280,20 @@ class FlashbaxPeer(Peer):
         return time_sync(fn, self.sync, warmup, iters, repeats)
 
 
-def build(impls: tuple[str, ...], capacity: int, setting: Setting) -> FlashbaxPeer:
+def build(impls: tuple[str, ...], capacity: int, setting: Setting) -> Peer:
     """In the worker process only (JAX's x64 switch is process-wide): see :func:`time_in_worker`."""
+    if impls == flashbax_traj.NAMES:
+        return flashbax_traj.build(impls, capacity, setting)
     return FlashbaxPeer(capacity, setting, x64=impls == ("flashbax-x64",))
+
+
+def ops_of(impl: str) -> tuple[str, ...]:
+    """The ops of variant ``impl``: the flat workload's, or the trajectory workload's for ``flashbax-traj``."""
+    return flashbax_traj.ops_of(impl) if impl in flashbax_traj.NAMES else OPS
+
+
+def ops_at(impl: str, b: int, setting: Setting) -> tuple[str, ...]:
+    return flashbax_traj.ops_at(impl, b, setting) if impl in flashbax_traj.NAMES else OPS
 
 
 # ----------------------------------------------------------------------------------------------
@@ -367,11 +382,12 @@ def time_in_worker(
     max_fill_s: float,
     left_s: float | None,
     timeout: float,
+    traj: TrajectoryWorkload | None = None,
 ) -> tuple[list[dict], str, str]:
     """Time flashbax variant ``name`` over every capacity in a worker: (rows as dicts, versions, why it stopped).
 
     ``left_s``: seconds to the sweep's deadline (None: no deadline); the worker starts no build
-    or cell after it.
+    or cell after it. ``traj``: the trajectory workload (``flashbax-traj`` only).
     """
     payload = dict(
         device=device.type,
@@ -383,6 +399,7 @@ def time_in_worker(
         max_fill_s=max_fill_s,
         deadline_s=left_s,
         threads=torch.get_num_threads(),
+        traj=asdict(traj or TrajectoryWorkload()),
     )
     done, why = _spawn("peers", name, payload, device, timeout)
     done = done or {"rows": [], "versions": ""}
@@ -409,22 +426,30 @@ def _time(name: str, payload: dict, deadline: float | None, out: Path, log: Call
     caps, batches, ops = payload["capacities"], payload["batches"], payload["ops"]
     want = "gpu" if device.type == "cuda" else "cpu"
     done = {"rows": [], "versions": ""}
+    traj = TrajectoryWorkload(**payload.get("traj", {}))
+    setting = Setting(device, payload["seed"], tuple(batches), payload["max_fill_s"], deadline, traj=traj)
     try:
         if jax.default_backend() != want:
             raise RuntimeError(f"JAX runs on {jax.default_backend()}, not {want}")
         done["versions"] = jax_versions(x64)
     except Exception as e:
         note = f"{type(e).__name__}: {first_line(e)}"
-        cells = [(c, b, op) for c in caps for b in batches if b <= c for op in ops]
+        cells = [(c, b, op) for c in caps for b in batches if b <= c for op in ops if op in ops_at(name, b, setting)]
         done["rows"] = [asdict(Row(name, op, c, b, "jit", status="error", note=note)) for c, b, op in cells]
         out.write_text(json.dumps(done))
         log(f"{name}: {note}")
         return 0
-    setting = Setting(device, payload["seed"], tuple(batches), payload["max_fill_s"], deadline)
     sweep = Sweep(device, Probed(**payload["timer"]), ops, batches, deadline=deadline, log=log)
     for cap in caps:
         log(f"{name} at capacity {format_capacity(cap)} ({cap:,})")
-        group = Group(cap, (name,), partial(build, (name,), cap, setting), unbuilt_modes=lambda impl: ("jit",))
+        group = Group(
+            cap,
+            (name,),
+            partial(build, (name,), cap, setting),
+            ops_of=ops_of,
+            ops_at=lambda impl, b: ops_at(impl, b, setting),
+            unbuilt_modes=lambda impl: ("jit",),
+        )
         done["rows"] += [asdict(r) for r in sweep.group(group)]
         out.write_text(json.dumps(done))
         jax.clear_caches()
@@ -443,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     """The worker: ``python -m gper.bench.peers.flashbax {peers,exactness} NAME --config C --out O``."""
     p = argparse.ArgumentParser(prog=f"python -m {WORKER_MODULE}", description="flashbax worker of gper bench")
     p.add_argument("task", choices=("peers", "exactness"))
-    p.add_argument("name", choices=NAMES)
+    p.add_argument("name", choices=WORKER_NAMES)
     p.add_argument("--config", type=Path, required=True, help="the settings, as JSON")
     p.add_argument("--out", type=Path, required=True, help="where the results go, as JSON")
     args = p.parse_args(argv)
