@@ -209,3 +209,99 @@ def test_many_streams_keep_the_drawable_rule_under_stress(sampling, rows):
     check_contents(
         rb.state_dict(), rb.tree.layout, 0, rb.device, carries=rb.drawable(), written=written_slots(rb.streams, rows)
     )
+
+
+def _step(e: int, obs, nxt, action, term=False, device="cpu"):
+    return {
+        "obs": obs,
+        "action": action,
+        "reward": torch.ones(e),
+        "next_obs": nxt,
+        "terminated": torch.full((e,), term),
+        "truncated": torch.zeros(e, dtype=torch.bool),
+    }
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_a_small_observation_sharing_a_word_with_another_field_is_compared_alone(backend):
+    # a (3,) uint8 observation and a uint8 action share a word of the row: only the observation's
+    # bytes may decide whether a step continues its episode
+    spec = {"obs": ((3,), torch.uint8), "action": ((), torch.uint8), "reward": ((), torch.float32)}
+    rb = gper.TrajectoryReplayBuffer(2 * 16, 2, spec, window=2, device="cpu", backend=backend)
+    obs = torch.zeros(2, 3, dtype=torch.uint8)
+    for i in range(10):
+        nxt = obs + 1
+        rb.add(_step(2, obs, nxt, torch.full((2,), 7 + i, dtype=torch.uint8)))
+        obs = nxt
+    st = rb.stats()
+    assert st["discontinuities"] == 0 and st["size"] == 20
+    assert rb.storage["obs"][0, :10, 0].tolist() == list(range(10))
+
+
+@pytest.mark.parametrize("shape", [(4, 3), (70_000,)], ids=["a last dimension of 3 bytes", "2^16 words and more"])
+def test_the_triton_add_stores_fields_of_any_shape_as_the_torch_one(shape):
+    dtype = torch.uint8 if len(shape) == 2 else torch.float32
+    spec = {"obs": (shape, dtype), "reward": ((), torch.float32)}
+    out = []
+    for backend in ("torch", "triton"):
+        rb = gper.TrajectoryReplayBuffer(4, 1, spec, window=1, device="cpu", backend=backend)
+        g = torch.Generator().manual_seed(0)
+        obs = torch.randint(0, 200, (1, *shape), generator=g).to(dtype)
+        for _ in range(3):
+            nxt = torch.randint(0, 200, (1, *shape), generator=g).to(dtype)
+            flags = {"terminated": torch.zeros(1, dtype=torch.bool), "truncated": torch.zeros(1, dtype=torch.bool)}
+            rb.add({"obs": obs, "reward": torch.ones(1), "next_obs": nxt} | flags)
+            obs = nxt
+        out.append(rb.rows.rows.clone())
+        assert rb.stats()["discontinuities"] == 0
+    assert torch.equal(out[0], out[1])
+
+
+@pytest.mark.parametrize("autoreset, rows, drawable", [("same-step", 19, 9), ("next-step", 10, 5), ("auto", 10, 5)])
+def test_autoreset_says_how_a_step_after_an_episode_end_is_read(autoreset, rows, drawable):
+    # every step terminates and every observation is the same. "same-step": each step after an
+    # end is a new episode's first (an end row holding the final observation, then the step: 19
+    # rows, every step but the newest drawable); "next-step", and "auto" since the observations
+    # are equal bit for bit: each is a reset step (an end row: 10 rows, the 5 other steps drawable)
+    spec = {"obs": ((1,), torch.float32), "action": ((), torch.int64), "reward": ((), torch.float32)}
+    rb = gper.TrajectoryReplayBuffer(64, 1, spec, window=1, autoreset=autoreset, device="cpu", backend="torch")
+    o = torch.zeros(1, 1)
+    for i in range(10):
+        rb.add(_step(1, o, o, torch.tensor([i]), term=True))
+    st = rb.stats()
+    assert (st["size"], st["drawable"], st["discontinuities"]) == (rows, drawable, 0)
+
+
+def test_len_never_goes_down():
+    rb = gper.TrajectoryReplayBuffer(2 * 32, 2, SPEC, window=2, device="cpu", backend="torch")
+    seen = []
+    for _ in _streams(rb, 20, p_end=0.5):
+        seen.append(len(rb))
+        rb.stats()
+        seen.append(len(rb))
+    assert seen == sorted(seen)
+
+
+@pytest.mark.parametrize(
+    "corrupt, message",
+    [
+        (lambda st: st["tcounters"].__setitem__(2, 1), "scratch counter"),
+        (lambda st: st["host"].__setitem__("steps", 10**6), "host counts more steps"),
+        (lambda st: st["streams"][:, 0].add_(100), "rows are not between"),
+    ],
+    ids=["add kernel's ticket", "host steps", "stream rows"],
+)
+def test_a_state_whose_counts_disagree_is_refused(corrupt, message):
+    rb = gper.TrajectoryReplayBuffer(2 * 16, 2, SPEC, window=2, device="cpu", backend="torch")
+    for _ in _streams(rb, 12):
+        pass
+    st = {
+        k: (v.clone() if isinstance(v, torch.Tensor) else dict(v) if isinstance(v, dict) else v)
+        for k, v in rb.state_dict().items()
+    }
+    corrupt(st)
+    fresh = gper.TrajectoryReplayBuffer(2 * 16, 2, SPEC, window=2, device="cpu", backend="torch")
+    before = {k: v.clone() for k, v in fresh.state_dict().items() if isinstance(v, torch.Tensor)}
+    with pytest.raises(ValueError, match=message):
+        fresh.load_state_dict(st)
+    assert all(torch.equal(v, fresh.state_dict()[k]) for k, v in before.items())

@@ -86,6 +86,7 @@ def build_replay(
             beta=cfg.beta,
             sampling=cfg.sampling,
             window=cfg.n_step,
+            autoreset=autoreset,  # the env says how it resets: nothing is left to the buffer's guess
             device=device,
             backend=cfg.backend,
             seed=cfg.seed,

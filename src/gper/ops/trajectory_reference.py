@@ -35,6 +35,9 @@ T_DISCONTINUITIES = 0  #: steps whose obs differed from the previous step's next
 T_STEPS = 1  #: add calls
 T_TICKET = 2  #: scratch for the Triton add's last-program election (0 between calls)
 N_TCOUNTERS = 3
+# how a step after an episode end is read (``stream_add``'s ``autoreset``)
+AUTO, SAME_STEP, NEXT_STEP = 0, 1, 2
+AUTORESET = {"auto": AUTO, "same-step": SAME_STEP, "next-step": NEXT_STEP}
 
 #: bits of the flags word
 TERMINATED = 0x1
@@ -67,12 +70,13 @@ def stream_add(
     streams: torch.Tensor,
     pending: torch.Tensor,
     tcounters: torch.Tensor,
-    obs_cols: torch.Tensor,
+    obs_mask: torch.Tensor,
     flags_col: int,
     rows_per_env: int,
     window: int,
     value: float | None,
     counters: torch.Tensor,
+    autoreset: int = AUTO,
 ) -> None:
     """Append one step of every stream: its rows, their generations, the starts it makes drawable,
     and the repair of the trees above every changed leaf.
@@ -81,12 +85,16 @@ def stream_add(
         rows: [E * T, W] int32 storage.
         staged: [E, 2W] int32: each stream's step packed as a row (flags word: terminated and
             truncated bytes), then its ``next_obs`` packed as a row (obs columns only).
-        obs_cols: [W] bool: the columns that hold observation fields.
+        obs_mask: [W] int32: the bits of each word that belong to an observation field (a field
+            of a few bytes may share a word with another).
         flags_col: the flags word's column.
         rows_per_env: T.
         window: rows after a start that must be written before it is drawable (unless its episode ended).
         value: tree value of a start that becomes drawable: None for the max priority.
         counters: the tree's int64 device counters (the repair's scratch, as for ``recompute``).
+        autoreset: how a step after an episode end is read: ``AUTO`` (a next-step reset step if its
+            observation is the final one bit for bit, else a new episode's first step),
+            ``SAME_STEP`` (always a first step) or ``NEXT_STEP`` (always a reset step).
     """
     t, (e_n, w) = rows_per_env, pending.shape
     device = rows.device
@@ -98,17 +106,21 @@ def stream_add(
     prev_flags = rows[prev_slot, flags_col]
     prev_ended = has_prev & ((prev_flags & ENDED) != 0)
     prev_end_row = has_prev & ((prev_flags & END_ROW) != 0)
-    same = ~has_prev | ((step == pending) | ~obs_cols).all(dim=1)
-    reset_step = prev_ended & same  # next-step autoreset: this step is the reset step
-    insert = has_prev & ~same  # an end row holding the pending next_obs comes first
+    same = ~has_prev | (((step ^ pending) & obs_mask) == 0).all(dim=1)
+    if autoreset == SAME_STEP:
+        reset_step, insert = torch.zeros_like(same), has_prev & (prev_ended | ~same)
+    elif autoreset == NEXT_STEP:
+        reset_step, insert = prev_ended, has_prev & ~prev_ended & ~same
+    else:
+        reset_step = prev_ended & same  # next-step autoreset: this step is the reset step
+        insert = has_prev & ~same  # an end row holding the pending next_obs comes first
     jump = insert & ~prev_ended  # an unflagged reset: the step before becomes truncated
     # the step before a jump is marked truncated (unless it is an end row itself); written back
     # unchanged elsewhere, before this add's rows (row 0's slot may be among both)
     fixed = torch.where(jump & ~prev_end_row, prev_flags | TRUNCATED, prev_flags)
     rows[prev_slot, flags_col] = fixed
     end_flags = torch.full_like(prev_flags, END_ROW)
-    obs_only = obs_cols[None, :]
-    end_row = torch.where(obs_only, torch.where(insert[:, None], pending, step), 0)
+    end_row = pending & obs_mask  # the final observation (a reset step's own obs is the same)
     end_row[:, flags_col] = end_flags
     ends = reset_step | insert  # an end row is written first
     first = torch.where(ends[:, None], end_row, step)
@@ -279,7 +291,7 @@ def gather_sequences(
     rows_per_env: int,
     length: int,
     burn_in: int,
-    obs_cols: torch.Tensor,
+    obs_mask: torch.Tensor,
     flags_col: int,
     idx: torch.Tensor,
     out_rows: torch.Tensor,
@@ -317,7 +329,7 @@ def gather_sequences(
     mask = torch.cat((back, fwd), dim=1)
     keep = torch.cat((mask, torch.zeros_like(mask[:, :1])), dim=1)
     after = torch.cat((torch.zeros_like(mask[:, :1]), mask), dim=1)  # the next observation of a step
-    g = torch.where(keep[..., None] | (after[..., None] & obs_cols), g, 0)
+    g = torch.where(keep[..., None], g, torch.where(after[..., None], g & obs_mask, 0))
     out_rows.copy_(g)
     out_mask.copy_(mask)
 

@@ -29,8 +29,8 @@ from gper.ops.triton_ops import LAUNCH, _advance_rng, _draw, _level_offsets, rec
 @triton.jit
 def _source(words, plan, e, which: tl.constexpr, src, stride):
     """The words of ``plan`` that come from source ``which`` (``src``, ``stride`` words a row)."""
-    take = (plan >> 16) == which
-    return tl.where(take, tl.load(src + e * stride + (plan & 0xFFFF), mask=take, other=0), words)
+    take = (plan >> 24) == which
+    return tl.where(take, tl.load(src + e * stride + (plan & 0xFFFFFF), mask=take, other=0), words)
 
 
 @triton.jit
@@ -73,7 +73,7 @@ def _stream_add(
     streams,
     pending,
     tcounters,
-    obs_cols,
+    obs_mask,
     reps,
     level_off,
     level_size,
@@ -111,6 +111,7 @@ def _stream_add(
     SHARED: tl.constexpr,
     CH: tl.constexpr,
     N_SRC: tl.constexpr,
+    AUTORESET: tl.constexpr,
 ):
     # loads first, in two dependent rounds (what the stream holds; then what sits at its cursor
     # and the tree above it), so that the program waits on memory as few times as it can
@@ -131,7 +132,7 @@ def _stream_add(
         flags = tl.load(term + e).to(tl.int32) | (tl.load(trunc + e).to(tl.int32) << 8)
         step = tl.where(cols == FC, flags, step)
     pend = tl.load(pending + W * e + cols, mask=cm, other=0)
-    ocol = tl.load(obs_cols + cols, mask=cm, other=0) != 0
+    omask = tl.load(obs_mask + cols, mask=cm, other=0)
     maxp = tl.load(scalars + 0)  # S_MAXP
     has_prev = k > 0
     prev_slot = base + tl.maximum(k - 1, 0) % T
@@ -179,10 +180,17 @@ def _stream_add(
     # which of the four cases of add this step is (see the reference)
     prev_ended = has_prev & ((prev_flags & 0x101) != 0)  # terminated or truncated byte
     prev_end_row = has_prev & ((prev_flags & 0x10000) != 0)
-    differ = tl.sum(((step != pend) & ocol).to(tl.int32), axis=0)
+    differ = tl.sum((((step ^ pend) & omask) != 0).to(tl.int32), axis=0)
     same = (k == 0) | (differ == 0)
-    reset_step = prev_ended & same
-    insert = has_prev & (differ != 0)
+    if AUTORESET == 1:  # SAME_STEP: a step after an end is always a new episode's first
+        reset_step = k < 0  # never
+        insert = has_prev & (prev_ended | (differ != 0))
+    elif AUTORESET == 2:  # NEXT_STEP: always the reset step
+        reset_step = prev_ended
+        insert = has_prev & ~prev_ended & (differ != 0)
+    else:  # AUTO: a reset step when its observation is the final one, bit for bit
+        reset_step = prev_ended & same
+        insert = has_prev & (differ != 0)
     jump = insert & ~prev_ended
     ends = reset_step | insert
     # the step before an unflagged reset becomes truncated (an unchanged store elsewhere)
@@ -191,7 +199,7 @@ def _stream_add(
     # the per-stream flags as [WP] masks (the interpreter rejects a vector mask and'ed with a scalar)
     insert_v = (cols * 0 + insert.to(tl.int32)) != 0
     ends_v = (cols * 0 + ends.to(tl.int32)) != 0
-    end_row = tl.where(ocol, tl.where(insert_v, pend, step), 0)
+    end_row = pend & omask  # the final observation (a reset step's own obs is the same)
     end_row = tl.where(cols == FC, 0x10000, end_row)
     first = tl.where(ends_v, end_row, step)
     s1 = base + k % T
@@ -369,6 +377,9 @@ def _private_levels(layout: TreeLayout, rows_per_env: int) -> int:
 
 #: the most nodes the last program of an add recomputes on its own (the levels shared by streams)
 _SHARED_NODES = 4096
+#: the largest [reps, K, reps] patch an add program builds (a long window at a small arity repairs
+#: in launches of its own instead)
+_PATCH_ELEMENTS = 8192
 
 _LEVEL_SIZES: dict[tuple[TreeLayout, torch.device], torch.Tensor] = {}
 
@@ -393,12 +404,13 @@ def stream_add(
     streams: torch.Tensor,
     pending: torch.Tensor,
     tcounters: torch.Tensor,
-    obs_cols: torch.Tensor,
+    obs_mask: torch.Tensor,
     flags_col: int,
     rows_per_env: int,
     window: int,
     value: float | None,
     counters: torch.Tensor,
+    autoreset: int = 0,
     sources: tuple[torch.Tensor, ...] = (),
     plan: torch.Tensor | None = None,
     flags: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -413,7 +425,8 @@ def stream_add(
     # the add kernel repairs up to 4 levels inside a stream's block; the rest count as shared
     private = min(_private_levels(layout, rows_per_env), 4)
     shared = layout.depth - 1 - private
-    if private == 0 or sum(layout.sizes[:shared]) > _SHARED_NODES:
+    rp = triton.next_power_of_2(n_reps)
+    if private == 0 or sum(layout.sizes[:shared]) > _SHARED_NODES or rp * rp * layout.arity > _PATCH_ELEMENTS:
         # blocks not aligned with the nodes, or too many shared nodes for one program: the repair
         # runs in launches of its own, level by level
         private, shared = 0, 0
@@ -429,7 +442,7 @@ def stream_add(
         streams,
         pending,
         tcounters,
-        obs_cols.view(torch.int8),
+        obs_mask,
         reps,
         _level_offsets(layout, tree.device),
         _level_sizes(layout, tree.device),
@@ -457,6 +470,7 @@ def stream_add(
         SHARED=shared,
         CH=64,
         N_SRC=len(sources) if staged is None else 0,
+        AUTORESET=autoreset,
         num_warps=1,
     )
     if private == 0:

@@ -91,13 +91,14 @@ class StreamLayout:
     def reward_col(self) -> int:
         return self._field("reward").offset // 4
 
-    def obs_cols(self, device: torch.device) -> torch.Tensor:
-        """[W] bool: the words of the row that belong to an observation field."""
-        cols = torch.zeros(self.words, dtype=torch.bool)
+    def obs_mask(self, device: torch.device) -> torch.Tensor:
+        """[W] int32: the bits of each word of the row that belong to an observation field (a
+        field of one or two bytes may share its word with another field)."""
+        byte = torch.zeros(self.row.row_bytes, dtype=torch.uint8)
         for key in self.obs_keys:
             f = self._field(key)
-            cols[f.offset // 4 : -(-(f.offset + f.nbytes) // 4)] = True
-        return cols.to(device)
+            byte[f.offset : f.offset + f.nbytes] = 0xFF
+        return byte.view(torch.int32).to(device)
 
     def spec(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         return {n: v for n, v in self.row.spec().items() if n != FLAGS}
@@ -177,10 +178,11 @@ class StepPacker:
 
     def word_plan(self) -> tuple[tuple[str, ...], torch.Tensor] | None:
         """The add kernel's own packing, where every field is whole int32 words (float32, int64,
-        ... of any shape) and there are at most :attr:`MAX_SOURCES` of them: ``(keys, plan)``,
-        with ``plan`` [2W] int32 giving for each staged word ``source << 16 | word`` (the key's
-        index in ``keys`` and the word in its row), or -1 for a word that is 0 (padding, and the
-        flags word, which the kernel makes from ``terminated`` and ``truncated``). None otherwise."""
+        ... of any shape; fewer than 2^24 words) and there are at most :attr:`MAX_SOURCES` of
+        them: ``(keys, plan)``, with ``plan`` [2W] int32 giving for each staged word ``source << 24
+        | word`` (the key's index in ``keys`` and the word in its row), or -1 for a word that is 0
+        (padding, and the flags word, which the kernel makes from ``terminated`` and
+        ``truncated``). None otherwise."""
         keys: list[str] = []
         plan = [-1] * (2 * self.layout.words)
         for key, _ in self._pieces:
@@ -192,11 +194,11 @@ class StepPacker:
             for f in self.layout.row.fields:
                 if f.name == "_flags" or (half == 1 and f.name not in self.layout.obs_keys):
                     continue
-                if f.offset % 4 or f.nbytes % 4:
+                if f.offset % 4 or f.nbytes % 4 or f.nbytes // 4 >= 2**24:
                     return None
                 key = f.name if half == 0 else next_name(f.name)
                 for w in range(f.nbytes // 4):
-                    plan[half * self.layout.words + f.offset // 4 + w] = keys.index(key) << 16 | w
+                    plan[half * self.layout.words + f.offset // 4 + w] = keys.index(key) << 24 | w
         return tuple(keys), torch.tensor(plan, dtype=torch.int32, device=self.device)
 
     def words_of(self, data: Mapping[str, torch.Tensor], keys: tuple[str, ...]) -> list[torch.Tensor]:
@@ -206,7 +208,7 @@ class StepPacker:
             x = data[key].detach()
             if x.device != self.device:
                 x = x.to(self.device, non_blocking=True)
-            out.append(x.contiguous().view(torch.int32).reshape(self.num_envs, -1))
+            out.append(x.contiguous().reshape(self.num_envs, -1).view(torch.int32))
         return out
 
     def pack(self, data: Mapping[str, torch.Tensor]) -> torch.Tensor:

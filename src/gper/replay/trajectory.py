@@ -21,7 +21,7 @@ from gper.ops import backend_module, select_backend, trajectory_module
 from gper.ops.layout import DEFAULT_ARITY
 from gper.ops.probe import triton_problem
 from gper.ops.state import C_SIZE, MODE_PROPORTIONAL, MODE_UNIFORM
-from gper.ops.trajectory_reference import N_TCOUNTERS, T_DISCONTINUITIES, T_STEPS
+from gper.ops.trajectory_reference import AUTORESET, N_TCOUNTERS, T_DISCONTINUITIES, T_STEPS
 from gper.replay.checkpoint import check_state
 from gper.replay.checks import (
     check_batch_size,
@@ -72,6 +72,13 @@ class TrajectoryReplayBuffer:
             :meth:`sample_sequences` are at most ``window``. A step becomes drawable once the
             ``window`` steps after it are written, or its episode ended within them.
         obs_keys: the observation fields: stored once, and ``add`` takes ``next_<key>`` for each.
+        autoreset: how a step after an episode end is read. "auto": as Gymnasium's next-step reset
+            step (dropped: its observation is the final one) when its observation equals the
+            final one bit for bit, else as the next episode's first step; "same-step": always the
+            next episode's first step (environments that reset in the step that ended, or loops
+            that reset by hand); "next-step": always a reset step. Pass it when you know it: an
+            environment whose first observation can equal its last (a bandit, a constant
+            observation) reads as next-step under "auto" and loses the step after each end.
     """
 
     def __init__(
@@ -86,6 +93,7 @@ class TrajectoryReplayBuffer:
         weight_norm: str = "global",
         window: int = 80,
         obs_keys: tuple[str, ...] = ("obs",),
+        autoreset: str = "auto",
         device: str | torch.device | None = None,
         backend: str = "auto",
         seed: int = 0,
@@ -104,6 +112,9 @@ class TrajectoryReplayBuffer:
             raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
         if not _is_int(window) or window < 1:
             raise ValueError(f"window must be an int >= 1, got {window!r}")
+        if autoreset not in AUTORESET:
+            raise ValueError(f"autoreset must be one of {tuple(AUTORESET)}, got {autoreset!r}")
+        self.autoreset = autoreset
         if capacity % num_envs:
             lo = capacity - capacity % num_envs
             raise ValueError(
@@ -162,7 +173,7 @@ class TrajectoryReplayBuffer:
         self.pending = torch.zeros(e, w, dtype=torch.int32, device=device)
         self.tcounters = torch.zeros(N_TCOUNTERS, dtype=torch.int64, device=device)
         self._gamma_scalar = torch.ones((), dtype=torch.float32, device=device)
-        self._obs_cols = self.layout.obs_cols(device)
+        self._obs_mask = self.layout.obs_mask(device)
         self._packer = StepPacker(self.layout, e, device)
         self._plan = self._packer.word_plan() if self.backend == "triton" else None
 
@@ -177,18 +188,22 @@ class TrajectoryReplayBuffer:
 
     @property
     def seed(self) -> int:
+        """The sampler's Philox key (fixed; a restore takes the saved one)."""
         return self._seed
 
     @property
     def capacity(self) -> int:
+        """Rows in all: ``num_envs * rows_per_env``."""
         return self._cfg.capacity
 
     @property
     def spec(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """The step's fields as given (``terminated`` and ``truncated`` are the buffer's own)."""
         return self.layout.spec()
 
     @property
     def obs_keys(self) -> tuple[str, ...]:
+        """The observation fields (each stored once; ``add`` takes ``next_<key>`` for each)."""
         return self.layout.obs_keys
 
     @property
@@ -234,7 +249,8 @@ class TrajectoryReplayBuffer:
         except torch.OutOfMemoryError as err:
             raise out_of_memory(err, self.device, f"adding a step of {self.num_envs} streams") from err
         self._steps += 1
-        self._size = min(self._steps, self.rows_per_env) * self.num_envs
+        # every add writes at least a row a stream (and stats() may have counted more)
+        self._size = max(self._size, min(self._steps, self.rows_per_env) * self.num_envs)
 
     def _add(self, *args: torch.Tensor) -> None:
         data = dict(zip(self.layout.step_names(), args, strict=True))
@@ -259,10 +275,11 @@ class TrajectoryReplayBuffer:
             streams=self.streams,
             pending=self.pending,
             tcounters=self.tcounters,
-            obs_cols=self._obs_cols,
+            obs_mask=self._obs_mask,
             flags_col=self.layout.flags_col,
             rows_per_env=self.rows_per_env,
             window=self.window,
+            autoreset=AUTORESET[self.autoreset],
             value=self._new_start_value,
             counters=tree.counters,
             **direct,
@@ -411,7 +428,7 @@ class TrajectoryReplayBuffer:
                 rows_per_env=self.rows_per_env,
                 length=length,
                 burn_in=burn_in,
-                obs_cols=self._obs_cols,
+                obs_mask=self._obs_mask,
                 flags_col=self.layout.flags_col,
                 idx=parts["indices"],
                 out_rows=rows,
@@ -444,7 +461,7 @@ class TrajectoryReplayBuffer:
             td_errors: [B] for transitions and indices; [B, length] for sequences (the steps after
                 the burn-in), mixed per start as ``eta * max|td| + (1 - eta) * mean|td|`` over its
                 masked steps. NaN and ±Inf give the max priority and are counted.
-            eta: the sequences' mix (R2D2's 0.9).
+            eta: the sequences' mix (R2D2's 0.9; transitions and indices do not use it).
         """
         batch = batch_or_indices if isinstance(batch_or_indices, TransitionBatch | SequenceBatch) else None
         if isinstance(batch, SequenceBatch):
@@ -563,6 +580,7 @@ class TrajectoryReplayBuffer:
             "num_envs": self.num_envs,
             "window": self.window,
             "obs_keys": list(self.obs_keys),
+            "autoreset": self.autoreset,
             "kind": "trajectory",
         }
 
@@ -655,8 +673,8 @@ class TrajectoryReplayBuffer:
             raise ValueError(f"load_state_dict(): host['steps'] must be an int >= 0, got {steps!r}")
         if flags is None:
             raise ValueError("load_state_dict(): 'rows' missing or of the wrong shape/dtype")
-        invalid = check_trajectory_contents(
-            state, flags, self.tree.layout, host["size"], self.rows_per_env, self.window, self.device
+        invalid, steps = check_trajectory_contents(
+            state, flags, self.tree.layout, host["size"], steps, self.rows_per_env, self.window, self.device
         )
         with torch.no_grad():
             copy_rows(self.rows.rows)
@@ -666,7 +684,7 @@ class TrajectoryReplayBuffer:
                 getattr(self, name).copy_(state[name])
         self._seed = seed
         self._graphs.clear()
-        self._steps, self._size = steps, int(host["size"])
+        self._steps, self._size = steps, int(host["size"])  # the device's step count
         self._invalid_reported = invalid
         self.policy.updates_since_refresh = int(host["updates_since_refresh"])
         self._beta.forget()
@@ -688,6 +706,7 @@ class TrajectoryReplayBuffer:
             "weight_norm": cfg.weight_norm,
             "window": self.window,
             "obs_keys": self.obs_keys,
+            "autoreset": self.autoreset,
             "device": str(self.device),
             "backend": self.backend,
             "seed": self.seed,

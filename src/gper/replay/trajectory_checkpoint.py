@@ -15,7 +15,7 @@ import torch
 
 from gper.ops.layout import TreeLayout
 from gper.ops.state import C_CURSOR, C_SIZE
-from gper.ops.trajectory_reference import END_ROW, N_TCOUNTERS, expected_drawable
+from gper.ops.trajectory_reference import END_ROW, N_TCOUNTERS, T_STEPS, T_TICKET, expected_drawable
 from gper.replay.checkpoint import check_contents
 
 
@@ -52,12 +52,14 @@ def check_trajectory_contents(
     flags: torch.Tensor,
     layout: TreeLayout,
     host_size: int,
+    host_steps: int,
     rows_per_env: int,
     window: int,
     device: torch.device,
-) -> int:
+) -> tuple[int, int]:
     """Check a trajectory buffer's ``state`` (its rows' flags words ``flags`` [capacity] int32)
-    whole, in one host sync; return the dropped update entries it counts.
+    whole, in one host sync; return (the dropped update entries it counts, the steps it added:
+    the device's count, which adds replayed from a caller's graph count in too).
 
     Raises:
         ValueError: naming every check that failed.
@@ -71,7 +73,15 @@ def check_trajectory_contents(
         counters[C_CURSOR] != 0
     )
     extra["a trajectory count (steps, discontinuities) is negative"] = (tcounters[:N_TCOUNTERS] < 0).any()
+    extra["the add kernel's scratch counter is not 0"] = tcounters[T_TICKET] != 0
+    steps = tcounters[T_STEPS]
+    count = streams[:, 0]
+    # every add writes one or two rows a stream, and the host counts no more adds than the device
+    extra["a stream's rows are not between the steps added and twice that"] = (
+        (count < steps) | (count > 2 * steps)
+    ).any()
+    extra["the host counts more steps than the device"] = steps < host_steps
     carries = expected_drawable(flags=flags, streams=streams.clamp(min=0), rows_per_env=rows_per_env, window=window)
     written = written_slots(streams, rows_per_env)
     _, invalid = check_contents(state, layout, host_size, device, carries=carries, written=written, extra=extra)
-    return invalid
+    return invalid, int(steps)  # a second read, after the checks passed
