@@ -33,8 +33,7 @@ S_EP_START = 1  #: the first row of the episode in progress
 # slots of ``tcounters``
 T_DISCONTINUITIES = 0  #: steps whose obs differed from the previous step's next_obs without an episode end
 T_STEPS = 1  #: add calls
-T_TICKET = 2  #: scratch for the Triton add's last-program election (0 between calls)
-N_TCOUNTERS = 3
+N_TCOUNTERS = 2
 # how a step after an episode end is read (``stream_add``'s ``autoreset``)
 AUTO, SAME_STEP, NEXT_STEP = 0, 1, 2
 AUTORESET = {"auto": AUTO, "same-step": SAME_STEP, "next-step": NEXT_STEP}

@@ -3,9 +3,11 @@
 
 * ``_stream_add``: one program per stream: the four cases of ``add`` (the episode goes on, a
   next-step reset step, a same-step reset, an unflagged reset), the rows, their generations and
-  leaves, the starts made drawable, the stream state, and the leaves the tree repair needs. Each
-  program touches only its own stream's slots, so programs never race; the repair of the inner
-  nodes is the flat buffer's level-by-level ``recompute``, launched after it.
+  leaves, the starts made drawable, the stream state, the step gathered from the caller's own
+  tensors by a word plan (or read packed), and the leaf parents above the changed leaves where
+  each lies inside the stream's block. Each program touches only its own stream's slots, so
+  programs never race; the levels above are the flat buffer's level-by-level ``_levels``,
+  launched after it.
 * ``_sample_transitions``: the whole of a transition ``sample`` in one launch: the flat buffer's
   draw (``triton_ops._draw``: the same slots and IS weights as its sampling kernel), then per draw
   the return over the steps up to the episode's end, the flags, the discount, and the row m
@@ -23,7 +25,7 @@ from gper._triton import tl, triton
 from gper.ops.layout import TreeLayout
 from gper.ops.state import rng_blocks
 from gper.ops.trajectory_reference import gather_sequences, rep_count  # noqa: F401 (gather_sequences: the contract's)
-from gper.ops.triton_ops import LAUNCH, _advance_rng, _draw, _level_offsets, recompute
+from gper.ops.triton_ops import LAUNCH, _advance_rng, _draw, _level_offsets, _levels, recompute
 
 
 @triton.jit
@@ -52,16 +54,6 @@ def _gather_step(plan, e, s0, s1, s2, s3, s4, s5, t0, t1, t2, t3, t4, t5, N_SRC:
 
 
 @triton.jit
-def _patch(c, kids_sum, kids_min, nodes, new_sum, new_min):
-    """Children ``c`` [RP, K] with old values: those among ``nodes`` [RP] take the new values."""
-    match = c[:, :, None] == nodes[None, None, :]
-    has = tl.max(match.to(tl.int32), axis=2) > 0
-    s = tl.max(tl.where(match, new_sum[None, None, :], -1.0), axis=2)
-    m = tl.min(tl.where(match, new_min[None, None, :], float("inf")), axis=2)
-    return tl.where(has, s, kids_sum), tl.where(has, m, kids_min)
-
-
-@triton.jit
 def _stream_add(
     tree,
     mintree,
@@ -76,7 +68,6 @@ def _stream_add(
     obs_mask,
     reps,
     level_off,
-    level_size,
     leaf_off,
     T,
     value,
@@ -107,9 +98,7 @@ def _stream_add(
     HAS_KEYS: tl.constexpr,
     DEPTH: tl.constexpr,
     LOG2K: tl.constexpr,
-    PRIVATE: tl.constexpr,
-    SHARED: tl.constexpr,
-    CH: tl.constexpr,
+    LEAF_PARENTS: tl.constexpr,
     N_SRC: tl.constexpr,
     AUTORESET: tl.constexpr,
 ):
@@ -154,29 +143,11 @@ def _stream_add(
     rm = r < R
     rep = base + q % T
     kk = tl.arange(0, K)
-    if PRIVATE >= 1:  # the old values of the children of each repaired node, every level at once
+    if LEAF_PARENTS:  # the old leaves under each repaired leaf parent, loaded before any write
         n0 = rep >> LOG2K
-        c0 = n0[:, None] * K + kk[None, :]  # leaves
+        c0 = n0[:, None] * K + kk[None, :]
         a0 = tl.load(tree + leaf_off + c0)
         b0 = tl.load(mintree + leaf_off + c0)
-    if PRIVATE >= 2:
-        n1 = rep >> (2 * LOG2K)
-        c1 = n1[:, None] * K + kk[None, :]
-        o1 = tl.load(level_off + DEPTH - 2)
-        a1 = tl.load(tree + o1 + c1)
-        b1 = tl.load(mintree + o1 + c1)
-    if PRIVATE >= 3:
-        n2 = rep >> (3 * LOG2K)
-        c2 = n2[:, None] * K + kk[None, :]
-        o2 = tl.load(level_off + DEPTH - 3)
-        a2 = tl.load(tree + o2 + c2)
-        b2 = tl.load(mintree + o2 + c2)
-    if PRIVATE >= 4:
-        n3 = rep >> (4 * LOG2K)
-        c3 = n3[:, None] * K + kk[None, :]
-        o3 = tl.load(level_off + DEPTH - 4)
-        a3 = tl.load(tree + o3 + c3)
-        b3 = tl.load(mintree + o3 + c3)
     # which of the four cases of add this step is (see the reference)
     prev_ended = has_prev & ((prev_flags & 0x101) != 0)  # terminated or truncated byte
     prev_end_row = has_prev & ((prev_flags & 0x10000) != 0)
@@ -235,11 +206,10 @@ def _stream_add(
     tl.atomic_add(tcounters + 0, jump.to(tl.int64), mask=jump)  # T_DISCONTINUITIES
     first_program = e == 0
     tl.store(tcounters + 1, tl.load(tcounters + 1) + 1, mask=first_program)  # T_STEPS: only program 0 writes it
-    if PRIVATE == 0:  # the repair runs in launches of its own, after this one
-        tl.store(reps + R * e + r, rep, mask=rm)
-    else:
-        # the levels whose nodes each lie inside one stream's block: this program alone writes the
-        # nodes above its leaves, from the old values loaded above patched with the new ones
+    tl.store(reps + R * e + r, rep, mask=rm)  # the levels above: repaired in launches of their own
+    if LEAF_PARENTS:
+        # the leaf parents lie inside the stream's block (K divides T): this program alone writes
+        # them, from the old leaves patched with the ones this add wrote (no reload)
         newest = k + n_rows - 1
         p = c0 - base  # each child leaf's ring position, and the row it holds
         qc = newest - ((newest - p) % T + T) % T
@@ -247,52 +217,9 @@ def _stream_add(
         act = (qc >= first_new) & (qc <= last_new)
         a0 = tl.where(fresh, 0.0, tl.where(act, v, a0))
         b0 = tl.where(fresh, float("inf"), tl.where(act, v, b0))
-        v_sum = tl.sum(a0, axis=1)
-        v_min = tl.min(b0, axis=1)
         po = tl.load(level_off + DEPTH - 2)
-        tl.store(tree + po + n0, v_sum, mask=rm)
-        tl.store(mintree + po + n0, v_min, mask=rm)
-        if PRIVATE >= 2:
-            a1, b1 = _patch(c1, a1, b1, n0, v_sum, v_min)
-            v_sum = tl.sum(a1, axis=1)
-            v_min = tl.min(b1, axis=1)
-            po = tl.load(level_off + DEPTH - 3)
-            tl.store(tree + po + n1, v_sum, mask=rm)
-            tl.store(mintree + po + n1, v_min, mask=rm)
-        if PRIVATE >= 3:
-            a2, b2 = _patch(c2, a2, b2, n1, v_sum, v_min)
-            v_sum = tl.sum(a2, axis=1)
-            v_min = tl.min(b2, axis=1)
-            po = tl.load(level_off + DEPTH - 4)
-            tl.store(tree + po + n2, v_sum, mask=rm)
-            tl.store(mintree + po + n2, v_min, mask=rm)
-        if PRIVATE >= 4:
-            a3, b3 = _patch(c3, a3, b3, n2, v_sum, v_min)
-            v_sum = tl.sum(a3, axis=1)
-            v_min = tl.min(b3, axis=1)
-            po = tl.load(level_off + DEPTH - 5)
-            tl.store(tree + po + n3, v_sum, mask=rm)
-            tl.store(mintree + po + n3, v_min, mask=rm)
-        if SHARED > 0:
-            # the levels above, shared between streams: the last program to get here recomputes
-            # them whole (few nodes), reading the others' writes past L1; its ticket releases its own
-            tl.debug_barrier()
-            ticket = tl.atomic_add(tcounters + 2, 1)  # T_TICKET
-            if ticket == tl.num_programs(0) - 1:
-                for top in tl.static_range(SHARED):
-                    n_nodes = tl.load(level_size + SHARED - 1 - top)
-                    up = tl.load(level_off + SHARED - 1 - top)
-                    down = tl.load(level_off + SHARED - top)
-                    for c_at in range(0, n_nodes, CH):
-                        nodes = c_at + tl.arange(0, CH)
-                        nm = nodes < n_nodes
-                        cc = down + nodes[:, None] * K + kk[None, :]
-                        sv = tl.load(tree + cc, mask=nm[:, None], other=0.0, cache_modifier=".cg")
-                        tl.store(tree + up + nodes, tl.sum(sv, axis=1), mask=nm)
-                        smv = tl.load(mintree + cc, mask=nm[:, None], other=float("inf"), cache_modifier=".cg")
-                        tl.store(mintree + up + nodes, tl.min(smv, axis=1), mask=nm)
-                    tl.debug_barrier()
-                tl.store(tcounters + 2, ticket * 0)
+        tl.store(tree + po + n0, tl.sum(a0, axis=1), mask=rm)
+        tl.store(mintree + po + n0, tl.min(b0, axis=1), mask=rm)
 
 
 @triton.jit
@@ -365,32 +292,6 @@ def _sample_transitions(
     _advance_rng(counters, rng, B, NB)
 
 
-def _private_levels(layout: TreeLayout, rows_per_env: int) -> int:
-    """Inner levels, from the bottom, whose every node lies inside one stream's block of slots."""
-    n = 0
-    for level in range(layout.depth - 2, -1, -1):
-        if rows_per_env % layout.arity ** (layout.depth - 1 - level):
-            break
-        n += 1
-    return n
-
-
-#: the most nodes the last program of an add recomputes on its own (the levels shared by streams)
-_SHARED_NODES = 4096
-#: the largest [reps, K, reps] patch an add program builds (a long window at a small arity repairs
-#: in launches of its own instead)
-_PATCH_ELEMENTS = 8192
-
-_LEVEL_SIZES: dict[tuple[TreeLayout, torch.device], torch.Tensor] = {}
-
-
-def _level_sizes(layout: TreeLayout, device: torch.device) -> torch.Tensor:
-    key = (layout, device)
-    if key not in _LEVEL_SIZES:
-        _LEVEL_SIZES[key] = torch.tensor(layout.sizes, dtype=torch.int64, device=device)
-    return _LEVEL_SIZES[key]
-
-
 def stream_add(
     *,
     tree: torch.Tensor,
@@ -422,14 +323,11 @@ def stream_add(
     srcs = list(sources) + [pending] * (6 - len(sources))
     term, trunc = flags if flags is not None else (pending, pending)
     n_reps = rep_count(window, layout.arity)
-    # the add kernel repairs up to 4 levels inside a stream's block; the rest count as shared
-    private = min(_private_levels(layout, rows_per_env), 4)
-    shared = layout.depth - 1 - private
-    rp = triton.next_power_of_2(n_reps)
-    if private == 0 or sum(layout.sizes[:shared]) > _SHARED_NODES or rp * rp * layout.arity > _PATCH_ELEMENTS:
-        # blocks not aligned with the nodes, or too many shared nodes for one program: the repair
-        # runs in launches of its own, level by level
-        private, shared = 0, 0
+    # the kernel repairs the leaf parents where each lies inside one stream's block (K divides T);
+    # the levels above are repaired level by level in launches of their own. (Repairing them in the
+    # kernel too, the last program recomputing the shared top, measured slower on the H200: 18.2
+    # against 10.3 us for an add of 256 streams with window 80; docs/performance.md)
+    leaf_parents = layout.depth >= 2 and rows_per_env % layout.arity == 0
     reps = torch.empty(e, n_reps, dtype=torch.int64, device=rows.device)
     _stream_add[(e,)](
         tree,
@@ -445,7 +343,6 @@ def stream_add(
         obs_mask,
         reps,
         _level_offsets(layout, tree.device),
-        _level_sizes(layout, tree.device),
         layout.leaf_offset,
         rows_per_env,
         0.0 if value is None else float(value),
@@ -466,14 +363,14 @@ def stream_add(
         HAS_KEYS=keys is not None,
         DEPTH=layout.depth,
         LOG2K=layout.log2_arity,
-        PRIVATE=private,
-        SHARED=shared,
-        CH=64,
+        LEAF_PARENTS=leaf_parents,
         N_SRC=len(sources) if staged is None else 0,
         AUTORESET=autoreset,
         num_warps=1,
     )
-    if private == 0:
+    if leaf_parents:
+        _levels(tree, mintree, layout, reps.view(-1), layout.depth - 3, counters=counters)
+    else:
         recompute(tree=tree, mintree=mintree, layout=layout, leaves=reps.view(-1), counters=counters)
 
 
