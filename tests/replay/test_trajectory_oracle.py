@@ -351,3 +351,8 @@ def test_r2d2_mix_over_the_masked_steps_only():
             mix = 0.8 * a.double().max().item() + 0.2 * a.double().mean().item()
             want = (mix + eps) ** alpha
         assert math.isclose(got[idx.index(i)].item(), want, rel_tol=1e-5), (n, i, got[idx.index(i)].item(), want)
+
+
+def test_the_longest_n_step_matches_the_oracle():
+    """n_step up to 64 (window 64) on episodes longer and shorter than it: every field of every draw."""
+    random_run("torch", 2, 80, 64, 150, 10, 32, seed=64)
