@@ -19,9 +19,8 @@ from typing import Any
 import torch
 
 from gper._device import canonical_device, on_own_device
-from gper.ops import backend_module, select_backend
 from gper.ops.layout import DEFAULT_ARITY
-from gper.ops.probe import triton_problem
+from gper.replay.backends import choose_backend
 from gper.replay.batch import FlatSample, SampledBatch
 from gper.replay.checkpoint import PREFIX_TENSORS, check_contents, check_state, widen_prefixes
 from gper.replay.checks import (
@@ -32,11 +31,10 @@ from gper.replay.checks import (
     out_of_memory,
     warn_cpu_fallback,
     warn_dropped,
-    warn_triton_fallback,
 )
-from gper.replay.config import ReplayConfig, Setting
+from gper.replay.config import BufferSettings, ReplayConfig
 from gper.replay.files import TensorFile, write_tensors
-from gper.replay.graphs import BufferGraphs, capturing
+from gper.replay.graphs import BufferGraphs
 from gper.replay.sampling import BetaInput, SamplingPolicy
 from gper.replay.storage import RowLayout, RowStorage
 from gper.replay.tree import PriorityTree
@@ -45,7 +43,7 @@ from gper.replay.tree import PriorityTree
 _SAMPLE_SLOTS = 3
 
 
-class PrioritizedReplayBuffer:
+class PrioritizedReplayBuffer(BufferSettings):
     """A ring buffer of transitions with prioritized sampling, entirely on one device.
 
     Args:
@@ -130,14 +128,7 @@ class PrioritizedReplayBuffer:
     def _allocate(self, device: torch.device) -> None:
         """Choose the back end for ``device`` and build the storage, tree and policy there."""
         self.device = device
-        self.backend, kernels = select_backend(self._backend_request, device)
-        if self.backend == "triton" and not (device.type == "cuda" and capturing()):
-            problem = triton_problem(device)  # once per device and process
-            if problem is not None and self._backend_request == "auto":
-                warn_triton_fallback(device, problem)
-                self.backend, kernels = "torch", backend_module("torch")
-            elif problem is not None:
-                raise RuntimeError(f"backend='triton' does not work on {device}: {problem}")
+        self.backend, kernels = choose_backend(self._backend_request, device)
         cfg = self._cfg
         # the three objects that hold the state: rows, tree (+ counters), sampling policy (+ rank keys)
         self.rows = RowStorage(self._row_layout, cfg.capacity, device)
@@ -145,27 +136,6 @@ class PrioritizedReplayBuffer:
         self.policy = SamplingPolicy.build(
             cfg.sampling, cfg.weight_norm, cfg.capacity, device, cfg.rank_refresh_interval
         )
-
-    # settings, read from the checked config; alpha, beta, eps, weight_norm and
-    # rank_refresh_interval may be assigned (checked again), the others are fixed
-    alpha, beta, eps, sampling = Setting(), Setting(), Setting(), Setting()
-    weight_norm, rank_refresh_interval = Setting(), Setting()
-
-    def _settings_changed(self, name: str) -> None:
-        self.policy.configure(self._cfg.weight_norm, self._cfg.rank_refresh_interval)
-        if name in ("alpha", "eps", "weight_norm"):
-            # captured graphs froze these (kernel arguments, the normalisation): calls after the
-            # change capture new ones. beta is read from a device scalar, so its graphs stay
-            self._graphs.clear()
-
-    @property
-    def seed(self) -> int:
-        """The sampler's Philox key (fixed; a restore takes the saved one)."""
-        return self._seed
-
-    @property
-    def capacity(self) -> int:
-        return self._cfg.capacity
 
     @property
     def spec(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:

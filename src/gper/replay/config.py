@@ -72,6 +72,33 @@ class Setting:
         obj._settings_changed(self.name)
 
 
+class BufferSettings:
+    """The settings both buffers expose, read from their checked ``_cfg`` (:class:`ReplayConfig`):
+    ``alpha``, ``beta``, ``eps``, ``weight_norm`` and ``rank_refresh_interval`` may be assigned
+    (checked again), ``sampling``, ``seed`` and ``capacity`` are fixed. A buffer has ``_cfg``,
+    ``_seed``, ``policy`` and ``_graphs``."""
+
+    alpha, beta, eps, sampling = Setting(), Setting(), Setting(), Setting()
+    weight_norm, rank_refresh_interval = Setting(), Setting()
+
+    def _settings_changed(self, name: str) -> None:
+        self.policy.configure(self._cfg.weight_norm, self._cfg.rank_refresh_interval)
+        if name in ("alpha", "eps", "weight_norm"):
+            # captured graphs froze these (kernel arguments, the normalisation): calls after the
+            # change capture new ones. beta is read from a device scalar, so its graphs stay
+            self._graphs.clear()
+
+    @property
+    def seed(self) -> int:
+        """The sampler's Philox key (fixed; a restore takes the saved one)."""
+        return self._seed
+
+    @property
+    def capacity(self) -> int:
+        """Slots in all (the trajectory buffer's: ``num_envs * rows_per_env``)."""
+        return self._cfg.capacity
+
+
 @dataclass(frozen=True)
 class ReplayConfig:
     """The constructor arguments of :class:`~gper.PrioritizedReplayBuffer` that define its contents

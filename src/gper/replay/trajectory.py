@@ -17,11 +17,11 @@ from typing import Any
 import torch
 
 from gper._device import canonical_device, on_own_device
-from gper.ops import backend_module, select_backend, trajectory_module
+from gper.ops import trajectory_module
 from gper.ops.layout import DEFAULT_ARITY
-from gper.ops.probe import triton_problem
 from gper.ops.state import C_SIZE, MODE_PROPORTIONAL, MODE_UNIFORM
 from gper.ops.trajectory_reference import AUTORESET, N_TCOUNTERS, T_DISCONTINUITIES, T_STEPS
+from gper.replay.backends import choose_backend
 from gper.replay.checkpoint import check_state
 from gper.replay.checks import (
     check_batch_size,
@@ -32,11 +32,10 @@ from gper.replay.checks import (
     out_of_memory,
     warn_cpu_fallback,
     warn_dropped,
-    warn_triton_fallback,
 )
-from gper.replay.config import ReplayConfig, Setting
+from gper.replay.config import BufferSettings, ReplayConfig
 from gper.replay.files import TensorFile, write_tensors
-from gper.replay.graphs import BufferGraphs, capturing
+from gper.replay.graphs import BufferGraphs
 from gper.replay.sampling import BetaInput, SamplingPolicy
 from gper.replay.storage import RowStorage
 from gper.replay.streams import STEP_FLAGS, StepPacker, StreamLayout
@@ -54,7 +53,7 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-class TrajectoryReplayBuffer:
+class TrajectoryReplayBuffer(BufferSettings):
     """``num_envs`` environment streams in time order, with prioritized sampling of start steps.
 
     Args:
@@ -152,14 +151,7 @@ class TrajectoryReplayBuffer:
 
     def _allocate(self, device: torch.device) -> None:
         self.device = device
-        self.backend, kernels = select_backend(self._backend_request, device)
-        if self.backend == "triton" and not (device.type == "cuda" and capturing()):
-            problem = triton_problem(device)
-            if problem is not None and self._backend_request == "auto":
-                warn_triton_fallback(device, problem)
-                self.backend, kernels = "torch", backend_module("torch")
-            elif problem is not None:
-                raise RuntimeError(f"backend='triton' does not work on {device}: {problem}")
+        self.backend, kernels = choose_backend(self._backend_request, device)
         self._kernels = trajectory_module(self.backend)
         cfg, e, w = self._cfg, self.num_envs, self.layout.words
         self.rows = RowStorage(self.layout.row, cfg.capacity, device)
@@ -176,25 +168,6 @@ class TrajectoryReplayBuffer:
         self._obs_mask = self.layout.obs_mask(device)
         self._packer = StepPacker(self.layout, e, device)
         self._plan = self._packer.word_plan() if self.backend == "triton" else None
-
-    # settings, as the flat buffer's
-    alpha, beta, eps, sampling = Setting(), Setting(), Setting(), Setting()
-    weight_norm, rank_refresh_interval = Setting(), Setting()
-
-    def _settings_changed(self, name: str) -> None:
-        self.policy.configure(self._cfg.weight_norm, self._cfg.rank_refresh_interval)
-        if name in ("alpha", "eps", "weight_norm"):
-            self._graphs.clear()
-
-    @property
-    def seed(self) -> int:
-        """The sampler's Philox key (fixed; a restore takes the saved one)."""
-        return self._seed
-
-    @property
-    def capacity(self) -> int:
-        """Rows in all: ``num_envs * rows_per_env``."""
-        return self._cfg.capacity
 
     @property
     def spec(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
