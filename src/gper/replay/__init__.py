@@ -9,7 +9,7 @@
   graphs (``graphs.py``);
 * :class:`TrajectoryReplayBuffer` (``trajectory.py``): env streams in time order on the same
   tree and policies, each observation stored once (rows: ``streams.py``; what it samples:
-  ``trajectory_batch.py``; its checkpoint checks: ``trajectory_checkpoint.py``).
+  ``trajectory_batch.py``; its checkpoint methods and checks: ``trajectory_checkpoint.py``).
 
 Imports only :mod:`gper.ops` (the kernels) below it; nothing here knows of environments,
 trainers or benchmarks.

@@ -9,9 +9,7 @@ are drawable, and what each sample holds.
 
 from __future__ import annotations
 
-import json
-import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -22,7 +20,6 @@ from gper.ops.layout import DEFAULT_ARITY
 from gper.ops.state import C_SIZE, MODE_PROPORTIONAL, MODE_UNIFORM
 from gper.ops.trajectory_reference import AUTORESET, N_TCOUNTERS, T_DISCONTINUITIES, T_STEPS
 from gper.replay.backends import choose_backend
-from gper.replay.checkpoint import check_state
 from gper.replay.checks import (
     check_batch_size,
     check_generations,
@@ -34,13 +31,12 @@ from gper.replay.checks import (
     warn_dropped,
 )
 from gper.replay.config import BufferSettings, ReplayConfig
-from gper.replay.files import TensorFile, write_tensors
 from gper.replay.graphs import BufferGraphs
 from gper.replay.sampling import BetaInput, SamplingPolicy
 from gper.replay.storage import RowStorage
 from gper.replay.streams import STEP_FLAGS, StepPacker, StreamLayout
 from gper.replay.trajectory_batch import SequenceBatch, TransitionBatch, TransitionSample
-from gper.replay.trajectory_checkpoint import check_trajectory_contents
+from gper.replay.trajectory_checkpoint import TrajectoryCheckpoint
 from gper.replay.tree import PriorityTree
 
 #: captured sample outputs per call shape (a batch may still be alive while the next is drawn)
@@ -53,7 +49,7 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-class TrajectoryReplayBuffer(BufferSettings):
+class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
     """``num_envs`` environment streams in time order, with prioritized sampling of start steps.
 
     Args:
@@ -537,132 +533,6 @@ class TrajectoryReplayBuffer(BufferSettings):
         self._size, self._steps = size, t[T_STEPS]  # adds replayed from a caller's graph count too
         self._invalid_reported = warn_dropped(out["invalid_indices"], self._invalid_reported)
         return out
-
-    # ---------------------------------------------------------------- checkpoint
-
-    def _tensors(self) -> dict[str, torch.Tensor]:
-        return (
-            {"rows": self.rows.rows}
-            | self.tree.state_dict()
-            | self.policy.state_dict()
-            | {"streams": self.streams, "pending": self.pending, "tcounters": self.tcounters}
-        )
-
-    def _config(self) -> dict[str, Any]:
-        return self._cfg.checkpoint(self.layout.row) | {
-            "num_envs": self.num_envs,
-            "window": self.window,
-            "obs_keys": list(self.obs_keys),
-            "autoreset": self.autoreset,
-            "kind": "trajectory",
-        }
-
-    def _host_counts(self) -> dict[str, int]:
-        return {"size": self._size, "updates_since_refresh": self.policy.updates_since_refresh, "steps": self._steps}
-
-    def state_dict(self) -> dict[str, Any]:
-        """Everything that defines the buffer (the tensors are its own, not copies)."""
-        return {"config": self._config(), "seed": self.seed} | self._tensors() | {"host": self._host_counts()}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore a :meth:`state_dict` in place, checked whole first (one host sync); batches
-        drawn before it count as stale afterwards.
-
-        Raises:
-            ValueError: the state comes from a buffer of another configuration, is incomplete, or
-                is corrupt (naming what is wrong); the buffer is then unchanged.
-        """
-        flags = None
-        rows = state.get("rows") if isinstance(state, Mapping) else None
-        if isinstance(rows, torch.Tensor) and rows.shape == self.rows.rows.shape and rows.dtype == torch.uint8:
-            flags = rows.view(torch.int32)[:, self.layout.flags_col]
-        self._restore(state, flags, lambda dst: dst.copy_(state["rows"]))
-
-    def save(self, path: str | os.PathLike, progress: Callable[[int, int], None] | None = None) -> int:
-        """Write the buffer's state to a safetensors file at ``path``, atomically and a chunk at a
-        time (as the flat buffer's :meth:`~gper.PrioritizedReplayBuffer.save`; every row is written).
-
-        Returns:
-            bytes written.
-        """
-        meta = {"config": self._config(), "seed": self.seed, "host": self._host_counts()}
-        tensors = self._tensors() | {"flags": self.rows.words[:, self.layout.flags_col].contiguous()}
-        return write_tensors(path, tensors, meta, progress)
-
-    def load(self, path: str | os.PathLike) -> None:
-        """Restore a file written by :meth:`save`, in place, with the checks of :meth:`load_state_dict`.
-
-        Raises:
-            ValueError: the file is missing, damaged, not a buffer file, from a buffer of other
-                settings, or corrupt; the buffer is then unchanged.
-            RuntimeError: the file changed while its rows were being read (the buffer then holds part of it).
-        """
-        with TensorFile(path) as f:
-            meta = f.metadata
-            state: dict[str, Any] = {"config": meta.get("config"), "seed": meta.get("seed"), "host": meta.get("host")}
-            wanted = self._tensors() | {"flags": self.rows.words[:, self.layout.flags_col]}
-            for name, mine in wanted.items():
-                if name not in f.keys():
-                    raise ValueError(f"load(): {path} has no tensor {name!r}")
-                shape, dtype = f.meta(name)
-                if name == "rows" or (shape, dtype) != (mine.shape, mine.dtype):
-                    state[name] = torch.empty(shape, dtype=dtype, device="meta")  # refused by the checks, or read last
-                else:
-                    state[name] = torch.empty(shape, dtype=dtype, device=self.device)
-                    try:
-                        f.copy_into(name, state[name])
-                    except (OSError, ValueError) as err:
-                        raise ValueError(f"load(): {err}") from err
-            flags = state.pop("flags")
-            if flags.device.type == "meta":
-                raise ValueError(f"load(): {path} has a 'flags' tensor of the wrong shape/dtype")
-            self._restore(state, flags, lambda dst: self._read_rows(f, dst, flags, path), json_config=True)
-
-    def _read_rows(self, f: TensorFile, rows: torch.Tensor, flags: torch.Tensor, path: str | os.PathLike) -> None:
-        try:
-            f.copy_into("rows", rows)
-            same = bool((rows.view(torch.int32)[:, self.layout.flags_col] == flags).all())
-        except OSError as err:
-            same, why = False, f"({err})"
-        else:
-            why = "(its rows disagree with its flags)"
-        if not same:
-            raise RuntimeError(
-                f"load(): {path} could not be read consistently after its checks passed {why}; the buffer now "
-                "holds part of it: load a complete file into it, or build a new one"
-            )
-
-    def _restore(
-        self,
-        state: Mapping[str, Any],
-        flags: torch.Tensor | None,
-        copy_rows: Callable[[torch.Tensor], object],
-        json_config: bool = False,
-    ) -> None:
-        config = json.loads(json.dumps(self._config())) if json_config else self._config()
-        seed, host = check_state(state, config, self._tensors())
-        steps = host.get("steps")
-        if not _is_int(steps) or steps < 0:
-            raise ValueError(f"load_state_dict(): host['steps'] must be an int >= 0, got {steps!r}")
-        if flags is None:
-            raise ValueError("load_state_dict(): 'rows' missing or of the wrong shape/dtype")
-        invalid, steps = check_trajectory_contents(
-            state, flags, self.tree.layout, host["size"], steps, self.rows_per_env, self.window, self.device
-        )
-        with torch.no_grad():
-            copy_rows(self.rows.rows)
-            self.tree.load_state_dict(state)
-            self.policy.load_state_dict(state)
-            for name in ("streams", "pending", "tcounters"):
-                getattr(self, name).copy_(state[name])
-        self._seed = seed
-        self._graphs.clear()
-        self._steps, self._size = steps, int(host["size"])  # the device's step count
-        self._invalid_reported = invalid
-        self.policy.updates_since_refresh = int(host["updates_since_refresh"])
-        self._beta.forget()
-        self._gamma.forget()
-        self._epoch = object()
 
     # ---------------------------------------------------------------- copies
 

@@ -1,4 +1,6 @@
-"""The checks a trajectory buffer's state passes before it is loaded.
+"""A trajectory buffer's checkpoint: its state's form (:class:`TrajectoryCheckpoint`, the
+buffer's ``state_dict`` / ``load_state_dict`` / ``save`` / ``load``), and the checks a state
+passes before it is loaded.
 
 On top of the flat buffer's (:func:`gper.replay.checkpoint.check_contents`: counters, priorities,
 trees), the stream state must agree with the rows: counts and episode starts in range, the
@@ -9,14 +11,18 @@ whose window runs past what was written).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
 from gper.ops.layout import TreeLayout
 from gper.ops.state import C_CURSOR, C_SIZE
 from gper.ops.trajectory_reference import END_ROW, N_TCOUNTERS, T_STEPS, expected_drawable
-from gper.replay.checkpoint import check_contents
+from gper.replay.checkpoint import check_contents, check_state
+from gper.replay.files import TensorFile, write_tensors
 
 
 def stream_checks(flags: torch.Tensor, streams: torch.Tensor, rows_per_env: int) -> dict[str, torch.Tensor]:
@@ -84,3 +90,132 @@ def check_trajectory_contents(
     written = written_slots(streams, rows_per_env)
     _, invalid = check_contents(state, layout, host_size, device, carries=carries, written=written, extra=extra)
     return invalid, int(steps)  # a second read, after the checks passed
+
+
+class TrajectoryCheckpoint:
+    """The checkpoint methods of :class:`~gper.TrajectoryReplayBuffer` (its rows, tree, policy,
+    stream state and counts; the buffer defines ``_init_args`` and the rest)."""
+
+    def _tensors(self) -> dict[str, torch.Tensor]:
+        return (
+            {"rows": self.rows.rows}
+            | self.tree.state_dict()
+            | self.policy.state_dict()
+            | {"streams": self.streams, "pending": self.pending, "tcounters": self.tcounters}
+        )
+
+    def _config(self) -> dict[str, Any]:
+        return self._cfg.checkpoint(self.layout.row) | {
+            "num_envs": self.num_envs,
+            "window": self.window,
+            "obs_keys": list(self.obs_keys),
+            "autoreset": self.autoreset,
+            "kind": "trajectory",
+        }
+
+    def _host_counts(self) -> dict[str, int]:
+        return {"size": self._size, "updates_since_refresh": self.policy.updates_since_refresh, "steps": self._steps}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything that defines the buffer (the tensors are its own, not copies)."""
+        return {"config": self._config(), "seed": self.seed} | self._tensors() | {"host": self._host_counts()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a :meth:`state_dict` in place, checked whole first (one host sync); batches
+        drawn before it count as stale afterwards.
+
+        Raises:
+            ValueError: the state comes from a buffer of another configuration, is incomplete, or
+                is corrupt (naming what is wrong); the buffer is then unchanged.
+        """
+        flags = None
+        rows = state.get("rows") if isinstance(state, Mapping) else None
+        if isinstance(rows, torch.Tensor) and rows.shape == self.rows.rows.shape and rows.dtype == torch.uint8:
+            flags = rows.view(torch.int32)[:, self.layout.flags_col]
+        self._restore(state, flags, lambda dst: dst.copy_(state["rows"]))
+
+    def save(self, path: str | os.PathLike, progress: Callable[[int, int], None] | None = None) -> int:
+        """Write the buffer's state to a safetensors file at ``path``, atomically and a chunk at a
+        time (as the flat buffer's :meth:`~gper.PrioritizedReplayBuffer.save`; every row is written).
+
+        Returns:
+            bytes written.
+        """
+        meta = {"config": self._config(), "seed": self.seed, "host": self._host_counts()}
+        tensors = self._tensors() | {"flags": self.rows.words[:, self.layout.flags_col].contiguous()}
+        return write_tensors(path, tensors, meta, progress)
+
+    def load(self, path: str | os.PathLike) -> None:
+        """Restore a file written by :meth:`save`, in place, with the checks of :meth:`load_state_dict`.
+
+        Raises:
+            ValueError: the file is missing, damaged, not a buffer file, from a buffer of other
+                settings, or corrupt; the buffer is then unchanged.
+            RuntimeError: the file changed while its rows were being read (the buffer then holds part of it).
+        """
+        with TensorFile(path) as f:
+            meta = f.metadata
+            state: dict[str, Any] = {"config": meta.get("config"), "seed": meta.get("seed"), "host": meta.get("host")}
+            wanted = self._tensors() | {"flags": self.rows.words[:, self.layout.flags_col]}
+            for name, mine in wanted.items():
+                if name not in f.keys():
+                    raise ValueError(f"load(): {path} has no tensor {name!r}")
+                shape, dtype = f.meta(name)
+                if name == "rows" or (shape, dtype) != (mine.shape, mine.dtype):
+                    state[name] = torch.empty(shape, dtype=dtype, device="meta")  # refused by the checks, or read last
+                else:
+                    state[name] = torch.empty(shape, dtype=dtype, device=self.device)
+                    try:
+                        f.copy_into(name, state[name])
+                    except (OSError, ValueError) as err:
+                        raise ValueError(f"load(): {err}") from err
+            flags = state.pop("flags")
+            if flags.device.type == "meta":
+                raise ValueError(f"load(): {path} has a 'flags' tensor of the wrong shape/dtype")
+            self._restore(state, flags, lambda dst: self._read_rows(f, dst, flags, path), json_config=True)
+
+    def _read_rows(self, f: TensorFile, rows: torch.Tensor, flags: torch.Tensor, path: str | os.PathLike) -> None:
+        try:
+            f.copy_into("rows", rows)
+            same = bool((rows.view(torch.int32)[:, self.layout.flags_col] == flags).all())
+        except OSError as err:
+            same, why = False, f"({err})"
+        else:
+            why = "(its rows disagree with its flags)"
+        if not same:
+            raise RuntimeError(
+                f"load(): {path} could not be read consistently after its checks passed {why}; the buffer now "
+                "holds part of it: load a complete file into it, or build a new one"
+            )
+
+    def _restore(
+        self,
+        state: Mapping[str, Any],
+        flags: torch.Tensor | None,
+        copy_rows: Callable[[torch.Tensor], object],
+        json_config: bool = False,
+    ) -> None:
+        config = json.loads(json.dumps(self._config())) if json_config else self._config()
+        seed, host = check_state(state, config, self._tensors())
+        steps = host.get("steps")
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+            raise ValueError(f"load_state_dict(): host['steps'] must be an int >= 0, got {steps!r}")
+        if flags is None:
+            raise ValueError("load_state_dict(): 'rows' missing or of the wrong shape/dtype")
+        invalid, steps = check_trajectory_contents(
+            state, flags, self.tree.layout, host["size"], steps, self.rows_per_env, self.window, self.device
+        )
+        with torch.no_grad():
+            copy_rows(self.rows.rows)
+            self.tree.load_state_dict(state)
+            self.policy.load_state_dict(state)
+            for name in ("streams", "pending", "tcounters"):
+                getattr(self, name).copy_(state[name])
+        self._seed = seed
+        self._graphs.clear()
+        self._steps, self._size = steps, int(host["size"])  # the device's step count
+        self._invalid_reported = invalid
+        self.policy.updates_since_refresh = int(host["updates_since_refresh"])
+        self._beta.forget()
+        self._gamma.forget()
+        self._epoch = object()
