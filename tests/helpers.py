@@ -173,8 +173,11 @@ def sample_fresh(
 
 def assert_at_rest(tree: PriorityTree, what: str = "") -> None:
     """The scratch the kernels share between calls is back to its resting state: every claim -1,
-    the last-program election tickets (``C_TICKET`` and after) 0."""
-    assert bool((tree.claims == -1).all()), f"{what}: update claims not reset"
+    the climb's arrival counters after the claims 0 (Triton back end), the last-program election
+    tickets (``C_TICKET`` and after) 0."""
+    n = tree.capacity + tree.layout.arity
+    assert bool((tree.claims[:n] == -1).all()), f"{what}: update claims not reset"
+    assert bool((tree.claims[n:] == 0).all()), f"{what}: the climb's arrival counters not reset"
     tickets = tree.counters[C_TICKET:].tolist()
     assert tickets == [0] * (N_COUNTERS - C_TICKET), f"{what}: election tickets not reset: {tickets}"
 

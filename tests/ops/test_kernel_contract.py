@@ -30,6 +30,8 @@ def test_the_contract_lists_every_kernel():
     assert CONTRACT == [
         "add_commit",
         "add_positions",
+        "add_rows",
+        "make_add_plan",
         "make_claims",
         "rebuild",
         "recompute",

@@ -34,6 +34,29 @@ class ReplayKernels(Protocol):
     def make_claims(self, *, layout: TreeLayout, device: torch.device) -> torch.Tensor:
         """The update's claim buffer, all -1 between calls (its shape is the back end's own)."""
 
+    def make_add_plan(self, *, fields: tuple[tuple[int, int], ...], words: int, device: torch.device) -> object:
+        """What ``add_rows`` needs for rows of ``fields`` (``(byte offset, bytes)`` each), made once."""
+
+    def add_rows(
+        self,
+        *,
+        tree: torch.Tensor,
+        mintree: torch.Tensor,
+        layout: TreeLayout,
+        claims: torch.Tensor,
+        gen: torch.Tensor,
+        counters: torch.Tensor,
+        scalars: torch.Tensor,
+        rows: torch.Tensor,
+        fields: tuple[tuple[int, int], ...],
+        values: tuple[torch.Tensor, ...],
+        plan: object,
+        skip: int,
+        total: int,
+        leaf_value: float | None,
+    ) -> torch.Tensor:
+        """The whole add: rows written at the next slots, which enter at their priority; returns the slots."""
+
     def add_positions(self, *, counters: torch.Tensor, capacity: int, n: int, skip: int) -> torch.Tensor:
         """[n] int64 slots for new items, from the device cursor."""
 
@@ -49,8 +72,10 @@ class ReplayKernels(Protocol):
         pos: torch.Tensor,
         total: int,
         leaf_value: float | None,
+        claims: torch.Tensor | None = None,
     ) -> None:
-        """New slots get their priority and a new generation; cursor and size advance."""
+        """New slots get their priority and a new generation; cursor and size advance (``claims``:
+        scratch a back end may repair the trees with)."""
 
     def update(
         self,
@@ -94,8 +119,9 @@ class ReplayKernels(Protocol):
         layout: TreeLayout,
         leaves: torch.Tensor,
         counters: torch.Tensor,
+        claims: torch.Tensor | None = None,
     ) -> None:
-        """Every ancestor of ``leaves`` recomputed from its children, bottom up."""
+        """Every ancestor of ``leaves`` recomputed from its children, bottom up (``claims``: as in ``add_commit``)."""
 
     def rebuild(self, *, tree: torch.Tensor, mintree: torch.Tensor, layout: TreeLayout) -> None:
         """Every inner node recomputed from the leaves (dense, O(capacity))."""
@@ -124,6 +150,8 @@ class ReplayKernels(Protocol):
 #: the functions of :class:`ReplayKernels`
 CONTRACT = (
     "make_claims",
+    "make_add_plan",
+    "add_rows",
     "add_positions",
     "add_commit",
     "update",

@@ -65,7 +65,13 @@ def make_claims(*, layout: TreeLayout, device: torch.device) -> torch.Tensor:
 
 
 def recompute(
-    *, tree: torch.Tensor, mintree: torch.Tensor, layout: TreeLayout, leaves: torch.Tensor, counters: torch.Tensor
+    *,
+    tree: torch.Tensor,
+    mintree: torch.Tensor,
+    layout: TreeLayout,
+    leaves: torch.Tensor,
+    counters: torch.Tensor,
+    claims: torch.Tensor | None = None,
 ) -> None:
     """Recompute every ancestor of ``leaves`` from its children, level by level, bottom up.
 
@@ -223,6 +229,7 @@ def add_commit(
     pos: torch.Tensor,
     total: int,
     leaf_value: float | None,
+    claims: torch.Tensor | None = None,
 ) -> None:
     """Give the new slots ``pos`` their priority, bump their generations, advance cursor and size.
 
@@ -230,6 +237,7 @@ def add_commit(
         pos: [n] int64 distinct slots just written.
         total: items the caller added (``n`` plus those it skipped).
         leaf_value: priority of the new items, or None for the running max priority.
+        claims: the claim buffer (a Triton back end repairs the trees with its scratch; unused here).
     """
     if leaf_value is None:
         tree[layout.leaf_offset + pos] = scalars[S_MAXP]
@@ -372,3 +380,66 @@ def sample(
     torch.index_select(rows, 0, node, out=out_rows)
     torch.index_select(gen, 0, node, out=out_gen)
     counters[C_RNG] += b * n_blocks
+
+
+def make_add_plan(*, fields: tuple[tuple[int, int], ...], words: int, device: torch.device) -> None:
+    """What :func:`add_rows` needs prepared for rows of ``fields`` (``(byte offset, bytes)`` each):
+    nothing here (a Triton back end makes its packing plan)."""
+    return None
+
+
+def write_fields(
+    rows: torch.Tensor, fields: tuple[tuple[int, int], ...], values: tuple[torch.Tensor, ...], pos: torch.Tensor
+) -> None:
+    """Each value copied into its field (``(byte offset, bytes)``) of ``rows`` [capacity, W] at ``pos``."""
+    r8 = rows.view(torch.uint8)
+    for (offset, nbytes), x in zip(fields, values, strict=True):
+        # the field's own dtype and shape over its bytes of every row (offsets are aligned to it)
+        col = r8[:, offset : offset + nbytes].view(x.dtype).view(r8.shape[0], *x.shape[1:])
+        col.index_copy_(0, pos, x)
+
+
+def add_rows(
+    *,
+    tree: torch.Tensor,
+    mintree: torch.Tensor,
+    layout: TreeLayout,
+    claims: torch.Tensor,
+    gen: torch.Tensor,
+    counters: torch.Tensor,
+    scalars: torch.Tensor,
+    rows: torch.Tensor,
+    fields: tuple[tuple[int, int], ...],
+    values: tuple[torch.Tensor, ...],
+    plan: object,
+    skip: int,
+    total: int,
+    leaf_value: float | None,
+) -> torch.Tensor:
+    """The whole ``add``: :func:`add_positions`, each value copied into its field of the rows at
+    those slots, then :func:`add_commit`.
+
+    Args:
+        rows: [capacity, W] int32 packed storage.
+        fields: ``(byte offset, bytes)`` of each value's field in a row.
+        values: one tensor per field, ``[n, *shape]`` on the rows' device.
+        plan: from :func:`make_add_plan`.
+        skip, total, leaf_value: as in :func:`add_positions` and :func:`add_commit`.
+
+    Returns:
+        [n] int64 slots written.
+    """
+    pos = add_positions(counters=counters, capacity=layout.capacity, n=values[0].shape[0], skip=skip)
+    write_fields(rows, fields, values, pos)
+    add_commit(
+        tree=tree,
+        mintree=mintree,
+        layout=layout,
+        gen=gen,
+        counters=counters,
+        scalars=scalars,
+        pos=pos,
+        total=total,
+        leaf_value=leaf_value,
+    )
+    return pos

@@ -32,6 +32,15 @@ from gper._triton import tl, triton
 from gper.ops import reference
 from gper.ops.layout import TreeLayout
 from gper.ops.state import rng_blocks
+from gper.ops.triton_tree import (
+    _add_rows,
+    _climb_leaves,
+    _count_chain,
+    _count_leaves,
+    _update_apply,
+    arrive_counters,
+    arrive_words,
+)
 
 # kernels address the device counters by literal index: C_RNG=0, C_CURSOR=1, C_SIZE=2,
 # C_INVALID=3, C_NONFINITE=4, C_STALE=5, C_TICKET=6; scalars: S_MAXP=0; P_MAX = 2^64 (gper.ops.state)
@@ -49,6 +58,12 @@ class LaunchConfig:
     update_block: int = 64
     level_block: int = 32
     level_warps: int = 4
+    #: tree repair by the two-launch climb (``gper.ops.triton_tree``); False: one launch per level
+    climb: bool = True
+    climb_block: int = 32
+    climb_warps: int = 4
+    add_block: int = 32
+    add_warps: int = 4
 
 
 #: the launch shapes in force (read at every launch)
@@ -233,10 +248,15 @@ def _update_claim(
     counters,
     scalars,
     clean,  # [B] int64 out: idx, or -1 where dropped
+    arrive,  # the climb's counters (read only if COUNT)
+    level_off,
     alpha,
     eps,
     B,
     HAS_GEN: tl.constexpr,
+    COUNT: tl.constexpr,
+    DEPTH: tl.constexpr,
+    LOG2K: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -257,7 +277,9 @@ def _update_claim(
     p = tl.where(finite, p, tl.load(scalars + 0))  # S_MAXP
     # claim the slot with (batch position, priority bits): the atomic max keeps the last occurrence
     packed = (s << 32) | p.to(tl.int32, bitcast=True).to(tl.int64)
-    tl.atomic_max(claims + i, packed, mask=valid)
+    old = tl.atomic_max(claims + i, packed, mask=valid)
+    if COUNT:  # the first claim of a slot counts it as a changed child of its parent
+        _count_chain(arrive, level_off, i, valid & (old < 0), DEPTH, LOG2K)
     tl.store(clean + s, tl.where(valid, i, -1), mask=m)
     n_invalid = tl.sum((m & ~in_range).to(tl.int64), axis=0)
     n_stale = tl.sum((in_range & ~valid).to(tl.int64), axis=0)
@@ -419,13 +441,23 @@ def _grid(n: int, block: int) -> tuple[int]:
 
 
 def make_claims(*, layout: TreeLayout, device: torch.device) -> torch.Tensor:
-    """Claims of an update in progress: [capacity + K] int64, -1 between calls.
+    """Claims of an update in progress: [capacity + K] int64, -1 between calls, followed by the
+    climb's ``arrive`` counters (:func:`gper.ops.triton_tree.arrive_counters`), 0 between calls.
 
     Called when a buffer is built; it also makes the level-offset table the sampling kernel
     reads, so that no host-to-device copy happens later inside a caller's graph capture.
     """
     _level_offsets(layout, device)
-    return torch.full((layout.capacity + layout.arity,), -1, dtype=torch.int64, device=device)
+    n = layout.capacity + layout.arity
+    claims = torch.full((n + arrive_words(layout),), -1, dtype=torch.int64, device=device)
+    claims[n:] = 0
+    return claims
+
+
+def claims_at_rest(claims: torch.Tensor, layout: TreeLayout) -> bool:
+    """Whether the claim buffer is as :func:`make_claims` made it (tests; syncs)."""
+    n = layout.capacity + layout.arity
+    return bool((claims[:n] == -1).all()) and bool((claims[n:] == 0).all())
 
 
 def _levels(tree, mintree, layout: TreeLayout, leaves: torch.Tensor, top: int, claims=None, counters=None) -> None:
@@ -459,8 +491,29 @@ def _levels(tree, mintree, layout: TreeLayout, leaves: torch.Tensor, top: int, c
         _reset_claims[_grid(n, LAUNCH.update_block)](claims, leaves, n, BLOCK=LAUNCH.update_block)
 
 
-def recompute(*, tree, mintree, layout: TreeLayout, leaves: torch.Tensor, counters: torch.Tensor) -> None:
-    _levels(tree, mintree, layout, leaves, layout.depth - 2, counters=counters)
+def recompute(*, tree, mintree, layout: TreeLayout, leaves: torch.Tensor, counters: torch.Tensor, claims=None) -> None:
+    """Every ancestor of ``leaves`` recomputed: the count pass and the climb (with the claim
+    buffer's counters), or without ``claims`` (or with ``LAUNCH.climb`` off) one launch per level."""
+    if claims is None or not LAUNCH.climb or layout.depth < 2:
+        _levels(tree, mintree, layout, leaves, layout.depth - 2, counters=counters)
+        return
+    n, off = leaves.numel(), _level_offsets(layout, tree.device)
+    arrive = arrive_counters(claims, layout)
+    grid, block = _grid(n, LAUNCH.climb_block), LAUNCH.climb_block
+    _count_leaves[grid](arrive, off, leaves, n, DEPTH=layout.depth, LOG2K=layout.log2_arity, BLOCK=block)
+    _climb_leaves[grid](
+        tree,
+        mintree,
+        arrive,
+        off,
+        leaves,
+        n,
+        K=layout.arity,
+        LOG2K=layout.log2_arity,
+        DEPTH=layout.depth,
+        BLOCK=block,
+        num_warps=LAUNCH.climb_warps,
+    )
 
 
 def rebuild(*, tree, mintree, layout: TreeLayout) -> None:
@@ -481,9 +534,11 @@ def _set_priorities(
 ):
     b = idx.numel()
     clean = torch.empty(b, dtype=torch.int64, device=idx.device)
-    grid = _grid(b, LAUNCH.update_block)
     has_gen = expected_gen is not None
-    _update_claim[grid](
+    climb = LAUNCH.climb and not leaf_only
+    off = _level_offsets(layout, tree.device)
+    block = LAUNCH.climb_block if climb else LAUNCH.update_block
+    _update_claim[_grid(b, block)](
         idx,
         td,
         expected_gen if has_gen else gen,
@@ -492,12 +547,36 @@ def _set_priorities(
         counters,
         scalars,
         clean,
+        arrive_counters(claims, layout) if climb else claims,
+        off,
         float(alpha),
         float(eps),
         b,
         HAS_GEN=has_gen,
-        BLOCK=LAUNCH.update_block,
+        COUNT=climb and layout.depth >= 2,
+        DEPTH=layout.depth,
+        LOG2K=layout.log2_arity,
+        BLOCK=block,
     )
+    if climb:
+        _update_apply[_grid(b, block)](
+            tree,
+            mintree,
+            claims,
+            arrive_counters(claims, layout),
+            scalars,
+            clean,
+            off,
+            layout.leaf_offset,
+            b,
+            K=layout.arity,
+            LOG2K=layout.log2_arity,
+            DEPTH=layout.depth,
+            BLOCK=block,
+            num_warps=LAUNCH.climb_warps,
+        )
+        return
+    grid = _grid(b, LAUNCH.update_block)
     parent = not leaf_only and layout.depth >= 2
     _update_leaves[_grid(b, LAUNCH.level_block)](
         tree,
@@ -527,7 +606,7 @@ def add_positions(*, counters: torch.Tensor, capacity: int, n: int, skip: int) -
     return pos
 
 
-def add_commit(*, tree, mintree, layout, gen, counters, scalars, pos, total, leaf_value):
+def add_commit(*, tree, mintree, layout, gen, counters, scalars, pos, total, leaf_value, claims=None):
     n = pos.numel()
     _add_commit[_grid(n, LAUNCH.update_block)](
         tree,
@@ -544,7 +623,90 @@ def add_commit(*, tree, mintree, layout, gen, counters, scalars, pos, total, lea
         USE_MAX=leaf_value is None,
         BLOCK=LAUNCH.update_block,
     )
-    recompute(tree=tree, mintree=mintree, layout=layout, leaves=pos, counters=counters)
+    recompute(tree=tree, mintree=mintree, layout=layout, leaves=pos, counters=counters, claims=claims)
+
+
+#: the most fields a row may have for the add kernel to pack them itself
+MAX_ADD_SOURCES = 6
+
+
+def make_add_plan(*, fields, words, device) -> tuple | None:
+    """How the add kernel writes rows of ``fields`` (``(byte offset, bytes)`` each): per field
+    ``(offset, bytes, power of two, by bytes)``, where a field that is not whole words (a bool,
+    three float16) moves byte by byte. None where the kernel cannot write them (more than
+    :data:`MAX_ADD_SOURCES` fields): then ``add_rows`` copies field by field."""
+    if len(fields) > MAX_ADD_SOURCES:
+        return None
+    plan = []
+    for offset, nbytes in fields:
+        by_bytes = offset % 4 != 0 or nbytes % 4 != 0
+        plan.append((offset, nbytes, triton.next_power_of_2(nbytes if by_bytes else nbytes // 4), by_bytes))
+    return tuple(plan)
+
+
+def add_rows(
+    *, tree, mintree, layout, claims, gen, counters, scalars, rows, fields, values, plan, skip, total, leaf_value
+):
+    """As the reference's; with a plan (and the climb on), the whole add is one launch."""
+    n = values[0].shape[0]
+    if plan is None or not LAUNCH.climb:
+        pos = add_positions(counters=counters, capacity=layout.capacity, n=n, skip=skip)
+        reference.write_fields(rows, fields, values, pos)
+        add_commit(
+            tree=tree,
+            mintree=mintree,
+            layout=layout,
+            gen=gen,
+            counters=counters,
+            scalars=scalars,
+            pos=pos,
+            total=total,
+            leaf_value=leaf_value,
+            claims=claims,
+        )
+        return pos
+    srcs = []
+    for x, (_, _, _, by_bytes) in zip(values, plan, strict=True):
+        flat = x.contiguous().reshape(n, -1)
+        if flat.dtype == torch.bool:
+            flat = flat.view(torch.uint8)
+        srcs.append(flat.view(torch.uint8 if by_bytes else torch.int32))
+    srcs += [srcs[0]] * (MAX_ADD_SOURCES - len(srcs))
+    specs = list(plan) + [None] * (MAX_ADD_SOURCES - len(plan))
+    pos = torch.empty(n, dtype=torch.int64, device=rows.device)
+    _add_rows[_grid(n, LAUNCH.add_block)](
+        tree,
+        mintree,
+        gen,
+        counters,
+        scalars,
+        arrive_counters(claims, layout),
+        _level_offsets(layout, tree.device),
+        rows,
+        rows.view(torch.uint8),
+        pos,
+        *srcs,
+        layout.leaf_offset,
+        n,
+        skip,
+        total,
+        layout.capacity,
+        0.0 if leaf_value is None else float(leaf_value),
+        F0=specs[0],
+        F1=specs[1],
+        F2=specs[2],
+        F3=specs[3],
+        F4=specs[4],
+        F5=specs[5],
+        W=rows.shape[1],
+        USE_MAX=leaf_value is None,
+        DEPTH=layout.depth,
+        K=layout.arity,
+        LOG2K=layout.log2_arity,
+        BLOCK=LAUNCH.add_block,
+        num_warps=LAUNCH.add_warps,
+    )
+    return pos
 
 
 _LEVEL_OFFSETS: dict[tuple[TreeLayout, torch.device], torch.Tensor] = {}

@@ -133,6 +133,7 @@ class PrioritizedReplayBuffer(BufferSettings):
         # the three objects that hold the state: rows, tree (+ counters), sampling policy (+ rank keys)
         self.rows = RowStorage(self._row_layout, cfg.capacity, device)
         self.tree = PriorityTree(cfg.capacity, kernels, device, cfg.arity)
+        self._add_plan = self.tree.add_plan(self.rows.field_bytes, self._row_layout.words)
         self.policy = SamplingPolicy.build(
             cfg.sampling, cfg.weight_norm, cfg.capacity, device, cfg.rank_refresh_interval
         )
@@ -184,10 +185,11 @@ class PrioritizedReplayBuffer(BufferSettings):
         return pos.clone() if replayed else pos
 
     def _add(self, fields: tuple[torch.Tensor, ...], n: int, skip: int) -> torch.Tensor:
-        pos = self.tree.positions(n - skip, skip)
-        self.rows.write(pos, fields)
+        values = self.rows.on_device(fields)
+        pos = self.tree.add_rows(
+            self.rows.words, self.rows.field_bytes, values, self._add_plan, skip, n, self.policy.new_item_value
+        )
         self.policy.on_add(self.tree, pos)
-        self.tree.commit(pos, n, self.policy.new_item_value)
         return pos
 
     @on_own_device

@@ -195,6 +195,8 @@ class RowStorage:
         self.fields = layout.views(self.rows)
         #: field names in row-layout order (the order :meth:`write` takes values in)
         self.names: tuple[str, ...] = tuple(f.name for f in layout.fields)
+        #: ``(byte offset, bytes)`` of each field in a row, in :attr:`names` order
+        self.field_bytes: tuple[tuple[int, int], ...] = tuple((f.offset, f.nbytes) for f in layout.fields)
 
     @property
     def nbytes(self) -> int:
@@ -218,6 +220,11 @@ class RowStorage:
                 x = x.clone()
             out.append(x)
         return tuple(out)
+
+    def on_device(self, values: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        """``values`` moved to the storage's device (all of them before any write: running out of
+        memory moving one must not leave a slot with some fields new and others old)."""
+        return tuple(x.to(self.rows.device, non_blocking=True) for x in values)
 
     def write(self, positions: torch.Tensor, values: tuple[torch.Tensor, ...]) -> None:
         """Write ``values`` (one tensor per field, in :attr:`names` order) into rows ``positions``.

@@ -160,6 +160,42 @@ class PriorityTree:
             pos=positions,
             total=total,
             leaf_value=leaf_value,
+            claims=self.claims,
+        )
+
+    def add_plan(self, fields: tuple[tuple[int, int], ...], words: int) -> object:
+        """The back end's packing plan for :meth:`add_rows` of rows of ``fields`` (``(byte offset,
+        bytes)`` each, ``words`` int32 words a row); made once, when a buffer is built."""
+        return self.kernels.make_add_plan(fields=fields, words=words, device=self.device)
+
+    def add_rows(
+        self,
+        rows: torch.Tensor,
+        fields: tuple[tuple[int, int], ...],
+        values: tuple[torch.Tensor, ...],
+        plan: object,
+        skip: int,
+        total: int,
+        leaf_value: float | None = None,
+    ) -> torch.Tensor:
+        """The whole add: ``values`` (on the device) written into ``rows`` at the next slots, which
+        enter at ``leaf_value`` (default the max priority); cursor and size move on by ``total``.
+        Returns the [n] int64 slots written (one launch on the Triton back end)."""
+        return self.kernels.add_rows(
+            tree=self.tree,
+            mintree=self.mintree,
+            layout=self.layout,
+            claims=self.claims,
+            gen=self.gen,
+            counters=self.counters,
+            scalars=self.scalars,
+            rows=rows,
+            fields=fields,
+            values=values,
+            plan=plan,
+            skip=skip,
+            total=total,
+            leaf_value=leaf_value,
         )
 
     def update(
@@ -245,7 +281,8 @@ class PriorityTree:
     @staticmethod
     def estimate_bytes(layout: TreeLayout) -> int:
         """Device bytes of a tree of ``layout``: both trees, generations, claims (the larger back end's)."""
-        return 2 * 4 * (layout.numel + 1) + 4 * layout.capacity + 8 * (layout.capacity + layout.arity)
+        claims = 8 * (layout.capacity + layout.arity) + 4 * layout.leaf_offset  # with the climb's counters
+        return 2 * 4 * (layout.numel + 1) + 4 * layout.capacity + claims
 
     def _tensors(self) -> dict[str, torch.Tensor]:
         return {

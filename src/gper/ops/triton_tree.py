@@ -1,0 +1,300 @@
+"""Tree repair in two dependent launches: a counting pass, then one climb in which the last
+child to arrive at a node recomputes it and carries on upwards.
+
+The level-by-level repair (one launch per level, ``triton_ops._recompute_level``) is race-free
+because a launch boundary separates the levels, and its time is that chain of launches (about
+4 µs each on an H200, ``docs/performance.md``). Here the levels are separated by counters instead:
+
+* ``arrive``: one int32 per inner node (indexed like the tree, by level offset), 0 between calls.
+  The high 16 bits count the node's children that change (its *need*), the low 16 bits the
+  children repaired so far in this call.
+* **Count pass** (:func:`_count_chain`): every changed leaf adds ``1 << 16`` to its parent; the
+  first arrival at a node (the old value was 0) goes on and counts that node at its own parent,
+  and so on to the top. A launch boundary follows, so every need is complete before any climb.
+* **Climb** (:func:`_climb`): every changed leaf, once written, adds 1 to its parent; the lane
+  that brings the count to the need is the last, so all the node's changed children are written:
+  it recomputes the node from its ``K`` children, resets the counter to 0 and climbs on.
+
+Ordering: a node's children are written by other programs, so every arrival is an ``acq_rel``
+atomic at GPU scope, with a CTA barrier between this program's writes and its arrivals (a lane's
+atomic and another lane's store run on different threads), and between the arrival and the loads
+of the children, which read past L1 (``.cg``). The CPU interpreter runs programs one after the
+other and cannot show a race: the GPU stress tests (``tests/ops/test_climb_gpu.py``) and
+``compute-sanitizer --tool racecheck`` can.
+
+A contiguous ring range (the slots an ``add`` writes) needs no count pass: the number of changed
+children of a node is an interval intersection (:func:`_range_need`), so the fused add is one launch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gper._triton import tl, triton
+from gper.ops.layout import TreeLayout
+
+#: a node's changed children, in the high half of its ``arrive`` counter
+NEED_ONE = 1 << 16
+
+
+def arrive_counters(claims: torch.Tensor, layout: TreeLayout) -> torch.Tensor:
+    """The ``arrive`` counters: the int32 tail of the Triton back end's claim buffer (``make_claims``),
+    one per inner node, indexed by the node's offset in the tree."""
+    return claims[layout.capacity + layout.arity :].view(torch.int32)
+
+
+def arrive_words(layout: TreeLayout) -> int:
+    """int64 words the ``arrive`` counters take at the end of the claim buffer."""
+    return (layout.leaf_offset + 1) // 2
+
+
+@triton.jit
+def _count_chain(arrive, level_off, leaf, active, DEPTH: tl.constexpr, LOG2K: tl.constexpr):
+    """Count pass: each active leaf counts one changed child at its parent; the first count at a
+    node counts that node at its parent, up to the top level."""
+    node = leaf
+    for step in tl.static_range(DEPTH - 1):
+        par = node >> LOG2K
+        poff = tl.load(level_off + (DEPTH - 2 - step))
+        old = tl.atomic_add(arrive + poff + par, 65536, mask=active, sem="relaxed")
+        active = active & (old == 0)
+        node = par
+
+
+@triton.jit
+def _interval(lo, hi, first, last):
+    """How many of ``first .. last`` lie in ``lo .. hi`` (inclusive bounds; 0 if disjoint)."""
+    return tl.maximum(tl.minimum(hi, last) - tl.maximum(lo, first) + 1, 0)
+
+
+@triton.jit
+def _range_need(par, a, n, cap, sh, K: tl.constexpr, LOG2K: tl.constexpr):
+    """Changed children of node ``par`` when the leaves ``a .. a + n - 1`` (mod ``cap``, n <= cap)
+    change; its children are at the level whose nodes span ``2^sh`` leaves."""
+    first = par * K
+    last = first + K - 1
+    e = a + n  # one past the range, before the wrap
+    wraps = e > cap
+    hi1 = tl.where(wraps, cap - 1, e - 1) >> sh
+    need = _interval(a >> sh, hi1, first, last)
+    hi2 = (e - cap - 1) >> sh  # the wrapped part: leaves 0 .. e - cap - 1
+    both_lo = a >> sh  # a child holding leaves of both parts is counted once
+    need2 = _interval(0, hi2, first, last) - _interval(both_lo, hi2, first, last)
+    return need + tl.where(wraps, need2, 0)
+
+
+@triton.jit
+def _climb(
+    tree,
+    mintree,
+    arrive,
+    level_off,
+    leaf,
+    active,
+    a,
+    n,
+    cap,
+    inc,
+    DEPTH: tl.constexpr,
+    K: tl.constexpr,
+    LOG2K: tl.constexpr,
+    RANGE: tl.constexpr,
+):
+    """The climb from the active leaves (already written): the last arrival at a node recomputes
+    it. Each active leaf arrives at its parent for ``inc`` children (1, or the leaves a lane stands
+    for); a node's last arrival arrives for 1 above. With RANGE the need of a node comes from the
+    changed range ``a .. a + n - 1`` instead of the count pass."""
+    kk = tl.arange(0, K)
+    node = leaf
+    for step in tl.static_range(DEPTH - 1):
+        level = DEPTH - 2 - step
+        par = node >> LOG2K
+        poff = tl.load(level_off + level)
+        coff = tl.load(level_off + level + 1)
+        add = inc if step == 0 else 1
+        tl.debug_barrier()  # this program's writes of the children, before any of its arrivals
+        old = tl.atomic_add(arrive + poff + par, add, mask=active, sem="acq_rel")
+        if RANGE:
+            need = _range_need(par, a, n, cap, LOG2K * (DEPTH - 2 - level), K, LOG2K)
+        else:
+            need = old >> 16
+        last = active & ((old & 0xFFFF) + add == need)
+        tl.debug_barrier()  # the arrivals' acquire, before the children are read by any thread
+        c = coff + par[:, None] * K + kk[None, :]
+        v = tl.load(tree + c, mask=last[:, None], other=0.0, cache_modifier=".cg")
+        tl.store(tree + poff + par, tl.sum(v, axis=1), mask=last)
+        mv = tl.load(mintree + c, mask=last[:, None], other=float("inf"), cache_modifier=".cg")
+        tl.store(mintree + poff + par, tl.min(mv, axis=1), mask=last)
+        tl.store(arrive + poff + par, tl.zeros_like(old), mask=last)
+        node = par
+        active = last
+
+
+@triton.jit
+def _update_apply(
+    tree,
+    mintree,
+    claims,
+    arrive,
+    scalars,
+    clean,  # [B] int64 from the claim pass: the slot, or -1 where the entry was dropped
+    level_off,
+    leaf_off,
+    B,
+    K: tl.constexpr,
+    LOG2K: tl.constexpr,
+    DEPTH: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """The update's second launch: each slot's winning entry writes its leaf in both trees,
+    resets its claim and climbs (the count pass ran in the claim launch)."""
+    s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = s < B
+    i = tl.load(clean + s, mask=m, other=-1)
+    valid = i >= 0
+    i = tl.maximum(i, 0)
+    packed = tl.load(claims + i, mask=valid, other=-1)
+    # a loser reads the winner's claim or, once the winner has reset it, -1: never its own position
+    win = valid & ((packed >> 32) == s)
+    p = (packed & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
+    tl.store(tree + leaf_off + i, p, mask=win)
+    tl.store(mintree + leaf_off + i, p, mask=win)
+    tl.store(claims + i, tl.full([BLOCK], -1, tl.int64), mask=win)
+    pmax = tl.max(tl.where(win, p, 0.0), axis=0)
+    tl.atomic_max(scalars + 0, pmax, mask=pmax > 0)  # S_MAXP
+    _climb(tree, mintree, arrive, level_off, i, win, 0, 0, 1, 1, DEPTH, K, LOG2K, False)
+
+
+@triton.jit
+def _count_leaves(arrive, level_off, leaves, n, DEPTH: tl.constexpr, LOG2K: tl.constexpr, BLOCK: tl.constexpr):
+    """Count pass for :func:`recompute`: every entry >= 0 of ``leaves`` (duplicates allowed)."""
+    s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    i = tl.load(leaves + s, mask=s < n, other=-1)
+    _count_chain(arrive, level_off, tl.maximum(i, 0), i >= 0, DEPTH, LOG2K)
+
+
+@triton.jit
+def _climb_leaves(
+    tree,
+    mintree,
+    arrive,
+    level_off,
+    leaves,
+    n,
+    K: tl.constexpr,
+    LOG2K: tl.constexpr,
+    DEPTH: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Climb for :func:`recompute`: every entry >= 0 of ``leaves`` arrives once, as it was counted."""
+    s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    i = tl.load(leaves + s, mask=s < n, other=-1)
+    _climb(tree, mintree, arrive, level_off, tl.maximum(i, 0), i >= 0, 0, 0, 1, 1, DEPTH, K, LOG2K, False)
+
+
+@triton.jit
+def _write_field(
+    rows,
+    rows8,
+    pos,
+    s,
+    m,
+    src,
+    OFF: tl.constexpr,
+    NB: tl.constexpr,
+    NP: tl.constexpr,
+    IS_BYTE: tl.constexpr,
+    W: tl.constexpr,
+):
+    """One field of rows ``s`` written at slots ``pos``: ``NB`` bytes at byte ``OFF`` of a row, from
+    ``src`` (its items contiguous). Whole-word fields move as int32 words (``NP``: the word count
+    rounded up to a power of two), others byte by byte (``NP``: the byte count rounded up)."""
+    k = tl.arange(0, NP)
+    if IS_BYTE:
+        km = m[:, None] & (k < NB)[None, :]
+        x = tl.load(src + s[:, None] * NB + k[None, :], mask=km, other=0)
+        tl.store(rows8 + pos[:, None] * (4 * W) + OFF + k[None, :], x, mask=km)
+    else:
+        km = m[:, None] & (k < NB // 4)[None, :]
+        x = tl.load(src + s[:, None] * (NB // 4) + k[None, :], mask=km, other=0)
+        tl.store(rows + pos[:, None] * W + OFF // 4 + k[None, :], x, mask=km)
+
+
+@triton.jit
+def _add_rows(
+    tree,
+    mintree,
+    gen,
+    counters,
+    scalars,
+    arrive,
+    level_off,
+    rows,  # [capacity, W] int32
+    rows8,  # the same memory as uint8
+    out_pos,  # [n] int64: the slots written
+    s0,
+    s1,
+    s2,
+    s3,
+    s4,
+    s5,
+    leaf_off,
+    n,  # items written: the last n of the batch
+    skip,  # items of the batch before them (a batch larger than the buffer)
+    total,  # the batch's size: cursor and size move on by it
+    cap,
+    value,
+    F0: tl.constexpr,  # per field (byte offset, bytes, power of two, read by bytes), or None
+    F1: tl.constexpr,
+    F2: tl.constexpr,
+    F3: tl.constexpr,
+    F4: tl.constexpr,
+    F5: tl.constexpr,
+    W: tl.constexpr,
+    USE_MAX: tl.constexpr,
+    DEPTH: tl.constexpr,
+    K: tl.constexpr,
+    LOG2K: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """The whole ``add`` in one launch: rows packed from the caller's tensors and written at the
+    cursor, leaves at the max priority (or ``value``), generations advanced, the trees repaired by
+    the climb (the changed leaves are one ring range: no count pass), cursor and size advanced by
+    the last program (every program has read the cursor before it takes its ticket)."""
+    s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = s < n
+    cursor = tl.load(counters + 1)  # C_CURSOR
+    a = (cursor + skip) % cap
+    pos = (a + s) % cap
+    tl.store(out_pos + s, pos, mask=m)
+    _write_field(rows, rows8, pos, s, m, s0, F0[0], F0[1], F0[2], F0[3], W)
+    if F1 is not None:
+        _write_field(rows, rows8, pos, s, m, s1, F1[0], F1[1], F1[2], F1[3], W)
+    if F2 is not None:
+        _write_field(rows, rows8, pos, s, m, s2, F2[0], F2[1], F2[2], F2[3], W)
+    if F3 is not None:
+        _write_field(rows, rows8, pos, s, m, s3, F3[0], F3[1], F3[2], F3[3], W)
+    if F4 is not None:
+        _write_field(rows, rows8, pos, s, m, s4, F4[0], F4[1], F4[2], F4[3], W)
+    if F5 is not None:
+        _write_field(rows, rows8, pos, s, m, s5, F5[0], F5[1], F5[2], F5[3], W)
+    if USE_MAX:
+        p = tl.load(scalars + 0) + tl.zeros([BLOCK], tl.float32)  # S_MAXP
+    else:
+        p = value + tl.zeros([BLOCK], tl.float32)
+    tl.store(tree + leaf_off + pos, p, mask=m)
+    tl.store(mintree + leaf_off + pos, p, mask=m)
+    tl.store(gen + pos, tl.load(gen + pos, mask=m, other=0) + 1, mask=m)
+    # one arrival per parent and program: the first lane of each run of siblings arrives for all of them
+    lane = tl.arange(0, BLOCK)
+    par = pos >> LOG2K
+    same = (par[None, :] == par[:, None]) & m[None, :]
+    earlier = tl.sum((same & (lane[None, :] < lane[:, None])).to(tl.int32), axis=1)
+    siblings = tl.sum(same.to(tl.int32), axis=1)
+    _climb(tree, mintree, arrive, level_off, pos, m & (earlier == 0), a, n, cap, siblings, DEPTH, K, LOG2K, True)
+    ticket = tl.atomic_add(counters + 7, 1)  # C_TICKET_TOP (this launch's election)
+    last = ticket == tl.num_programs(0) - 1
+    size = tl.load(counters + 2)  # C_SIZE: only this program writes it
+    tl.store(counters + 1, (cursor + total) % cap, mask=last)
+    tl.store(counters + 2, tl.minimum(size + total, cap), mask=last)
+    tl.store(counters + 7, ticket * 0, mask=last)
