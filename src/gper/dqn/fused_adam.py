@@ -40,17 +40,23 @@ def adam_reference(
     targets: list[torch.Tensor] | None = None,
     tau: float = 1.0,
 ) -> None:
-    """:func:`adam_step` in torch ops (one tensor at a time); arguments as there."""
+    """:func:`adam_step` in torch ops, one tensor at a time, as ``torch.optim.Adam``'s single-tensor
+    path computes it (bit for bit on the CPU): bias corrections from the step count as a Python
+    float where the count is on the CPU, as device tensors (capturable) where it is not."""
     for s in dict.fromkeys(steps):  # a step count shared by several tensors advances once
         s.add_(1)
     with torch.no_grad():
         for i, (p, g, m, v, s) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs, steps, strict=True)):
-            m.mul_(beta1).add_(g, alpha=1 - beta1)
+            m.lerp_(g, 1 - beta1)
             v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-            bc1 = 1 - torch.pow(beta1, s)
-            bc2 = 1 - torch.pow(beta2, s)
-            denom = v.sqrt() / bc2.sqrt() + eps
-            p.sub_((lr / bc1) * m / denom)
+            if s.device.type == "cpu":
+                step = s.item()
+                bc1, bc2 = 1 - beta1**step, 1 - beta2**step
+                p.addcdiv_(m, (v.sqrt() / math.sqrt(bc2)).add_(eps), value=-(lr / bc1))
+            else:  # no host read: what a captured step may do
+                step_size_neg = -(lr / (1 - torch.pow(beta1, s)))
+                bc2_sqrt = (1 - torch.pow(beta2, s)).sqrt()
+                p.addcdiv_(m, (v.sqrt() / (bc2_sqrt * step_size_neg)).add_(eps / step_size_neg))
             if targets is not None:
                 targets[i].lerp_(p, tau)
 
