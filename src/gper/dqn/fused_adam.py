@@ -2,12 +2,13 @@
 
 Why: PyTorch's fused and foreach optimizers go through ``multi_tensor_apply``, which gives each
 chunk of 65,536 elements one block of threads. The reference Q-network's 313k parameters in six
-tensors make nine such blocks on a GPU of 132 SMs: each block walks 1.8 MB (parameter, gradient,
-both moments, read and written) alone, so the step runs at a few percent of the memory bandwidth
-(about 45 us for Adam and 13 us more for the ``_foreach_lerp_`` of the soft target update,
-where the bytes would take 3 us). Here every tensor gets one program per 1,024 elements, and
-the target update rides in the same pass: six launches, each spread over the whole GPU, plus
-one for the step counts.
+tensors make nine such blocks on a GPU of 132 SMs: each block walks up to 1.8 MB (parameter,
+gradient, both moments, read and written) alone, so the step runs at a few percent of the memory
+bandwidth (the adam phase of the market step measured 60 us on an H200, the soft target update's
+``_foreach_lerp_`` 13 us of it, where the bytes would take about 3 us; the block count is our
+reading of ``MultiTensorApply.cuh``, not a profile). Here every tensor gets one program per 1,024
+elements, and the target update rides in the same pass: six launches, each spread over the
+whole GPU, plus one for the step counts.
 
 The update is ``torch.optim.Adam``'s (Kingma and Ba 2015, bias-corrected; no weight decay, no
 amsgrad), on the optimizer's own state tensors, so checkpoints of the optimizer read the same
