@@ -29,3 +29,13 @@ def test_bench_train_on_cpu(tmp_path):
     # 51 -> 512 -> 512 -> 45 at 16384: 3 forwards + a backward of about 2 forwards, 2 FLOPs per MAC
     macs = 51 * 512 + 512 * 512 + 512 * 45
     assert step_flops(51, (512, 512), 45, 16384) == 2 * 16384 * (3 * macs + 2 * macs - 51 * 512)
+
+
+def test_bench_train_runs_the_fused_step(tmp_path):
+    cfg = TrainBenchConfig(
+        device=CPU, capacity=1024, batch=64, hidden=(16,), precisions=("fp32",), steps=2, repeats=1, out=tmp_path
+    )
+    cfg.fused_step = True
+    rows = run_train_bench(cfg, log=lambda _: None)
+    assert all(r["ms_per_step"] > 0 for r in rows)
+    assert "fused_step: hidden layers with a ReLU epilogue" in next(tmp_path.glob("train-step-cpu-*.md")).read_text()

@@ -211,6 +211,11 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="a smoke run: the first precision only, 20 steps x 2 repeats (on CUDA; on the CPU 5 x 2)",
     )
+    p.add_argument(
+        "--fused-step",
+        action="store_true",
+        help="the trainer's fused step (gper train --fused-step): fused network forward, loss kernel, Adam kernels",
+    )
 
 
 def train_config(args: argparse.Namespace):
@@ -238,6 +243,7 @@ def train_config(args: argparse.Namespace):
         precisions=precisions,
         steps=args.steps or steps,
         repeats=args.repeats or repeats,
+        fused_step=args.fused_step,
         out=Path(args.out),
     )
 

@@ -67,6 +67,8 @@ class TrainBenchConfig:
     steps: int = 200
     repeats: int = 5
     eager: bool = True
+    fused_step: bool = False
+    """the trainer's fused_step (gper.dqn.Config): fused network forward, loss, Adam"""
     out: Path | None = Path("benchmarks/results")
     seed: int = 0
     rows: list[dict] = field(default_factory=list)
@@ -142,6 +144,7 @@ def _agent(cfg: TrainBenchConfig, precision: str, rb, graphs: bool, batch_source
             epoch_steps=1,
             precision=precision,
             cuda_graphs=graphs,
+            fused_step=cfg.fused_step,
             seed=cfg.seed,
         ),
         torch.device("cuda"),  # the GPU preset's settings also when the bench runs on the CPU
@@ -286,7 +289,14 @@ def _report(cfg: TrainBenchConfig, env: dict, rows: list[dict], gflop: float, nb
         "",
         f"Network {cfg.obs_dim} (inputs padded to {padded_width(cfg.obs_dim)} with zeros) -> "
         f"{' -> '.join(map(str, cfg.hidden))} -> {cfg.n_actions} (double-Q, Huber x IS "
-        "weights, fused capturable Adam, soft target update, no gradient clipping: the market preset), "
+        "weights, fused capturable Adam, soft target update, no gradient clipping: the market preset"
+        + (
+            "; fused_step: hidden layers with a ReLU epilogue, the loss in one kernel, Adam and the soft "
+            "update in one kernel per tensor"
+            if cfg.fused_step
+            else ""
+        )
+        + "), "
         f"batch {cfg.batch}, replay {cfg.capacity:,} "
         f"transitions, {cfg.steps} steps x {cfg.repeats} repeats, median. Times in ms per training step; "
         + (

@@ -18,11 +18,19 @@ holds what they pass each other:
   runs on a side stream alongside ``adam`` (neither reads what the other writes).
 - ``adam``: optional global-norm clipping, capturable Adam, the soft target update (tau < 1).
 
+With ``fused_step`` (:class:`~gper.dqn.Config`) ``fwd_bwd`` and ``adam`` compute the same with
+fewer passes over memory: the hidden layers as GEMMs with a ReLU epilogue
+(:meth:`~gper.dqn.network.QNetwork.fused_forward`), the loss in one kernel
+(:func:`~gper.dqn.fused_loss.td_loss`), the two forwards on the next observations on a second
+stream while the online forward runs (CUDA), and Adam with the soft target update in one kernel
+per parameter tensor (:func:`~gper.dqn.fused_adam.adam_step`).
+
 The hard target update (tau = 1) runs from the host loop between steps: :meth:`Agent.update_target`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +42,8 @@ from torch import nn
 import gper
 from gper.dqn.batch_source import Batch, BatchSource
 from gper.dqn.config import Config
+from gper.dqn.fused_adam import adam_state, adam_step
+from gper.dqn.fused_loss import td_loss
 from gper.dqn.network import QNetwork, padded_width
 from gper.envs import Step, VecEnv
 from gper.training.episodes import EpisodeTracker
@@ -150,6 +160,10 @@ class Agent:
         self.next_obs = torch.zeros_like(self.obs)
         self.total_train_steps = max(1, total_train_steps)
         self.autocast = cuda and cfg.precision == "bf16"
+        # the fused step's kernels follow the replay's back end setting (auto: Triton on CUDA)
+        self.kernels = ("triton" if cuda else "torch") if cfg.backend == "auto" else cfg.backend
+        # where the fused step runs the forwards on the next observations (CUDA only)
+        self._side = torch.cuda.Stream(device) if cfg.fused_step and cuda else None
         self.batch_source: BatchSource = self.sample_replay if batch_source is None else batch_source
         self.from_replay = batch_source is None
         graphs = cfg.cuda_graphs and cuda
@@ -161,9 +175,9 @@ class Agent:
         learn = {
             "per_sample": self._sample,
             "upload": self._upload,
-            "fwd_bwd": self._fwd_bwd,
+            "fwd_bwd": self._fwd_bwd_fused if cfg.fused_step else self._fwd_bwd,
             "per_update": self._per_update,
-            "adam": self._adam,
+            "adam": self._adam_fused if cfg.fused_step else self._adam,
         }
         # the priority update needs only the TD errors: in the one-graph step it runs alongside Adam
         self.learn = PhasedStep(learn, device, graphs, state=self.learn_state, concurrent=("per_update",))
@@ -272,6 +286,37 @@ class Agent:
         # the adam phase reads these: a phase-by-phase capture must keep them alive (see PhasedStep)
         s.grads = [p.grad for p in self.qnet.parameters()]
 
+    def _fwd_bwd_fused(self) -> None:
+        # _fwd_bwd's update (same targets, loss, TD errors and sums) with fewer passes over memory
+        s, cfg = self.learn_state, self.cfg
+        self.optimizer.zero_grad(set_to_none=True)
+        # autocast's lists do not hold _addmm_activation: under bf16 the plain layers
+        online = self.qnet.forward if self.autocast else self.qnet.fused_forward
+        target = self.target.forward if self.autocast else self.target.fused_forward
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            side = self._side
+            if side is not None:  # forked: in a capture, a parallel branch of the graph
+                main = torch.cuda.current_stream(self.device)
+                side.wait_stream(main)
+            with torch.cuda.stream(side) if side is not None else contextlib.nullcontext(), torch.no_grad():
+                next_target = target(s.next_x)
+                next_online = online(s.next_x) if cfg.double_q else None
+            q = online(s.x)
+            if side is not None:
+                # joined before the loss reads them; any later use of their memory on the side
+                # stream comes after a wait on this stream, so after the loss has read them
+                main.wait_stream(side)
+        if self.trajectory:
+            discount, gamma = s.discount, None
+        else:  # the kernel makes gamma (1 - done) from the done flags
+            discount, gamma = s.done, cfg.gamma
+        loss, s.td = td_loss(
+            q, next_online, next_target, s.action, s.reward, discount, s.weights,
+            gamma=gamma, sums=self.sums, backend=self.kernels,
+        )  # fmt: skip
+        loss.backward()
+        s.grads = [p.grad for p in self.qnet.parameters()]
+
     def _per_update(self) -> None:
         s = self.learn_state
         # from another batch source (a fixed batch) there is no priority update: its rows are not
@@ -289,6 +334,23 @@ class Agent:
         if self.cfg.tau < 1.0:  # the soft target update, inside the captured step (see update_target)
             with torch.no_grad():
                 torch._foreach_lerp_(list(self.target.parameters()), list(self.qnet.parameters()), self.cfg.tau)
+
+    def _adam_fused(self) -> None:
+        # _adam's update: the same clipping, then torch.optim.Adam's step on its own state, with
+        # the soft target update in the same kernels
+        cfg = self.cfg
+        if cfg.max_grad_norm > 0:
+            nn.utils.clip_grad_norm_(self.qnet.parameters(), cfg.max_grad_norm, foreach=True)
+        params, exp_avgs, exp_avg_sqs, steps = adam_state(self.optimizer)
+        group = self.optimizer.param_groups[0]
+        beta1, beta2 = group["betas"]
+        soft = cfg.tau < 1.0
+        adam_step(
+            params, [p.grad for p in params], exp_avgs, exp_avg_sqs, steps,
+            lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+            targets=list(self.target.parameters()) if soft else None, tau=cfg.tau, backend=self.kernels,
+        )  # fmt: skip
+        self.counters[1] += 1
 
     # ---- target network
 

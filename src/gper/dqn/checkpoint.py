@@ -53,6 +53,7 @@ FREE = (
     "backend",
     "precision",
     "cuda_graphs",
+    "fused_step",
     "time_every",
     "epoch_steps",
     "run_dir",

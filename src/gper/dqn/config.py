@@ -36,7 +36,7 @@ class Config:
     (every preset's network: more threads slow such steps down, about 2x with the cores shared
     with other processes), else the cores this process may use"""
     backend: Literal["auto", "triton", "torch"] = "auto"
-    """replay kernels: triton on CUDA, torch on the CPU, when auto"""
+    """replay kernels (and fused_step's): triton on CUDA, torch on the CPU, when auto"""
     hidden: tuple[int, ...] | None = None
     """hidden layer sizes of the Q-network (the reference network 51 -> 512 -> 512 -> 45 uses 512 512)"""
     buffer_size: int | None = None
@@ -84,6 +84,12 @@ class Config:
     """matmul precision on CUDA: TF32 tensor cores, full FP32, or bf16 autocast (fp32 on the CPU)"""
     cuda_graphs: bool = True
     """replay the collection and training steps from CUDA graphs (on CUDA; off on the CPU)"""
+    fused_step: bool = False
+    """the training step with fused kernels: each hidden layer one GEMM with a ReLU epilogue
+    (bf16: the plain layers), the loss and TD errors in one Triton kernel, Adam and the soft target
+    update in one kernel per parameter tensor, and on CUDA the two forwards on the next
+    observations on a second stream; the same update as without, up to float rounding (its
+    kernels follow backend: Triton on CUDA, the torch references on the CPU, when auto)"""
     time_every: int = 10
     """time every N-th step phase by phase with CUDA events (0: no phase timing)"""
     epoch_steps: int | None = None

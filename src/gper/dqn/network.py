@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -21,6 +22,50 @@ class QNetwork(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
+
+    def fused_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The same function as :meth:`forward`, each hidden layer one ``torch._addmm_activation``
+        (on CUDA, cuBLASLt's bias + ReLU epilogue: the [B, hidden] activations are written once,
+        not written, read and written again by a separate ReLU). Differentiable (see
+        :class:`LinearReLU`); not for autocast, whose lists do not hold ``_addmm_activation``."""
+        layers = list(self.net)
+        for layer, following in zip(layers, layers[1:] + [None], strict=True):
+            if not isinstance(layer, nn.Linear):
+                continue
+            if isinstance(following, nn.ReLU):
+                x = linear_relu(x, layer.weight, layer.bias)
+            else:
+                x = F.linear(x, layer.weight, layer.bias)
+        return x
+
+
+class LinearReLU(torch.autograd.Function):
+    """``relu(x @ weight.T + bias)`` in one GEMM (``torch._addmm_activation``, which autograd does
+    not differentiate), with the backward autograd gives ``relu(linear(...))``: the ReLU's
+    mask from the saved output, then the two GEMMs and the bias sum."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        h = torch._addmm_activation(bias, x, weight.t())
+        ctx.save_for_backward(x, weight, h)
+        return h
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight, h = ctx.saved_tensors
+        dz = torch.ops.aten.threshold_backward(grad, h, 0)
+        dx = dz @ weight if ctx.needs_input_grad[0] else None
+        dw = dz.t() @ x if ctx.needs_input_grad[1] else None
+        db = dz.sum(0) if ctx.needs_input_grad[2] else None
+        return dx, dw, db
+
+
+def linear_relu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``relu(F.linear(x, weight, bias))`` for [B, in] ``x`` as one GEMM with a ReLU epilogue;
+    through :class:`LinearReLU` only where autograd needs the graph."""
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias.requires_grad):
+        return LinearReLU.apply(x, weight, bias)
+    return torch._addmm_activation(bias, x, weight.t())
 
 
 def padded_width(obs_dim: int) -> int:
