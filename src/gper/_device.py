@@ -35,7 +35,8 @@ def on_own_device(method: Callable) -> Callable:
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
         device = self.device
-        if device.type != "cuda" or torch.cuda.current_device() == device.index:
+        # the object's device exists, so CUDA is initialised: ask the runtime directly (no lazy-init check)
+        if device.type != "cuda" or torch._C._cuda_getDevice() == device.index:
             return method(self, *args, **kwargs)
         with torch.cuda.device(device.index):
             return method(self, *args, **kwargs)

@@ -152,8 +152,8 @@ def test_train_alias_builds_the_same_config(monkeypatch):
     cpu = command.train_config(_parse(["--train", "--device", "cpu"]))
     assert (cpu.capacity, cpu.batch, cpu.hidden, cpu.steps, cpu.repeats) == (2**14, 256, (64, 64), 10, 3)
     assert (
-        not cpu.fused_step
-        and command.train_config(_parse(["train-step", "--device", "cpu", "--fused-step"])).fused_step
+        cpu.fused_step
+        and not command.train_config(_parse(["train-step", "--device", "cpu", "--no-fused-step"])).fused_step
     )
     with pytest.raises(SystemExit, match="need CUDA"):
         command.train_config(_parse(["train-step", "--device", "cpu", "--precisions", "tf32"]))

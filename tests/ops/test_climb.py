@@ -89,6 +89,13 @@ def test_fused_add_writes_what_the_reference_writes(spec_name, capacity, arity):
 def test_updates_and_adds_keep_the_trees_exact(capacity, arity):
     """Updates with many duplicates, then adds that wrap the ring: both trees equal their rebuild
     and the scratch (claims, arrival counters, tickets) is back at rest after every call."""
+    from gper.ops import triton_ops
+
+    with triton_ops.launch_config(climb_min_batch=1):  # the climb for every batch size here
+        _updates_and_adds(capacity, arity)
+
+
+def _updates_and_adds(capacity: int, arity: int) -> None:
     dev = _device()
     rb = gper.PrioritizedReplayBuffer(
         capacity, {"x": ((), torch.int32)}, device=dev, backend="triton", arity=arity, alpha=0.5, eps=EPS_DYADIC

@@ -213,8 +213,10 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--fused-step",
-        action="store_true",
-        help="the trainer's fused step (gper train --fused-step): fused network forward, loss kernel, Adam kernels",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the trainer's fused step (gper train's default; --no-fused-step: the plain step): fused network "
+        "forward, loss kernel, Adam kernels",
     )
 
 

@@ -67,7 +67,7 @@ class TrainBenchConfig:
     steps: int = 200
     repeats: int = 5
     eager: bool = True
-    fused_step: bool = False
+    fused_step: bool = True
     """the trainer's fused_step (gper.dqn.Config): fused network forward, loss, Adam"""
     out: Path | None = Path("benchmarks/results")
     seed: int = 0

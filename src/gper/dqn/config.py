@@ -84,7 +84,7 @@ class Config:
     """matmul precision on CUDA: TF32 tensor cores, full FP32, or bf16 autocast (fp32 on the CPU)"""
     cuda_graphs: bool = True
     """replay the collection and training steps from CUDA graphs (on CUDA; off on the CPU)"""
-    fused_step: bool = False
+    fused_step: bool = True
     """the training step with fused kernels: each hidden layer one GEMM with a ReLU epilogue
     (bf16: the plain layers), the loss and TD errors in one Triton kernel, Adam and the soft target
     update in one kernel per parameter tensor, and on CUDA the two forwards on the next

@@ -33,7 +33,8 @@ from gper.ops import reference
 from gper.ops.layout import TreeLayout
 from gper.ops.state import rng_blocks
 from gper.ops.triton_tree import (
-    _add_rows,
+    _add_repair,
+    _add_write,
     _climb_leaves,
     _count_chain,
     _count_leaves,
@@ -60,9 +61,13 @@ class LaunchConfig:
     level_warps: int = 4
     #: tree repair by the two-launch climb (``gper.ops.triton_tree``); False: one launch per level
     climb: bool = True
+    #: updates of fewer entries repair level by level: on the H200 the climb's chain of dependent
+    #: atomics was slower there at 2^20 and 2^25 slots (9.6-11.0 against 8.2-9.8 us at B = 256),
+    #: faster at B = 16384 (8.1 against 13.9 us at 2^20; 15.4 against 16.2 at 2^25)
+    climb_min_batch: int = 1024
     climb_block: int = 32
     climb_warps: int = 4
-    add_block: int = 32
+    add_block: int = 16
     add_warps: int = 4
 
 
@@ -277,9 +282,9 @@ def _update_claim(
     p = tl.where(finite, p, tl.load(scalars + 0))  # S_MAXP
     # claim the slot with (batch position, priority bits): the atomic max keeps the last occurrence
     packed = (s << 32) | p.to(tl.int32, bitcast=True).to(tl.int64)
-    old = tl.atomic_max(claims + i, packed, mask=valid)
-    if COUNT:  # the first claim of a slot counts it as a changed child of its parent
-        _count_chain(arrive, level_off, i, valid & (old < 0), DEPTH, LOG2K)
+    tl.atomic_max(claims + i, packed, mask=valid)
+    if COUNT:  # every entry arrives at its leaf's parent in the climb: count it there
+        _count_chain(arrive, level_off, i, valid, DEPTH, LOG2K)
     tl.store(clean + s, tl.where(valid, i, -1), mask=m)
     n_invalid = tl.sum((m & ~in_range).to(tl.int64), axis=0)
     n_stale = tl.sum((in_range & ~valid).to(tl.int64), axis=0)
@@ -535,7 +540,7 @@ def _set_priorities(
     b = idx.numel()
     clean = torch.empty(b, dtype=torch.int64, device=idx.device)
     has_gen = expected_gen is not None
-    climb = LAUNCH.climb and not leaf_only
+    climb = LAUNCH.climb and not leaf_only and b >= LAUNCH.climb_min_batch
     off = _level_offsets(layout, tree.device)
     block = LAUNCH.climb_block if climb else LAUNCH.update_block
     _update_claim[_grid(b, block)](
@@ -674,14 +679,12 @@ def add_rows(
     srcs += [srcs[0]] * (MAX_ADD_SOURCES - len(srcs))
     specs = list(plan) + [None] * (MAX_ADD_SOURCES - len(plan))
     pos = torch.empty(n, dtype=torch.int64, device=rows.device)
-    _add_rows[_grid(n, LAUNCH.add_block)](
+    _add_write[_grid(n, LAUNCH.add_block)](
         tree,
         mintree,
         gen,
         counters,
         scalars,
-        arrive_counters(claims, layout),
-        _level_offsets(layout, tree.device),
         rows,
         rows.view(torch.uint8),
         pos,
@@ -689,7 +692,6 @@ def add_rows(
         layout.leaf_offset,
         n,
         skip,
-        total,
         layout.capacity,
         0.0 if leaf_value is None else float(leaf_value),
         F0=specs[0],
@@ -700,11 +702,25 @@ def add_rows(
         F5=specs[5],
         W=rows.shape[1],
         USE_MAX=leaf_value is None,
+        BLOCK=LAUNCH.add_block,
+        num_warps=LAUNCH.add_warps,
+    )
+    # one lane per leaf parent of the range: at most n / K + 2 of them (its two ends, and a wrap)
+    _add_repair[_grid(n // layout.arity + 3, LAUNCH.climb_block)](
+        tree,
+        mintree,
+        counters,
+        arrive_counters(claims, layout),
+        _level_offsets(layout, tree.device),
+        n,
+        skip,
+        total,
+        layout.capacity,
         DEPTH=layout.depth,
         K=layout.arity,
         LOG2K=layout.log2_arity,
-        BLOCK=LAUNCH.add_block,
-        num_warps=LAUNCH.add_warps,
+        BLOCK=LAUNCH.climb_block,
+        num_warps=LAUNCH.climb_warps,
     )
     return pos
 

@@ -5,15 +5,18 @@ The level-by-level repair (one launch per level, ``triton_ops._recompute_level``
 because a launch boundary separates the levels, and its time is that chain of launches (about
 4 µs each on an H200, ``docs/performance.md``). Here the levels are separated by counters instead:
 
-* ``arrive``: one int32 per inner node (indexed like the tree, by level offset), 0 between calls.
-  The high 16 bits count the node's children that change (its *need*), the low 16 bits the
-  children repaired so far in this call.
-* **Count pass** (:func:`_count_chain`): every changed leaf adds ``1 << 16`` to its parent; the
-  first arrival at a node (the old value was 0) goes on and counts that node at its own parent,
-  and so on to the top. A launch boundary follows, so every need is complete before any climb.
-* **Climb** (:func:`_climb`): every changed leaf, once written, adds 1 to its parent; the lane
-  that brings the count to the need is the last, so all the node's changed children are written:
-  it recomputes the node from its ``K`` children, resets the counter to 0 and climbs on.
+* ``arrive``: one int64 per inner node (indexed like the tree, by level offset), 0 between calls.
+  The high 32 bits count the arrivals a node waits for (its *need*), the low 32 bits the
+  arrivals so far in this call.
+* **Count pass** (:func:`_count_chain`): every entry (an update's, duplicates included) adds
+  ``1 << 32`` to its leaf's parent; the first count at a node (the old value was 0) goes on and
+  counts that node once at its own parent, and so on to the top. A launch boundary follows, so
+  every need is complete before any climb.
+* **Climb**: every entry arrives at its leaf's parent; the one that brings the count to the need
+  is the last, so every entry below has been claimed: it writes the node's new leaves (from the
+  claims, :func:`_leaf_parent`), recomputes the node from its ``K`` children, resets the counter,
+  and climbs on (:func:`_climb`), where each node's last arrival recomputes it from its children.
+  No entry writes a leaf before it arrives, so the first arrival waits on no stores.
 
 Ordering: a node's children are written by other programs, so every arrival is an ``acq_rel``
 atomic at GPU scope, with a CTA barrier between this program's writes and its arrivals (a lane's
@@ -23,7 +26,8 @@ other and cannot show a race: the GPU stress tests (``tests/ops/test_climb_gpu.p
 ``compute-sanitizer --tool racecheck`` can.
 
 A contiguous ring range (the slots an ``add`` writes) needs no count pass: the number of changed
-children of a node is an interval intersection (:func:`_range_need`), so the fused add is one launch.
+children of a node is an interval intersection (:func:`_range_need`). The add is two launches:
+rows, generations and leaves (bandwidth only), then one lane per changed leaf parent, climbing.
 """
 
 from __future__ import annotations
@@ -38,25 +42,25 @@ NEED_ONE = 1 << 16
 
 
 def arrive_counters(claims: torch.Tensor, layout: TreeLayout) -> torch.Tensor:
-    """The ``arrive`` counters: the int32 tail of the Triton back end's claim buffer (``make_claims``),
-    one per inner node, indexed by the node's offset in the tree."""
-    return claims[layout.capacity + layout.arity :].view(torch.int32)
+    """The ``arrive`` counters: the tail of the Triton back end's claim buffer (``make_claims``),
+    one int64 per inner node, indexed by the node's offset in the tree."""
+    return claims[layout.capacity + layout.arity :]
 
 
 def arrive_words(layout: TreeLayout) -> int:
     """int64 words the ``arrive`` counters take at the end of the claim buffer."""
-    return (layout.leaf_offset + 1) // 2
+    return layout.leaf_offset
 
 
 @triton.jit
 def _count_chain(arrive, level_off, leaf, active, DEPTH: tl.constexpr, LOG2K: tl.constexpr):
-    """Count pass: each active leaf counts one changed child at its parent; the first count at a
-    node counts that node at its parent, up to the top level."""
+    """Count pass: each active leaf (duplicates too) counts one arrival at its parent; the first
+    count at a node counts that node once at its parent, up to the top level."""
     node = leaf
     for step in tl.static_range(DEPTH - 1):
         par = node >> LOG2K
         poff = tl.load(level_off + (DEPTH - 2 - step))
-        old = tl.atomic_add(arrive + poff + par, 65536, mask=active, sem="relaxed")
+        old = tl.atomic_add(arrive + poff + par, 4294967296, mask=active, sem="relaxed")
         active = active & (old == 0)
         node = par
 
@@ -68,7 +72,7 @@ def _interval(lo, hi, first, last):
 
 
 @triton.jit
-def _range_need(par, a, n, cap, sh, K: tl.constexpr, LOG2K: tl.constexpr):
+def _range_need(par, a, n, cap, sh, K: tl.constexpr):
     """Changed children of node ``par`` when the leaves ``a .. a + n - 1`` (mod ``cap``, n <= cap)
     change; its children are at the level whose nodes span ``2^sh`` leaves."""
     first = par * K
@@ -89,36 +93,33 @@ def _climb(
     mintree,
     arrive,
     level_off,
-    leaf,
+    node,
     active,
     a,
     n,
     cap,
-    inc,
+    FIRST: tl.constexpr,
     DEPTH: tl.constexpr,
     K: tl.constexpr,
     LOG2K: tl.constexpr,
     RANGE: tl.constexpr,
 ):
-    """The climb from the active leaves (already written): the last arrival at a node recomputes
-    it. Each active leaf arrives at its parent for ``inc`` children (1, or the leaves a lane stands
-    for); a node's last arrival arrives for 1 above. With RANGE the need of a node comes from the
-    changed range ``a .. a + n - 1`` instead of the count pass."""
+    """The climb from the active nodes of level FIRST (already recomputed): the last arrival at a
+    node recomputes it from its children. With RANGE the number of arrivals a node waits for comes
+    from the changed leaf range ``a .. a + n - 1``, otherwise from the count pass."""
     kk = tl.arange(0, K)
-    node = leaf
-    for step in tl.static_range(DEPTH - 1):
-        level = DEPTH - 2 - step
+    for step in tl.static_range(FIRST):
+        level = FIRST - 1 - step
         par = node >> LOG2K
         poff = tl.load(level_off + level)
         coff = tl.load(level_off + level + 1)
-        add = inc if step == 0 else 1
         tl.debug_barrier()  # this program's writes of the children, before any of its arrivals
-        old = tl.atomic_add(arrive + poff + par, add, mask=active, sem="acq_rel")
+        old = tl.atomic_add(arrive + poff + par, 1, mask=active, sem="acq_rel")
         if RANGE:
-            need = _range_need(par, a, n, cap, LOG2K * (DEPTH - 2 - level), K, LOG2K)
+            need = _range_need(par, a, n, cap, LOG2K * (DEPTH - 2 - level), K)
         else:
-            need = old >> 16
-        last = active & ((old & 0xFFFF) + add == need)
+            need = old >> 32
+        last = active & ((old & 0xFFFFFFFF) + 1 == need)
         tl.debug_barrier()  # the arrivals' acquire, before the children are read by any thread
         c = coff + par[:, None] * K + kk[None, :]
         v = tl.load(tree + c, mask=last[:, None], other=0.0, cache_modifier=".cg")
@@ -128,6 +129,53 @@ def _climb(
         tl.store(arrive + poff + par, tl.zeros_like(old), mask=last)
         node = par
         active = last
+
+
+@triton.jit
+def _leaf_parent(
+    tree,
+    mintree,
+    claims,
+    arrive,
+    scalars,
+    level_off,
+    leaf,
+    active,
+    DEPTH: tl.constexpr,
+    K: tl.constexpr,
+    LOG2K: tl.constexpr,
+    FROM_CLAIMS: tl.constexpr,
+):
+    """Every active entry arrives at its leaf's parent; the last recomputes it. FROM_CLAIMS (an
+    update): the last also writes the parent's claimed leaves in both trees from the claims, resets
+    those claims and raises the max priority. Returns (parent, last) for :func:`_climb`."""
+    kk = tl.arange(0, K)
+    par = leaf >> LOG2K
+    poff = tl.load(level_off + (DEPTH - 2))
+    loff = tl.load(level_off + (DEPTH - 1))
+    old = tl.atomic_add(arrive + poff + par, 1, mask=active, sem="acq_rel")
+    last = active & ((old & 0xFFFFFFFF) + 1 == (old >> 32))
+    tl.debug_barrier()  # the arrivals' acquire, before the children are read by any thread
+    c = par[:, None] * K + kk[None, :]
+    lm = last[:, None]
+    # only this lane touches these leaves (and claims) in this launch: plain loads suffice
+    v = tl.load(tree + loff + c, mask=lm, other=0.0)
+    mv = tl.load(mintree + loff + c, mask=lm, other=float("inf"))
+    if FROM_CLAIMS:
+        cl = tl.load(claims + c, mask=lm, other=-1)
+        claimed = cl >= 0
+        new = (cl & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
+        v = tl.where(claimed, new, v)
+        mv = tl.where(claimed, new, mv)
+        tl.store(tree + loff + c, new, mask=claimed)
+        tl.store(mintree + loff + c, new, mask=claimed)
+        tl.store(claims + c, tl.zeros_like(cl) - 1, mask=claimed)
+        pmax = tl.max(tl.max(tl.where(claimed, new, 0.0), axis=1), axis=0)
+        tl.atomic_max(scalars + 0, pmax, mask=pmax > 0)  # S_MAXP
+    tl.store(tree + poff + par, tl.sum(v, axis=1), mask=last)
+    tl.store(mintree + poff + par, tl.min(mv, axis=1), mask=last)
+    tl.store(arrive + poff + par, tl.zeros_like(old), mask=last)
+    return par, last
 
 
 @triton.jit
@@ -146,23 +194,27 @@ def _update_apply(
     DEPTH: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """The update's second launch: each slot's winning entry writes its leaf in both trees,
-    resets its claim and climbs (the count pass ran in the claim launch)."""
+    """The update's second launch: the last entry under each leaf parent writes its claimed leaves,
+    recomputes it and climbs (the count pass ran in the claim launch). A tree of one level: each
+    slot's winning entry writes its leaf."""
     s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = s < B
     i = tl.load(clean + s, mask=m, other=-1)
     valid = i >= 0
     i = tl.maximum(i, 0)
-    packed = tl.load(claims + i, mask=valid, other=-1)
-    # a loser reads the winner's claim or, once the winner has reset it, -1: never its own position
-    win = valid & ((packed >> 32) == s)
-    p = (packed & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
-    tl.store(tree + leaf_off + i, p, mask=win)
-    tl.store(mintree + leaf_off + i, p, mask=win)
-    tl.store(claims + i, tl.full([BLOCK], -1, tl.int64), mask=win)
-    pmax = tl.max(tl.where(win, p, 0.0), axis=0)
-    tl.atomic_max(scalars + 0, pmax, mask=pmax > 0)  # S_MAXP
-    _climb(tree, mintree, arrive, level_off, i, win, 0, 0, 1, 1, DEPTH, K, LOG2K, False)
+    if DEPTH == 1:
+        packed = tl.load(claims + i, mask=valid, other=-1)
+        # a loser reads the winner's claim or, once the winner has reset it, -1: never its own position
+        win = valid & ((packed >> 32) == s)
+        p = (packed & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
+        tl.store(tree + leaf_off + i, p, mask=win)
+        tl.store(mintree + leaf_off + i, p, mask=win)
+        tl.store(claims + i, tl.full([BLOCK], -1, tl.int64), mask=win)
+        pmax = tl.max(tl.where(win, p, 0.0), axis=0)
+        tl.atomic_max(scalars + 0, pmax, mask=pmax > 0)  # S_MAXP
+    else:
+        par, last = _leaf_parent(tree, mintree, claims, arrive, scalars, level_off, i, valid, DEPTH, K, LOG2K, True)
+        _climb(tree, mintree, arrive, level_off, par, last, 0, 0, 1, DEPTH - 2, DEPTH, K, LOG2K, False)
 
 
 @triton.jit
@@ -186,10 +238,14 @@ def _climb_leaves(
     DEPTH: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """Climb for :func:`recompute`: every entry >= 0 of ``leaves`` arrives once, as it was counted."""
+    """Climb for :func:`recompute`: every entry >= 0 of ``leaves`` (written before this launch)
+    arrives once at its parent, as it was counted."""
     s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     i = tl.load(leaves + s, mask=s < n, other=-1)
-    _climb(tree, mintree, arrive, level_off, tl.maximum(i, 0), i >= 0, 0, 0, 1, 1, DEPTH, K, LOG2K, False)
+    par, last = _leaf_parent(
+        tree, mintree, leaves, arrive, leaves, level_off, tl.maximum(i, 0), i >= 0, DEPTH, K, LOG2K, False
+    )
+    _climb(tree, mintree, arrive, level_off, par, last, 0, 0, 1, DEPTH - 2, DEPTH, K, LOG2K, False)
 
 
 @triton.jit
@@ -221,14 +277,12 @@ def _write_field(
 
 
 @triton.jit
-def _add_rows(
+def _add_write(
     tree,
     mintree,
     gen,
     counters,
     scalars,
-    arrive,
-    level_off,
     rows,  # [capacity, W] int32
     rows8,  # the same memory as uint8
     out_pos,  # [n] int64: the slots written
@@ -241,7 +295,6 @@ def _add_rows(
     leaf_off,
     n,  # items written: the last n of the batch
     skip,  # items of the batch before them (a batch larger than the buffer)
-    total,  # the batch's size: cursor and size move on by it
     cap,
     value,
     F0: tl.constexpr,  # per field (byte offset, bytes, power of two, read by bytes), or None
@@ -252,20 +305,14 @@ def _add_rows(
     F5: tl.constexpr,
     W: tl.constexpr,
     USE_MAX: tl.constexpr,
-    DEPTH: tl.constexpr,
-    K: tl.constexpr,
-    LOG2K: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """The whole ``add`` in one launch: rows packed from the caller's tensors and written at the
-    cursor, leaves at the max priority (or ``value``), generations advanced, the trees repaired by
-    the climb (the changed leaves are one ring range: no count pass), cursor and size advanced by
-    the last program (every program has read the cursor before it takes its ticket)."""
+    """The add's first launch: rows from the caller's tensors at the cursor, leaves at the max
+    priority (or ``value``), generations advanced. Nothing here waits on another program."""
     s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = s < n
-    cursor = tl.load(counters + 1)  # C_CURSOR
-    a = (cursor + skip) % cap
-    pos = (a + s) % cap
+    cursor = tl.load(counters + 1)  # C_CURSOR (advanced by _add_repair)
+    pos = (cursor + skip + s) % cap
     tl.store(out_pos + s, pos, mask=m)
     _write_field(rows, rows8, pos, s, m, s0, F0[0], F0[1], F0[2], F0[3], W)
     if F1 is not None:
@@ -285,13 +332,48 @@ def _add_rows(
     tl.store(tree + leaf_off + pos, p, mask=m)
     tl.store(mintree + leaf_off + pos, p, mask=m)
     tl.store(gen + pos, tl.load(gen + pos, mask=m, other=0) + 1, mask=m)
-    # one arrival per parent and program: the first lane of each run of siblings arrives for all of them
-    lane = tl.arange(0, BLOCK)
-    par = pos >> LOG2K
-    same = (par[None, :] == par[:, None]) & m[None, :]
-    earlier = tl.sum((same & (lane[None, :] < lane[:, None])).to(tl.int32), axis=1)
-    siblings = tl.sum(same.to(tl.int32), axis=1)
-    _climb(tree, mintree, arrive, level_off, pos, m & (earlier == 0), a, n, cap, siblings, DEPTH, K, LOG2K, True)
+
+
+@triton.jit
+def _add_repair(
+    tree,
+    mintree,
+    counters,
+    arrive,
+    level_off,
+    n,
+    skip,
+    total,  # the batch's size: cursor and size move on by it
+    cap,
+    DEPTH: tl.constexpr,
+    K: tl.constexpr,
+    LOG2K: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """The add's second launch: one lane per leaf parent of the written range recomputes it from
+    its leaves, then climbs (the range gives every node's number of arrivals); the last program
+    advances cursor and size (every program has read the cursor before it takes its ticket)."""
+    kk = tl.arange(0, K)
+    cursor = tl.load(counters + 1)  # C_CURSOR
+    a = (cursor + skip) % cap
+    if DEPTH >= 2:
+        j = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        e = a + n
+        lo1 = a >> LOG2K
+        n1 = ((tl.minimum(e, cap) - 1) >> LOG2K) - lo1 + 1
+        # after a wrap, the parents of leaves 0 .. e - cap - 1 that the first part did not hold
+        hi2 = tl.minimum((e - cap - 1) >> LOG2K, lo1 - 1)
+        n2 = tl.where(e > cap, tl.maximum(hi2 + 1, 0), 0)
+        par = tl.where(j < n1, lo1 + j, j - n1)
+        active = j < n1 + n2
+        poff = tl.load(level_off + (DEPTH - 2))
+        loff = tl.load(level_off + (DEPTH - 1))
+        c = loff + par[:, None] * K + kk[None, :]
+        v = tl.load(tree + c, mask=active[:, None], other=0.0)
+        tl.store(tree + poff + par, tl.sum(v, axis=1), mask=active)
+        mv = tl.load(mintree + c, mask=active[:, None], other=float("inf"))
+        tl.store(mintree + poff + par, tl.min(mv, axis=1), mask=active)
+        _climb(tree, mintree, arrive, level_off, par, active, a, n, cap, DEPTH - 2, DEPTH, K, LOG2K, True)
     ticket = tl.atomic_add(counters + 7, 1)  # C_TICKET_TOP (this launch's election)
     last = ticket == tl.num_programs(0) - 1
     size = tl.load(counters + 2)  # C_SIZE: only this program writes it

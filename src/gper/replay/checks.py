@@ -110,7 +110,7 @@ def check_indices(indices: object, device: torch.device, size: int, strict: bool
         if lo < 0 or hi >= size:
             bad = lo if lo < 0 else hi
             raise IndexError(f"{what}: index {bad} out of range [0, {size}) (filled slots)")
-    return indices.long()
+    return indices if indices.dtype == torch.int64 else indices.long()
 
 
 def check_generations(generations: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
@@ -133,7 +133,9 @@ def check_td(td_errors: object, indices: torch.Tensor, device: torch.device) -> 
         )
     if td_errors.device != device:
         raise ValueError(f"{what}: td_errors are on {td_errors.device}, expected {device}")
-    td = td_errors.detach()
+    td = td_errors.detach() if td_errors.requires_grad else td_errors
+    if td.dtype == torch.float32:  # the common case: no op (each costs host time on an eager call)
+        return td
     if td.dtype == torch.float64:  # finite values past float32's range stay finite: P_MAX after the clamp
         td = torch.where(torch.isfinite(td), td.clamp(-P_MAX, P_MAX), td)
     return td.float()

@@ -281,7 +281,7 @@ class PriorityTree:
     @staticmethod
     def estimate_bytes(layout: TreeLayout) -> int:
         """Device bytes of a tree of ``layout``: both trees, generations, claims (the larger back end's)."""
-        claims = 8 * (layout.capacity + layout.arity) + 4 * layout.leaf_offset  # with the climb's counters
+        claims = 8 * (layout.capacity + layout.arity + layout.leaf_offset)  # with the climb's counters
         return 2 * 4 * (layout.numel + 1) + 4 * layout.capacity + claims
 
     def _tensors(self) -> dict[str, torch.Tensor]:
