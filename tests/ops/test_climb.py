@@ -153,3 +153,29 @@ def test_contended_climbs_on_the_gpu(capacity, arity):
         rb.add({"x": torch.zeros(n, dtype=torch.int32, device="cuda")})
         _assert_trees_exact(rb, f"round {round_}: add of {n}")
     assert_at_rest(rb.tree, "after the rounds")
+
+
+@needs_triton
+@pytest.mark.parametrize("arity", [2, 32])
+def test_the_climb_counts_stale_entries_and_ignores_them(arity):
+    """A batch updated after some of its slots were overwritten: its stale entries arrive in the
+    climb (the claim launch counts every entry in range) but write nothing; the fresh ones win."""
+    from gper.ops import triton_ops
+
+    dev, cap = _device(), 300
+    rb = gper.PrioritizedReplayBuffer(
+        cap, {"x": ((), torch.int32)}, device=dev, backend="triton", arity=arity, alpha=0.5, eps=EPS_DYADIC
+    )
+    rb.add({"x": torch.zeros(cap, dtype=torch.int32, device=dev)})
+    with triton_ops.launch_config(climb_min_batch=1):
+        batch = rb.sample(200)
+        rb.add({"x": torch.zeros(40, dtype=torch.int32, device=dev)})  # slots 0 .. 39 overwritten
+        before = rb.priorities(batch.indices).clone()
+        k = 2 * torch.randint(-1, 5, (200,), generator=torch.Generator().manual_seed(arity))
+        rb.update_priorities(batch, dyadic_td(k).to(dev))
+    stale = batch.indices < 40
+    assert bool(stale.any()) and bool((~stale).any())
+    assert torch.equal(rb.priorities(batch.indices[stale]), before[stale]), "a stale entry wrote its leaf"
+    assert rb.stats()["stale_updates"] == int(stale.sum())
+    _assert_trees_exact(rb, "after an update with stale entries")
+    assert_at_rest(rb.tree, "after an update with stale entries")
