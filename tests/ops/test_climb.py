@@ -157,9 +157,9 @@ def test_contended_climbs_on_the_gpu(capacity, arity):
 
 @needs_triton
 @pytest.mark.parametrize("arity", [2, 32])
-def test_the_climb_counts_stale_entries_and_ignores_them(arity):
-    """A batch updated after some of its slots were overwritten: its stale entries arrive in the
-    climb (the claim launch counts every entry in range) but write nothing; the fresh ones win."""
+def test_the_climb_ignores_stale_entries(arity):
+    """A batch updated after some of its slots were overwritten, repaired by the climb: its stale
+    entries are counted as stale and write nothing, the fresh ones win, the trees stay exact."""
     from gper.ops import triton_ops
 
     dev, cap = _device(), 300

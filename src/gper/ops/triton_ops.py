@@ -252,7 +252,7 @@ def _update_claim(
     claims,  # [capacity + K] int64, -1 between calls
     counters,
     scalars,
-    clean,  # [B] int64 out: idx; -2 - idx where stale (in range); -1 where out of range
+    clean,  # [B] int64 out: idx, or -1 where dropped
     arrive,  # the climb's counters (read only if COUNT)
     level_off,
     alpha,
@@ -283,9 +283,9 @@ def _update_claim(
     # claim the slot with (batch position, priority bits): the atomic max keeps the last occurrence
     packed = (s << 32) | p.to(tl.int32, bitcast=True).to(tl.int64)
     tl.atomic_max(claims + i, packed, mask=valid)
-    if COUNT:  # every entry in range (stale ones too) arrives at its leaf's parent: count it there
-        _count_chain(arrive, level_off, i, in_range, DEPTH, LOG2K)
-    tl.store(clean + s, tl.where(valid, i, tl.where(in_range, -2 - i, -1)), mask=m)
+    if COUNT:  # every entry arrives at its leaf's parent in the climb: count it there
+        _count_chain(arrive, level_off, i, valid, DEPTH, LOG2K)
+    tl.store(clean + s, tl.where(valid, i, -1), mask=m)
     n_invalid = tl.sum((m & ~in_range).to(tl.int64), axis=0)
     n_stale = tl.sum((in_range & ~valid).to(tl.int64), axis=0)
     n_nonfinite = tl.sum((valid & ~finite).to(tl.int64), axis=0)

@@ -88,20 +88,6 @@ def _range_need(par, a, n, cap, sh, K: tl.constexpr):
 
 
 @triton.jit
-def _arrive(arrive, node, active, BLOCK: tl.constexpr):
-    """One arrival per distinct node of a program: the first active lane of each node arrives for
-    every active lane at it (fewer atomics on the few nodes near the top, where a contiguous range's
-    lanes all meet). Returns (the counter's old value, the lanes that arrived, how many each
-    arrived for)."""
-    lane = tl.arange(0, BLOCK)
-    same = (node[None, :] == node[:, None]) & active[None, :]
-    first = active & (tl.sum((same & (lane[None, :] < lane[:, None])).to(tl.int32), axis=1) == 0)
-    count = tl.sum(same.to(tl.int64), axis=1)
-    old = tl.atomic_add(arrive + node, count, mask=first, sem="acq_rel")
-    return old, first, count
-
-
-@triton.jit
 def _climb(
     tree,
     mintree,
@@ -117,7 +103,6 @@ def _climb(
     K: tl.constexpr,
     LOG2K: tl.constexpr,
     RANGE: tl.constexpr,
-    BLOCK: tl.constexpr,
 ):
     """The climb from the active nodes of level FIRST (already recomputed): the last arrival at a
     node recomputes it from its children. With RANGE the number of arrivals a node waits for comes
@@ -129,12 +114,12 @@ def _climb(
         poff = tl.load(level_off + level)
         coff = tl.load(level_off + level + 1)
         tl.debug_barrier()  # this program's writes of the children, before any of its arrivals
-        old, first, count = _arrive(arrive + poff, par, active, BLOCK)
+        old = tl.atomic_add(arrive + poff + par, 1, mask=active, sem="acq_rel")
         if RANGE:
             need = _range_need(par, a, n, cap, LOG2K * (DEPTH - 2 - level), K)
         else:
             need = old >> 32
-        last = first & ((old & 0xFFFFFFFF) + count == need)
+        last = active & ((old & 0xFFFFFFFF) + 1 == need)
         tl.debug_barrier()  # the arrivals' acquire, before the children are read by any thread
         c = coff + par[:, None] * K + kk[None, :]
         v = tl.load(tree + c, mask=last[:, None], other=0.0, cache_modifier=".cg")
@@ -160,7 +145,6 @@ def _leaf_parent(
     K: tl.constexpr,
     LOG2K: tl.constexpr,
     FROM_CLAIMS: tl.constexpr,
-    BLOCK: tl.constexpr,
 ):
     """Every active entry arrives at its leaf's parent; the last recomputes it. FROM_CLAIMS (an
     update): the last also writes the parent's claimed leaves in both trees from the claims, resets
@@ -169,8 +153,8 @@ def _leaf_parent(
     par = leaf >> LOG2K
     poff = tl.load(level_off + (DEPTH - 2))
     loff = tl.load(level_off + (DEPTH - 1))
-    old, first, count = _arrive(arrive + poff, par, active, BLOCK)
-    last = first & ((old & 0xFFFFFFFF) + count == (old >> 32))
+    old = tl.atomic_add(arrive + poff + par, 1, mask=active, sem="acq_rel")
+    last = active & ((old & 0xFFFFFFFF) + 1 == (old >> 32))
     tl.debug_barrier()  # the arrivals' acquire, before the children are read by any thread
     c = par[:, None] * K + kk[None, :]
     lm = last[:, None]
@@ -215,9 +199,9 @@ def _update_apply(
     slot's winning entry writes its leaf."""
     s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = s < B
-    raw = tl.load(clean + s, mask=m, other=-1)
-    valid = raw >= 0
-    i = tl.maximum(raw, 0)
+    i = tl.load(clean + s, mask=m, other=-1)
+    valid = i >= 0
+    i = tl.maximum(i, 0)
     if DEPTH == 1:
         packed = tl.load(claims + i, mask=valid, other=-1)
         # a loser reads the winner's claim or, once the winner has reset it, -1: never its own position
@@ -229,13 +213,8 @@ def _update_apply(
         pmax = tl.max(tl.where(win, p, 0.0), axis=0)
         tl.atomic_max(scalars + 0, pmax, mask=pmax > 0)  # S_MAXP
     else:
-        # every entry in range arrives (stale ones too: the claim launch counted them all)
-        leaf = tl.where(raw >= 0, raw, -2 - raw)
-        here = m & (raw != -1)
-        par, last = _leaf_parent(
-            tree, mintree, claims, arrive, scalars, level_off, leaf, here, DEPTH, K, LOG2K, True, BLOCK
-        )
-        _climb(tree, mintree, arrive, level_off, par, last, 0, 0, 1, DEPTH - 2, DEPTH, K, LOG2K, False, BLOCK)
+        par, last = _leaf_parent(tree, mintree, claims, arrive, scalars, level_off, i, valid, DEPTH, K, LOG2K, True)
+        _climb(tree, mintree, arrive, level_off, par, last, 0, 0, 1, DEPTH - 2, DEPTH, K, LOG2K, False)
 
 
 @triton.jit
@@ -264,9 +243,9 @@ def _climb_leaves(
     s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     i = tl.load(leaves + s, mask=s < n, other=-1)
     par, last = _leaf_parent(
-        tree, mintree, leaves, arrive, leaves, level_off, tl.maximum(i, 0), i >= 0, DEPTH, K, LOG2K, False, BLOCK
+        tree, mintree, leaves, arrive, leaves, level_off, tl.maximum(i, 0), i >= 0, DEPTH, K, LOG2K, False
     )
-    _climb(tree, mintree, arrive, level_off, par, last, 0, 0, 1, DEPTH - 2, DEPTH, K, LOG2K, False, BLOCK)
+    _climb(tree, mintree, arrive, level_off, par, last, 0, 0, 1, DEPTH - 2, DEPTH, K, LOG2K, False)
 
 
 @triton.jit
@@ -394,7 +373,7 @@ def _add_repair(
         tl.store(tree + poff + par, tl.sum(v, axis=1), mask=active)
         mv = tl.load(mintree + c, mask=active[:, None], other=float("inf"))
         tl.store(mintree + poff + par, tl.min(mv, axis=1), mask=active)
-        _climb(tree, mintree, arrive, level_off, par, active, a, n, cap, DEPTH - 2, DEPTH, K, LOG2K, True, BLOCK)
+        _climb(tree, mintree, arrive, level_off, par, active, a, n, cap, DEPTH - 2, DEPTH, K, LOG2K, True)
     ticket = tl.atomic_add(counters + 7, 1)  # C_TICKET_TOP (this launch's election)
     last = ticket == tl.num_programs(0) - 1
     size = tl.load(counters + 2)  # C_SIZE: only this program writes it
