@@ -1,4 +1,5 @@
-"""The CPU back end (:mod:`gper.ops.cpu`, NumPy views) against the torch reference, bit for bit.
+"""The CPU back end (:mod:`gper.ops.cpu`, NumPy views) against the torch reference, bit for bit,
+with its loops compiled (numba) and as NumPy calls.
 
 The CPU module claims the reference's operations on the same values, so everything is compared
 exactly: every sample's indices, generations, rows and the bits of its IS weights, every tensor of
@@ -12,16 +13,36 @@ infinities, NaN, the largest and smallest priorities planted in them.
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 import pytest
 import torch
 
 import gper
-from gper.ops import cpu, philox, reference
+from gper.ops import cpu, cpu_numpy, philox, reference
 from gper.ops.state import MODE_PROPORTIONAL, MODE_STRATIFIED, MODE_UNIFORM, P_MAX, P_MIN, rng_blocks
 from gper.replay.tree import PriorityTree
 from helpers import sample_fresh
+
+try:
+    import numba  # noqa: F401
+
+    HAS_NUMBA = True
+except ImportError:
+    HAS_NUMBA = False
+
+#: the CPU back end's two ways to run its loops
+LOOPS = ["numpy", pytest.param("numba", marks=pytest.mark.skipif(not HAS_NUMBA, reason="needs numba (gper[cpu])"))]
+
+
+@pytest.fixture(params=LOOPS)
+def loops(request):
+    cpu.set_loops(request.param)
+    assert (cpu.compiled() is not None) == (request.param == "numba")
+    yield request.param
+    cpu.set_loops("auto")
+
 
 SPEC = {"obs": ((3,), torch.float32), "action": ((), torch.int64), "flag": ((), torch.uint8)}
 MODES = ("proportional", "stratified", "uniform", "rank")
@@ -105,7 +126,7 @@ POLICIES = [(mode, norm) for mode in MODES for norm in ("global", "batch") if (m
 
 @pytest.mark.parametrize("sampling, weight_norm", POLICIES)
 @pytest.mark.parametrize("capacity, arity", SHAPES)
-def test_a_buffer_on_the_cpu_kernels_does_what_it_does_on_the_reference(capacity, arity, sampling, weight_norm):
+def test_a_buffer_on_the_cpu_kernels_does_what_it_does_on_the_reference(capacity, arity, sampling, weight_norm, loops):
     seed = capacity * 31 + arity
     want_seen, want_state = _script(reference, capacity, arity, sampling, weight_norm, seed)
     got_seen, got_state = _script(cpu, capacity, arity, sampling, weight_norm, seed)
@@ -142,7 +163,7 @@ PLANTED = {
 @pytest.mark.parametrize("arity", [2, 4, 32])
 @pytest.mark.parametrize("mode", [MODE_PROPORTIONAL, MODE_STRATIFIED, MODE_UNIFORM])
 @pytest.mark.parametrize("leaves", PLANTED.values(), ids=PLANTED.keys())
-def test_draws_from_planted_trees_are_the_references(leaves, mode, arity):
+def test_draws_from_planted_trees_are_the_references(leaves, mode, arity, loops):
     g = torch.Generator().manual_seed(arity)
     values = torch.tensor(leaves * 40, dtype=torch.float32)  # several levels at arity 2 and 4
     values = values[torch.randperm(values.numel(), generator=g)]
@@ -160,7 +181,7 @@ def test_draws_from_planted_trees_are_the_references(leaves, mode, arity):
 
 @pytest.mark.parametrize("arity", [2, 8, 32])
 @pytest.mark.parametrize("stale_check", [False, True])
-def test_updates_and_recompute_on_planted_trees_are_the_references(arity, stale_check):
+def test_updates_and_recompute_on_planted_trees_are_the_references(arity, stale_check, loops):
     g = torch.Generator().manual_seed(arity + stale_check)
     values = torch.tensor(sum(PLANTED.values(), []) * 3, dtype=torch.float32)
     size = values.numel() - 5
@@ -185,7 +206,7 @@ def test_updates_and_recompute_on_planted_trees_are_the_references(arity, stale_
             _assert_same(getattr(trees[1], name), getattr(trees[0], name), f"step {step}: {name}")
 
 
-def test_rank_keys_are_the_references():
+def test_rank_keys_are_the_references(loops):
     g = torch.Generator().manual_seed(3)
     keys = [torch.zeros(101), torch.zeros(101)]
     trees = [PriorityTree(100, kernels, torch.device("cpu"), arity=4) for kernels in (reference, cpu)]
@@ -209,18 +230,43 @@ def test_random_words_are_the_references_cached_or_not(n_blocks, n_words):
     for seed in (0, 5, 2**63 - 1):
         counters = torch.zeros(8, dtype=torch.int64)
         for b in (1, 7, 256, 3000, 40_000):
-            for start in (0, 2**32 - 5, cpu._WordCache.CHUNK - 3):
+            for start in (0, 2**32 - 5, cpu_numpy._WordCache.CHUNK - 3):
                 counters[0] = start
                 want = reference.random_words(seed, counters, b, n_blocks)[:n_words]
-                got = cpu.random_words(seed, start, b, n_blocks, n_words)
+                got = cpu_numpy.random_words(seed, start, b, n_blocks, n_words)
                 assert got.shape == (n_words, b)
                 for w in range(n_words):
                     assert torch.equal(torch.from_numpy(got[w].astype(np.int64)), want[w]), (seed, b, start, w)
 
 
 def test_the_word_cache_keeps_a_few_seeds():
-    for seed in range(2 * cpu._WordCache.SEEDS):
-        cpu.random_words(seed, 0, 4, rng_blocks(3), 3)
-    assert len(cpu._WORDS._chunks) <= cpu._WordCache.SEEDS
+    for seed in range(2 * cpu_numpy._WordCache.SEEDS):
+        cpu_numpy.random_words(seed, 0, 4, rng_blocks(3), 3)
+    assert len(cpu_numpy._WORDS._chunks) <= cpu_numpy._WordCache.SEEDS
     words = philox.randint4x_u32(1, np.arange(4, dtype=np.int64))
-    assert np.array_equal(cpu.random_words(1, 0, 4, 1, 4), np.stack(words))
+    assert np.array_equal(cpu_numpy.random_words(1, 0, 4, 1, 4), np.stack(words))
+
+
+def test_the_loops_are_chosen_by_name_and_a_missing_numba_names_the_extra(monkeypatch):
+    with pytest.raises(ValueError, match="CPU loops must be one of"):
+        cpu.set_loops("fast")
+    monkeypatch.setitem(sys.modules, "numba", None)  # as if numba were not installed
+    monkeypatch.delitem(sys.modules, "gper.ops.cpu_jit", raising=False)
+    try:
+        cpu.set_loops("auto")
+        assert cpu.compiled() is None  # auto: the NumPy loops, silently
+        cpu.set_loops("numba")
+        with pytest.raises(ImportError, match=r"pip install 'gper\[cpu\]'"):
+            cpu.compiled()
+        rb = gper.PrioritizedReplayBuffer(8, SPEC, device="cpu")
+        rb.add(
+            {
+                "obs": torch.zeros(2, 3),
+                "action": torch.zeros(2, dtype=torch.int64),
+                "flag": torch.zeros(2, dtype=torch.uint8),
+            }
+        )
+        with pytest.raises(ImportError, match="numba"):
+            rb.sample(2)
+    finally:
+        cpu.set_loops("auto")
