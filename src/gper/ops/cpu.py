@@ -84,17 +84,6 @@ def _offsets(layout: TreeLayout) -> np.ndarray:
     return out
 
 
-def is_weights(leaf: np.ndarray, pmin: np.float32, beta: torch.Tensor) -> np.ndarray:
-    """:func:`gper.ops.reference.is_weights` for a float32 array of leaves and the smallest priority."""
-    ratio = leaf / pmin
-    if np.isinf(ratio).any():  # the logarithms' branch: the reference's own operations
-        return reference.is_weights(torch.from_numpy(leaf), torch.tensor(pmin), beta).numpy()
-    b = float(beta)
-    clamped = 1.0 if math.isnan(b) else min(max(b, 0.0), 1.0)
-    # a 0-d float32 tensor exponent, as the reference's (a Python float would take pow's scalar paths)
-    return torch.from_numpy(ratio).pow(torch.tensor(-clamped, dtype=torch.float32)).numpy()
-
-
 def sample(
     *,
     tree: torch.Tensor,
@@ -133,39 +122,65 @@ def sample(
         return
     with np.errstate(all="ignore"):  # inf * 0 and the like: NaN, as in torch, without a warning
         c = counters.numpy()
-        node, leaf = _draw(tree.numpy(), layout, c, seed, b, mode)
-        if mode == MODE_UNIFORM:
-            w = np.float32(1.0)
+        top = layout.offsets[0]
+        pmin = mintree.numpy()[top : top + layout.arity].min()  # exact, NaN first, as amin
+        jit = compiled()
+        if jit is not None and mode != MODE_UNIFORM:
+            node = out_idx.numpy()
+            _descend_compiled(jit, tree.numpy(), layout, c, seed, mode, pmin, node, beta, out_w)
         else:
-            top = layout.offsets[0]
-            pmin = mintree.numpy()[top : top + layout.arity].min()  # exact, NaN first, as amin
-            w = is_weights(leaf, pmin, beta)
+            node, leaf = _draw(tree.numpy(), layout, c, seed, b, mode)
+            out_idx.numpy()[:] = node
+            out_w.numpy()[:] = np.float32(1.0) if mode == MODE_UNIFORM else is_weights(leaf, pmin, beta)
         # every draw is a filled slot (the descent keeps inside them, uniform draws are below size):
         # "clip" only spares take its bounds check, which makes it copy through a buffer
         rows.numpy().take(node, axis=0, out=out_rows.numpy(), mode="clip")
         gen.numpy().take(node, out=out_gen.numpy(), mode="clip")
-        out_idx.numpy()[:] = node
-        out_w.numpy()[:] = w
         c[C_RNG] += b * rng_blocks(layout.depth)
 
 
+@functools.lru_cache(maxsize=16)
+def _exponent(beta: float) -> torch.Tensor:
+    """``-beta`` as the 0-d float32 tensor the reference raises the ratios to (never written)."""
+    return torch.tensor(-beta, dtype=torch.float32)
+
+
+def _clamped(beta: torch.Tensor) -> float:
+    """The reference's beta: clamped to [0, 1], NaN read as 1."""
+    b = float(beta)
+    return 1.0 if math.isnan(b) else min(max(b, 0.0), 1.0)
+
+
+def is_weights(leaf: np.ndarray, pmin: np.float32, beta: torch.Tensor) -> np.ndarray:
+    """:func:`gper.ops.reference.is_weights` for a float32 array of leaves and the smallest priority."""
+    ratio = leaf / pmin
+    if np.isinf(ratio).any():  # the logarithms' branch: the reference's own operations
+        return reference.is_weights(torch.from_numpy(leaf), torch.tensor(pmin), beta).numpy()
+    # a 0-d float32 tensor exponent, as the reference's (a Python float would take pow's scalar paths)
+    return torch.from_numpy(ratio).pow(_exponent(_clamped(beta))).numpy()
+
+
+def _descend_compiled(jit, tree, layout, c, seed, mode, pmin, node, beta, out_w) -> None:
+    """The draws into ``node`` (the slots' output) and their IS weights into ``out_w``, compiled."""
+    b = node.size
+    leaf = np.empty(b, dtype=np.float32)
+    ratio = np.empty(b, dtype=np.float32)
+    last = max(int(c[C_SIZE]) - 1, 0)
+    bounds = np.array([last >> layout.shift(level) for level in range(layout.depth)], dtype=np.int64)
+    key = seed & 0xFFFFFFFFFFFFFFFF
+    k0, k1 = np.uint64(key & 0xFFFFFFFF), np.uint64(key >> 32)
+    args = (tree, _offsets(layout), bounds, layout.arity, layout.depth, mode == MODE_STRATIFIED, k0, k1)
+    finite = jit.descend(*args, int(c[C_RNG]), rng_blocks(layout.depth), pmin, node, leaf, ratio)
+    if finite:  # ratio ** -beta, torch's pow writing the weights' output
+        torch.pow(torch.from_numpy(ratio), _exponent(_clamped(beta)), out=out_w)
+    else:  # the logarithms' branch: the reference's own operations
+        out_w.copy_(reference.is_weights(torch.from_numpy(leaf), torch.tensor(pmin), beta))
+
+
 def _draw(tree: np.ndarray, layout: TreeLayout, c: np.ndarray, seed: int, b: int, mode: int):
-    """(slots [B] int64, their leaves [B] float32, or None in uniform mode) of the next ``b`` draws."""
+    """(slots [B] int64, their leaves [B] float32, or None in uniform mode) of the next ``b`` draws, in NumPy."""
     n_blocks = rng_blocks(layout.depth)
     size, rng = int(c[C_SIZE]), int(c[C_RNG])
-    jit = compiled()
-    if jit is not None and mode != MODE_UNIFORM:
-        node = np.empty(b, dtype=np.int64)
-        leaf = np.empty(b, dtype=np.float32)
-        last = max(size - 1, 0)
-        bounds = np.array([last >> layout.shift(level) for level in range(layout.depth)], dtype=np.int64)
-        key = seed & 0xFFFFFFFFFFFFFFFF
-        k0, k1 = np.uint64(key & 0xFFFFFFFF), np.uint64(key >> 32)
-        stratified = mode == MODE_STRATIFIED
-        jit.descend(
-            tree, _offsets(layout), bounds, layout.arity, layout.depth, stratified, k0, k1, rng, n_blocks, node, leaf
-        )
-        return node, leaf
     n_words = 2 if mode == MODE_UNIFORM else layout.depth + (mode == MODE_STRATIFIED)
     words = cpu_numpy.random_words(seed, rng, b, n_blocks, n_words)
     if mode == MODE_UNIFORM:

@@ -61,7 +61,7 @@ _TILE = 64
 
 
 @_jit
-def descend(tree, offsets, bounds, k, depth, stratified, k0, k1, rng, n_blocks, out_node, out_leaf):
+def descend(tree, offsets, bounds, k, depth, stratified, k0, k1, rng, n_blocks, pmin, out_node, out_leaf, out_ratio):
     """Each draw's descent, :func:`gper.ops.reference.descend` (or ``descend_stratified``), from its
     own Philox words (block ``c`` of draw ``s`` at counter ``rng + s * n_blocks + c``).
 
@@ -70,7 +70,12 @@ def descend(tree, offsets, bounds, k, depth, stratified, k0, k1, rng, n_blocks, 
             the last node above a filled slot at each level.
         k: arity; depth: levels; stratified: one draw per stratum of the mass.
         k0, k1: the Philox key words (uint64 below 2^32); rng: the RNG counter; n_blocks: blocks a draw.
-        out_node: [B] int64 slots; out_leaf: [B] float32 their leaves.
+        pmin: the smallest stored priority (float32).
+        out_node: [B] int64 slots; out_leaf: [B] float32 their leaves; out_ratio: [B] float32
+            ``leaf / pmin``, what the IS weights are powers of.
+
+    Returns:
+        True when every ratio is finite (else the weights take the reference's logarithms).
     """
     b = out_node.shape[0]
     n_words = depth + 1 if stratified else depth
@@ -83,6 +88,7 @@ def descend(tree, offsets, bounds, k, depth, stratified, k0, k1, rng, n_blocks, 
     first = np.empty(_TILE, dtype=np.int64)
     node = np.empty(_TILE, dtype=np.int64)
     leaf = np.empty(_TILE, dtype=np.float32)
+    finite = True
     for lo in range(0, b, _TILE):
         n = min(_TILE, b - lo)
         for r in range(n):
@@ -127,6 +133,10 @@ def descend(tree, offsets, bounds, k, depth, stratified, k0, k1, rng, n_blocks, 
         for r in range(n):
             out_node[lo + r] = node[r]
             out_leaf[lo + r] = leaf[r]
+            ratio = leaf[r] / pmin
+            out_ratio[lo + r] = ratio
+            finite &= np.isfinite(ratio)
+    return finite
 
 
 @_jit
