@@ -32,14 +32,18 @@ try:
 except ImportError:
     HAS_NUMBA = False
 
-#: the CPU back end's two ways to run its loops
-LOOPS = ["numpy", pytest.param("numba", marks=pytest.mark.skipif(not HAS_NUMBA, reason="needs numba (gper[cpu])"))]
+needs_numba = pytest.mark.skipif(not HAS_NUMBA, reason="needs numba (gper[cpu])")
+#: the CPU back end's ways to run its loops: NumPy calls; compiled, with the children's sums in
+#: torch's order (where this machine's torch was found to sum that way) or by torch itself
+LOOPS = ["numpy", pytest.param("numba", marks=needs_numba), pytest.param("numba-torch-sums", marks=needs_numba)]
 
 
 @pytest.fixture(params=LOOPS)
-def loops(request):
-    cpu.set_loops(request.param)
-    assert (cpu.compiled() is not None) == (request.param == "numba")
+def loops(request, monkeypatch):
+    cpu.set_loops(request.param.partition("-")[0])
+    assert (cpu.compiled() is not None) == request.param.startswith("numba")
+    if request.param == "numba-torch-sums":
+        monkeypatch.setattr(cpu, "torch_sum_lanes", lambda jit, k: 0)
     yield request.param
     cpu.set_loops("auto")
 
@@ -268,5 +272,28 @@ def test_the_loops_are_chosen_by_name_and_a_missing_numba_names_the_extra(monkey
         )
         with pytest.raises(ImportError, match="numba"):
             rb.sample(2)
+    finally:
+        cpu.set_loops("auto")
+
+
+@needs_numba
+@pytest.mark.parametrize("arity", [2, 4, 8, 16, 32])
+def test_the_compiled_sums_are_torchs_where_the_check_found_its_order(arity):
+    """Fresh rows (not the check's own): the compiled float32 sum of the width found is torch's, bit for bit."""
+    cpu.set_loops("numba")
+    try:
+        jit = cpu.compiled()
+        lanes = cpu.torch_sum_lanes(jit, arity)
+        if not lanes:
+            pytest.skip("this machine's torch sums in an order the compiled loops do not know: torch sums")
+        g = np.random.default_rng(arity)
+        rows = (g.standard_normal((5000, arity)) * np.exp2(g.integers(-30, 30, (5000, arity)))).astype(np.float32)
+        rows[::3, 0] = -0.0
+        rows[::11, 1] = np.inf
+        rows[::13, -1] = np.nan
+        got = np.empty(len(rows), dtype=np.float32)
+        jit.row_sums(rows, lanes, got)
+        want = torch.from_numpy(rows).sum(1).numpy()
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
     finally:
         cpu.set_loops("auto")

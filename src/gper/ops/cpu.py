@@ -160,6 +160,25 @@ def is_weights(leaf: np.ndarray, pmin: np.float32, beta: torch.Tensor) -> np.nda
     return torch.from_numpy(ratio).pow(_exponent(_clamped(beta))).numpy()
 
 
+@functools.lru_cache(maxsize=8)
+def torch_sum_lanes(jit: ModuleType, k: int) -> int:
+    """The vector width (in floats) of torch's CPU ``sum`` of a contiguous row of ``k`` float32 on
+    this machine, if :func:`gper.ops.cpu_jit.row_sum` of that width gives torch's bits on rows
+    whose sums depend on the order of addition (values of random signs over 40 binades); 0 if no
+    width does (then torch sums each level's rows itself)."""
+    g = np.random.default_rng(12345)
+    rows = g.standard_normal((2048, k)) * np.exp2(g.integers(-20, 20, (2048, k)))
+    rows = rows.astype(np.float32)
+    rows[::5] = np.abs(rows[::5])  # rows of one sign too
+    want = torch.from_numpy(rows).sum(1).numpy().view(np.uint32)
+    got = np.empty(len(rows), dtype=np.float32)
+    for lanes in (8, 16, 4, 32):
+        jit.row_sums(rows, lanes, got)
+        if np.array_equal(got.view(np.uint32), want):
+            return lanes
+    return 0
+
+
 def _descend_compiled(jit, tree, layout, c, seed, mode, pmin, node, beta, out_w) -> None:
     """The draws into ``node`` (the slots' output) and their IS weights into ``out_w``, compiled."""
     b = node.size
@@ -325,6 +344,22 @@ def _set_priorities_compiled(jit, tree, mintree, layout, claims, gen, c, sc, idx
     c[C_STALE] += counts[1]
     c[C_NONFINITE] += counts[2]
     if keys_only:
+        return
+    lanes = torch_sum_lanes(jit, layout.arity)
+    if lanes:  # the whole repair in one pass, each sum in torch's order
+        sizes = np.array(layout.sizes, dtype=np.int64)
+        jit.repair(
+            tree,
+            mintree,
+            idx,
+            valid,
+            _offsets(layout),
+            sizes,
+            layout.arity,
+            layout.log2_arity,
+            lanes,
+            np.empty(b, dtype=np.int64),
+        )
         return
     parents = np.empty(b, dtype=np.int64)
     rows = np.empty((b, layout.arity), dtype=np.float32)

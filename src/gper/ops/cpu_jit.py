@@ -238,3 +238,94 @@ def gather_children(tree, mintree, leaves, valid, shift, level_size, dedupe, chi
     for r in range(n):
         mintree[parent_lo + parents[r]] = np.float32(np.nan) if nan[r] else low[r]
     return n
+
+
+@_jit
+def row_sum(tree, first, k, lanes):
+    """The float32 sum of ``tree[first : first + k]`` in the order of torch's CPU ``sum`` over a
+    contiguous row (its ``cascade_sum`` on vectors of ``lanes`` floats: four vector accumulators,
+    each starting at 0, take the row's vectors in turn, the last ones all to the first; the four
+    are added up, then their lanes one by one after the elements past the last whole vector; a
+    row shorter than a vector is summed the same way on scalars). :func:`gper.ops.cpu.torch_sum_lanes`
+    checks that this is torch's order before it is used."""
+    zero = np.float32(0.0)
+    if k < lanes:  # four scalar accumulators over the row's groups of four, the rest to the first
+        q0, q1, q2, q3 = zero, zero, zero, zero
+        whole = k // 4 * 4
+        for i in range(whole):
+            x = tree[first + i]
+            if i % 4 == 0:
+                q0 = q0 + x
+            elif i % 4 == 1:
+                q1 = q1 + x
+            elif i % 4 == 2:
+                q2 = q2 + x
+            else:
+                q3 = q3 + x
+        for i in range(whole, k):
+            q0 = q0 + tree[first + i]
+        return ((q0 + q1) + q2) + q3
+    n_vec = k // lanes
+    whole = n_vec // 4 * 4
+    total = zero
+    for i in range(n_vec * lanes, k):
+        total = total + tree[first + i]
+    for lane in range(lanes):
+        q0, q1, q2, q3 = zero, zero, zero, zero
+        for v in range(n_vec):
+            x = tree[first + v * lanes + lane]
+            a = v % 4 if v < whole else 0
+            if a == 0:
+                q0 = q0 + x
+            elif a == 1:
+                q1 = q1 + x
+            elif a == 2:
+                q2 = q2 + x
+            else:
+                q3 = q3 + x
+        total = total + (((q0 + q1) + q2) + q3)
+    return total
+
+
+@_jit
+def row_sums(rows, lanes, out):
+    """:func:`row_sum` of each row of ``rows`` [n, K] float32 into ``out`` [n] (for the check)."""
+    k = rows.shape[1]
+    flat = rows.reshape(-1)
+    for r in range(rows.shape[0]):
+        out[r] = row_sum(flat, r * k, k, lanes)
+
+
+@_jit
+def repair(tree, mintree, leaves, valid, offsets, sizes, k, log2k, lanes, out_nodes):
+    """:func:`gper.ops.reference.recompute` of the ancestors of ``leaves`` (leaf 0 where not
+    ``valid``), level by level from the bottom: each node's sum in torch's order (:func:`row_sum`)
+    and its min (NaN wins, as in torch's amin). ``out_nodes``: [B] int64 scratch."""
+    b = leaves.shape[0]
+    depth = offsets.shape[0]
+    for level in range(depth - 2, -1, -1):
+        shift = log2k * (depth - 1 - level)
+        n = b
+        if sizes[level] <= 4 * b:  # many leaves share an ancestor here: each node once
+            mark = np.zeros(sizes[level], dtype=np.bool_)
+            for s in range(b):
+                mark[(leaves[s] if valid[s] else 0) >> shift] = True
+            n = 0
+            for node in range(sizes[level]):
+                if mark[node]:
+                    out_nodes[n] = node
+                    n += 1
+        else:
+            for s in range(b):
+                out_nodes[s] = (leaves[s] if valid[s] else 0) >> shift
+        child_lo, parent_lo = offsets[level + 1], offsets[level]
+        for r in range(n):
+            first = child_lo + out_nodes[r] * k
+            low = mintree[first]
+            nan = False
+            for i in range(k):
+                x = mintree[first + i]
+                nan |= x != x
+                low = x if x < low else low
+            tree[parent_lo + out_nodes[r]] = row_sum(tree, first, k, lanes)
+            mintree[parent_lo + out_nodes[r]] = np.float32(np.nan) if nan else low
