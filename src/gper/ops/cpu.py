@@ -77,6 +77,12 @@ def compiled() -> ModuleType | None:
     return _loops["module"] or None
 
 
+def describe() -> str:
+    """How the loops run, for reports: ``numba 0.68.1 loops`` or ``NumPy loops``."""
+    jit = compiled()
+    return f"numba {jit.numba.__version__} loops" if jit is not None else "NumPy loops"
+
+
 @functools.lru_cache(maxsize=64)
 def _offsets(layout: TreeLayout) -> np.ndarray:
     out = np.array(layout.offsets, dtype=np.int64)
