@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gper._triton import HAS_TRITON
-from gper.ops import BACKENDS, ReplayKernels, backend_module, reference, select_backend
+from gper.ops import BACKENDS, ReplayKernels, backend_module, cpu, reference, select_backend
 from gper.ops.state import MODE_PROPORTIONAL, MODE_STRATIFIED
 from gper.replay.tree import PriorityTree
 from helpers import EPS_DYADIC, TRITON_ON_CPU, dyadic_td, sample_fresh
@@ -45,15 +45,15 @@ def _parameters(fn) -> list[tuple[str, inspect._ParameterKind]]:
     return [(p.name, p.kind) for p in inspect.signature(fn).parameters.values() if p.name != "self"]
 
 
-#: both modules, on any machine with triton installed (nothing here launches a kernel)
-MODULES = ["torch", pytest.param("triton", marks=pytest.mark.skipif(not HAS_TRITON, reason="needs triton"))]
+#: every kernel module, on any machine with triton installed (nothing here launches a kernel)
+MODULES = ["torch", "cpu", pytest.param("triton", marks=pytest.mark.skipif(not HAS_TRITON, reason="needs triton"))]
 
 
 @pytest.mark.parametrize("name", CONTRACT)
 @pytest.mark.parametrize("backend", MODULES)
 def test_both_back_ends_define_each_function_with_the_protocols_parameters(backend, name):
     """Same names, same order, same kinds (keyword-only wherever the Protocol says so)."""
-    module = backend_module(backend)
+    module = cpu if backend == "cpu" else backend_module(backend)
     fn = getattr(module, name, None)
     assert callable(fn), f"{module.__name__} lacks {name}"
     want = _parameters(getattr(ReplayKernels, name))
@@ -87,11 +87,13 @@ def test_a_kernel_module_without_the_whole_contract_is_refused_at_construction()
 def test_select_backend_auto_picks_by_device(device):
     name, kernels = select_backend("auto", device)
     want = "triton" if device.type == "cuda" and HAS_TRITON else "torch"
-    assert name == want and kernels is backend_module(want)
+    assert name == want and kernels is backend_module(want, device)
 
 
-def test_select_backend_torch_is_the_reference_on_any_device(device):
-    assert select_backend("torch", device) == ("torch", reference)
+def test_select_backend_torch_is_the_reference_off_the_cpu_and_its_numpy_twin_on_it(device):
+    want = cpu if device.type == "cpu" else reference
+    assert select_backend("torch", device) == ("torch", want)
+    assert backend_module("torch") is reference  # no device: the reference itself
 
 
 @needs_interpreter
@@ -110,8 +112,8 @@ def test_select_backend_triton_without_triton_is_an_import_error(monkeypatch):
     monkeypatch.setattr(gper._triton, "HAS_TRITON", False)
     with pytest.raises(ImportError, match=r"pip install 'gper\[triton\]'"):
         select_backend("triton", torch.device("cpu"))
-    # auto falls back to the reference
-    assert select_backend("auto", torch.device("cpu")) == ("torch", reference)
+    # auto falls back to the torch back end
+    assert select_backend("auto", torch.device("cpu")) == ("torch", cpu)
 
 
 @pytest.mark.parametrize("name", ["cuda", "Torch", ""])

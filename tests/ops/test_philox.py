@@ -6,6 +6,7 @@ The test kernel stores the uint32 words through int64, as the reference returns 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -47,6 +48,23 @@ def test_numpy_arrays_give_the_same_words(seed):
     off = offsets()
     from_numpy = [torch.from_numpy(w) for w in philox.randint4x(seed, off.numpy())]
     assert all(torch.equal(a, b) for a, b in zip(philox.randint4x(seed, off), from_numpy, strict=True))
+
+
+@pytest.mark.parametrize("seed", SEEDS + [-1, 2**64 - 1])
+def test_the_three_op_numpy_version_gives_the_same_words(seed):
+    """randint4x_u32 (the CPU back end's) against randint4x, every counter, any shape."""
+    off = offsets()
+    want = philox.randint4x(seed, off)
+    got = philox.randint4x_u32(seed, off.numpy())
+    assert all(g.dtype == np.uint32 for g in got)
+    assert all(torch.equal(w, torch.from_numpy(g.astype(np.int64))) for w, g in zip(want, got, strict=True))
+    grid = off[:60].reshape(3, 4, 5)
+    got = philox.randint4x_u32(seed, grid.numpy())
+    assert all(g.shape == (3, 4, 5) for g in got)
+    assert all(
+        torch.equal(w, torch.from_numpy(g.astype(np.int64)))
+        for w, g in zip(philox.randint4x(seed, grid), got, strict=True)
+    )
 
 
 if TRITON_ON_CPU:

@@ -12,7 +12,7 @@ import torch
 
 import gper
 from gper._device import canonical_device
-from gper.ops import reference
+from gper.ops import backend_module, reference
 from gper.replay.sampling import SamplingPolicy
 from gper.replay.storage import RowStorage
 from gper.replay.tree import PriorityTree
@@ -138,7 +138,7 @@ def test_public_state_objects(device):
     assert rb.device == canonical_device(device)
     assert rb.capacity == 10 and rb.backend == "torch" and rb.spec == SPEC
     assert isinstance(rb.tree, PriorityTree) and rb.tree.capacity == 10 and rb.tree.layout.arity == 4
-    assert rb.tree.kernels is reference and rb.tree.device == rb.device
+    assert rb.tree.kernels is backend_module("torch", device) and rb.tree.device == rb.device
     assert isinstance(rb.rows, RowStorage) and rb.rows.rows.shape == (10, rb.rows.layout.row_bytes)
     assert rb.rows.rows.device == rb.device and rb.rows.names == tuple(SPEC)
     assert isinstance(rb.policy, SamplingPolicy) and rb.policy.mode == "rank" and rb.policy.weight_norm == "global"

@@ -1,6 +1,7 @@
 """Replay kernels: a Triton back end and a vectorized PyTorch reference with the same functions.
 
-``reference`` works on any device and is the semantics; ``triton_ops`` is the fast path on CUDA
+``reference`` works on any device and is the semantics; ``cpu`` runs the same operations on
+NumPy views of CPU tensors (the torch back end there); ``triton_ops`` is the fast path on CUDA
 (and runs on CPU tensors under ``TRITON_INTERPRET=1``). :func:`backend_module` picks one. Both
 implement :class:`ReplayKernels`, the one contract callers use, always by keyword.
 """
@@ -183,12 +184,19 @@ def select_backend(request: str | ModuleType, device: torch.device) -> tuple[str
             raise ImportError("backend='triton' needs the triton package: pip install 'gper[triton]'")
         if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError(f"backend='triton' runs on CUDA (or on CPU under TRITON_INTERPRET=1), not {device}")
-    return name, backend_module(name)
+    return name, backend_module(name, device)
 
 
-def backend_module(name: str) -> ModuleType:
-    """The module that implements back end ``name`` ("triton" or "torch")."""
+def backend_module(name: str, device: torch.device | None = None) -> ModuleType:
+    """The module that implements back end ``name`` ("triton" or "torch") on ``device``.
+
+    The torch back end is :mod:`gper.ops.reference`, and on the CPU :mod:`gper.ops.cpu`, the same
+    kernels on NumPy views of the tensors (bit for bit the reference's results, faster there)."""
     if name == "torch":
+        if device is not None and torch.device(device).type == "cpu":
+            from gper.ops import cpu
+
+            return cpu
         from gper.ops import reference
 
         return reference

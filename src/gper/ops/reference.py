@@ -367,7 +367,9 @@ def sample(
     n_blocks = rng_blocks(layout.depth)
     words = random_words(seed, counters, b, n_blocks)
     if mode == MODE_UNIFORM:
-        u = ((words[0] >> 5) * 2.0**26 + (words[1] >> 6)) * _TWO_M53
+        # 53 random bits in float64, as the kernel: float32 (what int64 words times a Python float
+        # give) would round some draws up to the filled size, and could not address 2^24 slots
+        u = ((words[0] >> 5).double() * 2.0**26 + (words[1] >> 6).double()) * _TWO_M53
         node = (u * counters[C_SIZE].double()).long()
         w = torch.ones(b, device=rows.device)
     else:

@@ -25,7 +25,7 @@ def choose_backend(request: str | ModuleType, device: torch.device) -> tuple[str
         problem = triton_problem(device)  # once per device and process
         if problem is not None and request == "auto":
             warn_triton_fallback(device, problem)
-            return "torch", backend_module("torch")
+            return "torch", backend_module("torch", device)
         if problem is not None:
             raise RuntimeError(f"backend='triton' does not work on {device}: {problem}")
     return name, kernels

@@ -213,7 +213,7 @@ class PrioritizedReplayBuffer(BufferSettings):
         beta_t = self._beta.tensor(self._cfg.beta if beta is None else beta, graphed, checked=beta is None)
         try:
             if not graphed:
-                batch = self._flat.batch(self._flat.split(self._sample(b, beta_t)))
+                batch = self._flat.batch(self._draw(b, beta_t))
             else:
                 run = self._graphs.samples.run
                 out, replayed = run(b, lambda: self._sample(b, self.tree.beta), self._flat.with_fields)
@@ -225,11 +225,16 @@ class PrioritizedReplayBuffer(BufferSettings):
         return batch
 
     def _sample(self, b: int, beta: torch.Tensor) -> torch.Tensor:
+        """A sample's outputs, as the one flat tensor a captured graph keeps."""
+        return self._draw(b, beta)["flat"]
+
+    def _draw(self, b: int, beta: torch.Tensor) -> dict[str, torch.Tensor]:
+        """A sample's outputs, each a view of ``["flat"]`` (:meth:`FlatSample.split`)."""
         flat = self._flat.empty(b, self.device)
         out = self._flat.split(flat)
         self.tree.sample_into(self.rows.words, self.seed, self.policy.kernel_mode, beta, out)
         self.policy.normalise(out, self.tree, beta)
-        return flat
+        return out | {"flat": flat}
 
     @on_own_device
     def update_priorities(self, batch_or_indices: SampledBatch | torch.Tensor, td_errors: torch.Tensor) -> None:
