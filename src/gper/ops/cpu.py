@@ -33,7 +33,7 @@ import torch
 from gper.ops import cpu_numpy, reference
 from gper.ops.cpu_numpy import F32_P_MAX
 from gper.ops.layout import TreeLayout
-from gper.ops.reference import add_commit, add_positions, make_claims, rebuild
+from gper.ops.reference import add_commit, add_positions, add_rows, make_add_plan, make_claims, rebuild
 from gper.ops.state import (
     C_INVALID,
     C_NONFINITE,
@@ -46,7 +46,18 @@ from gper.ops.state import (
     rng_blocks,
 )
 
-__all__ = ["add_commit", "add_positions", "make_claims", "rebuild", "recompute", "sample", "set_keys", "update"]
+__all__ = [
+    "add_commit",
+    "add_positions",
+    "add_rows",
+    "make_add_plan",
+    "make_claims",
+    "rebuild",
+    "recompute",
+    "sample",
+    "set_keys",
+    "update",
+]
 
 LOOPS = ("auto", "numba", "numpy")
 _loops = {"request": os.environ.get("GPER_CPU_LOOPS", "auto"), "module": None}
@@ -215,7 +226,13 @@ def _draw(tree: np.ndarray, layout: TreeLayout, c: np.ndarray, seed: int, b: int
 
 
 def recompute(
-    *, tree: torch.Tensor, mintree: torch.Tensor, layout: TreeLayout, leaves: torch.Tensor, counters: torch.Tensor
+    *,
+    tree: torch.Tensor,
+    mintree: torch.Tensor,
+    layout: TreeLayout,
+    leaves: torch.Tensor,
+    counters: torch.Tensor,
+    claims: torch.Tensor | None = None,
 ) -> None:
     """:func:`gper.ops.reference.recompute` (same arguments, same trees) on CPU tensors."""
     if tree.device.type != "cpu":
