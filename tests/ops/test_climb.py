@@ -179,3 +179,26 @@ def test_the_climb_ignores_stale_entries(arity):
     assert rb.stats()["stale_updates"] == int(stale.sum())
     _assert_trees_exact(rb, "after an update with stale entries")
     assert_at_rest(rb.tree, "after an update with stale entries")
+
+
+@needs_triton
+@pytest.mark.parametrize("case", ["wide field", "view starting mid-word"])
+def test_add_of_wide_fields_and_of_views_that_start_inside_a_word(case):
+    """A field wider than the add kernel writes (an image) is copied field by field, and a
+    whole-word field given as a view that starts mid-word is read after a copy: both back ends
+    store the same rows."""
+    dev = _device()
+    if case == "wide field":
+        spec = {"img": ((70_000,), torch.float32), "x": ((), torch.int32)}
+        data = {"img": torch.randn(3, 70_000).to(dev), "x": torch.arange(3, dtype=torch.int32).to(dev)}
+    else:
+        spec = {"pair": ((2,), torch.float16), "x": ((), torch.int32)}
+        raw = torch.randint(0, 256, (2 + 3 * 4,), dtype=torch.uint8).to(dev)
+        pair = raw[2:].view(torch.float16).view(3, 2)  # starts 2 bytes into a word
+        assert pair.storage_offset() * pair.element_size() % 4 == 2
+        data = {"pair": pair, "x": torch.arange(3, dtype=torch.int32).to(dev)}
+    bufs = [gper.PrioritizedReplayBuffer(4, spec, device=dev, backend=b) for b in ("torch", "triton")]
+    for rb in bufs:
+        rb.add(data)
+    assert torch.equal(bufs[0].rows.rows, bufs[1].rows.rows)
+    assert_at_rest(bufs[1].tree, "after the add")

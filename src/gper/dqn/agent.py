@@ -160,8 +160,9 @@ class Agent:
         self.next_obs = torch.zeros_like(self.obs)
         self.total_train_steps = max(1, total_train_steps)
         self.autocast = cuda and cfg.precision == "bf16"
-        # the fused step's kernels follow the replay's back end setting (auto: Triton on CUDA)
-        self.kernels = ("triton" if cuda else "torch") if cfg.backend == "auto" else cfg.backend
+        # the fused step's kernels follow the replay's back end (auto: what the replay chose, so a
+        # GPU where the Triton probe failed, or a machine without Triton, runs the torch kernels)
+        self.kernels = rb.backend if cfg.backend == "auto" else cfg.backend
         # where the fused step runs the forwards on the next observations (CUDA only)
         self._side = torch.cuda.Stream(device) if cfg.fused_step and cuda else None
         self.batch_source: BatchSource = self.sample_replay if batch_source is None else batch_source

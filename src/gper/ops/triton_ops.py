@@ -7,14 +7,18 @@ Kernels:
   stratified / uniform draws), gather of every field (one packed row per slot), generations,
   IS weights, and the RNG counter advance (the last program to finish bumps it, elected by an
   atomic ticket, so the kernel can be replayed in a CUDA graph).
+* ``_update_claim`` + ``_update_apply`` (:mod:`gper.ops.triton_tree`, the climb): priority
+  update of ``LAUNCH.climb_min_batch`` entries or more, in two launches whatever the depth.
 * ``_update_claim`` + ``_update_leaves`` + one ``_recompute_level`` per remaining level:
-  priority update. Last occurrence wins among duplicates (an atomic max of
+  priority update of fewer entries. Last occurrence wins among duplicates (an atomic max of
   ``batch position << 32 | priority bits`` claims each slot); parents are recomputed from their
   children one level per launch, so no walk-up races and no delta drift (``docs/design.md``, *Updates*).
   The leaf write shares a launch with the first parent level (children being written in that
   launch are read from the claims), and the top level shares level 1's launch (its last
   program recomputes it): 4 launches at 2^25 with K = 32.
-* ``_add_positions`` + ``_add_commit`` + ``_recompute_level``: new items at max priority.
+* ``_add_write`` + ``_add_repair`` (:mod:`gper.ops.triton_tree`): the buffer's ``add``; and
+  ``_add_positions`` + ``_add_commit`` + ``_recompute_level``, new items at max priority, where the
+  add kernel cannot write the rows itself (more than six fields, or a field wider than 512 words).
 
 Triton 3.6 (GPU image) and 3.9 (CI) both compile these: ``tl.load``/``tl.store`` arguments after
 the mask are passed by keyword, and nothing uses block pointers.
@@ -199,7 +203,9 @@ def _draw(
 
 @triton.jit
 def _advance_rng(counters, base, B, NB: tl.constexpr):
-    """The last program of a sampling kernel advances the RNG counter: all have read it by then."""
+    """The last program of a sampling kernel advances the RNG counter: all have read it by then
+    (the barrier: every warp's read, not only the ticket's thread's)."""
+    tl.debug_barrier()
     ticket = tl.atomic_add(counters + 6, 1)  # C_TICKET
     last = ticket == tl.num_programs(0) - 1
     tl.store(counters + 0, base + B * NB, mask=last)
@@ -278,7 +284,8 @@ def _update_claim(
     # |td| and the priority clamped to P_MAX = 2^64: no sum of the tree can overflow float32
     p = tl.exp2(alpha * tl.log2(tl.minimum(tl.abs(d), 18446744073709551616.0) + eps))
     p = tl.minimum(p, 18446744073709551616.0)
-    # nothing writes the max before _update_leaves: nonfinite values all map to the old max
+    # nothing writes the max before the next launch (_update_leaves or _update_apply): nonfinite
+    # values all map to the old max
     p = tl.where(finite, p, tl.load(scalars + 0))  # S_MAXP
     # claim the slot with (batch position, priority bits): the atomic max keeps the last occurrence
     packed = (s << 32) | p.to(tl.int32, bitcast=True).to(tl.int64)
@@ -383,8 +390,10 @@ def _recompute_level(
     if RESET:
         tl.store(claims + raw, tl.full([BLOCK], -1, tl.int64), mask=m)
     if TOP:
-        # last-program election: every program's level-1 stores are released by its ticket,
-        # and the winner reads them back past L1 (.cg)
+        # last-program election: every program's level-1 stores are released by its ticket (the
+        # barrier first: the stores of every warp, not only the ticket's), and the winner reads
+        # them back past L1 (.cg)
+        tl.debug_barrier()
         ticket = tl.atomic_add(counters + 7, 1)  # C_TICKET_TOP
         rows = tl.arange(0, K)
         # the election's outcome as a [K] mask (the interpreter rejects a scalar bool in a 2-D mask)
@@ -631,8 +640,11 @@ def add_commit(*, tree, mintree, layout, gen, counters, scalars, pos, total, lea
     recompute(tree=tree, mintree=mintree, layout=layout, leaves=pos, counters=counters, claims=claims)
 
 
-#: the most fields a row may have for the add kernel to pack them itself
+#: the most fields a row may have for the add kernel to write them itself
 MAX_ADD_SOURCES = 6
+#: the widest field it writes (as a [add_block, width] tile of int32 words, or of bytes for a field
+#: read by bytes); wider ones (images, frame stacks) are copied field by field
+MAX_ADD_WIDTH = 512
 
 
 def make_add_plan(*, fields, words, device) -> tuple | None:
@@ -645,7 +657,10 @@ def make_add_plan(*, fields, words, device) -> tuple | None:
     plan = []
     for offset, nbytes in fields:
         by_bytes = offset % 4 != 0 or nbytes % 4 != 0
-        plan.append((offset, nbytes, triton.next_power_of_2(nbytes if by_bytes else nbytes // 4), by_bytes))
+        width = triton.next_power_of_2(nbytes if by_bytes else nbytes // 4)
+        if width > MAX_ADD_WIDTH:
+            return None
+        plan.append((offset, nbytes, width, by_bytes))
     return tuple(plan)
 
 
@@ -675,6 +690,8 @@ def add_rows(
         flat = x.contiguous().reshape(n, -1)
         if flat.dtype == torch.bool:
             flat = flat.view(torch.uint8)
+        if not by_bytes and flat.storage_offset() * flat.element_size() % 4:
+            flat = flat.clone()  # a view that starts inside a word (a slice of bytes) reads as words once copied
         srcs.append(flat.view(torch.uint8 if by_bytes else torch.int32))
     srcs += [srcs[0]] * (MAX_ADD_SOURCES - len(srcs))
     specs = list(plan) + [None] * (MAX_ADD_SOURCES - len(plan))

@@ -22,8 +22,8 @@ Ordering: a node's children are written by other programs, so every arrival is a
 atomic at GPU scope, with a CTA barrier between this program's writes and its arrivals (a lane's
 atomic and another lane's store run on different threads), and between the arrival and the loads
 of the children, which read past L1 (``.cg``). The CPU interpreter runs programs one after the
-other and cannot show a race: the GPU stress tests (``tests/ops/test_climb_gpu.py``) and
-``compute-sanitizer --tool racecheck`` can.
+other and cannot show a race between programs: the GPU stress tests of ``tests/ops/test_climb.py``
+can (``compute-sanitizer``'s racecheck sees shared memory only; its memcheck, out-of-bounds access).
 
 A contiguous ring range (the slots an ``add`` writes) needs no count pass: the number of changed
 children of a node is an interval intersection (:func:`_range_need`). The add is two launches:
@@ -36,9 +36,6 @@ import torch
 
 from gper._triton import tl, triton
 from gper.ops.layout import TreeLayout
-
-#: a node's changed children, in the high half of its ``arrive`` counter
-NEED_ONE = 1 << 16
 
 
 def arrive_counters(claims: torch.Tensor, layout: TreeLayout) -> torch.Tensor:
@@ -374,6 +371,7 @@ def _add_repair(
         mv = tl.load(mintree + c, mask=active[:, None], other=float("inf"))
         tl.store(mintree + poff + par, tl.min(mv, axis=1), mask=active)
         _climb(tree, mintree, arrive, level_off, par, active, a, n, cap, DEPTH - 2, DEPTH, K, LOG2K, True)
+    tl.debug_barrier()  # every warp's read of the cursor, before this program's ticket
     ticket = tl.atomic_add(counters + 7, 1)  # C_TICKET_TOP (this launch's election)
     last = ticket == tl.num_programs(0) - 1
     size = tl.load(counters + 2)  # C_SIZE: only this program writes it
