@@ -468,12 +468,6 @@ def make_claims(*, layout: TreeLayout, device: torch.device) -> torch.Tensor:
     return claims
 
 
-def claims_at_rest(claims: torch.Tensor, layout: TreeLayout) -> bool:
-    """Whether the claim buffer is as :func:`make_claims` made it (tests; syncs)."""
-    n = layout.capacity + layout.arity
-    return bool((claims[:n] == -1).all()) and bool((claims[n:] == 0).all())
-
-
 def _levels(tree, mintree, layout: TreeLayout, leaves: torch.Tensor, top: int, claims=None, counters=None) -> None:
     """Recompute levels ``top`` .. 0 above ``leaves``; level 0 rides on level 1's launch."""
     n = leaves.numel()

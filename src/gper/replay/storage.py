@@ -20,6 +20,8 @@ from functools import cached_property
 
 import torch
 
+from gper.ops.reference import write_fields
+
 _ROW_ALIGN = 16
 
 #: the dtypes a field may have: those every device's copy kernels support (unsigned ints wider
@@ -231,6 +233,4 @@ class RowStorage:
 
         Every value is on the device before the first write: running out of memory moving one
         must not leave a slot with some fields new and others old."""
-        moved = [x.to(self.rows.device, non_blocking=True) for x in values]
-        for view, x in zip(self.fields.values(), moved, strict=True):
-            view.index_copy_(0, positions, x)
+        write_fields(self.words, self.field_bytes, self.on_device(values), positions)
