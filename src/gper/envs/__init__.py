@@ -2,19 +2,24 @@
 
 - ``cartpole``: Gymnasium's ``CartPole-v1`` in PyTorch on the training device (:mod:`gper.envs.cartpole`).
 - ``market``: a futures-style trading task on synthetic or CSV prices (:mod:`gper.envs.market`).
+- ``bitflip:<N>``: the bit-flipping task of hindsight experience replay with ``N`` bits (1 to 1024),
+  in PyTorch on the training device (:mod:`gper.envs.bitflip`); goal-conditioned, with the
+  :class:`~gper.envs.goals.GoalEnv` protocol that hindsight relabelling uses (:mod:`gper.envs.goals`).
 - ``gym:<ID>``: any Gymnasium environment with a discrete action space, stepped on the CPU through
   Gymnasium's vector API (:mod:`gper.envs.gym`), with either autoreset mode; needs ``pip install gper[gym]``.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
 
 from gper.envs.base import AUTORESET_MODES, Autoreset, Step, VecEnv
+from gper.envs.goals import GoalEnv, is_goal_env
 
-ENV_NAMES = ("cartpole", "market", "gym:<ID>")
+ENV_NAMES = ("cartpole", "market", "bitflip:<N>", "gym:<ID>")
 
 
 def make_env(
@@ -28,7 +33,7 @@ def make_env(
     """Make ``num_envs`` copies of the environment ``name`` (see the module docstring) on ``device``.
 
     ``autoreset`` (:attr:`VecEnv.autoreset`): ``None`` for the environment's own, ``"same-step"``
-    or ``"next-step"``; ``cartpole`` and ``market`` reset in the same step only. ``kwargs`` go to
+    or ``"next-step"``; ``cartpole``, ``market`` and ``bitflip:<N>`` reset in the same step only. ``kwargs`` go to
     the environment's constructor (``market``: ``data``, ``split``, ...).
     """
     if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
@@ -47,6 +52,13 @@ def make_env(
         from gper.envs.market import MarketEnv
 
         return MarketEnv.from_source(num_envs, device, seed=seed, **kwargs)
+    if name.startswith("bitflip:"):
+        from gper.envs.bitflip import MAX_BITS, BitFlip
+
+        bits = name[len("bitflip:") :]
+        if not re.fullmatch(r"[0-9]+", bits) or not 1 <= int(bits) <= MAX_BITS:
+            raise ValueError(f"bitflip:<N> takes a number of bits N from 1 to {MAX_BITS}, got {name!r}")
+        return BitFlip(int(bits), num_envs, device, seed=seed, **kwargs)
     if gym and len(name) > 4:
         from gper.envs.gym import GymVecEnv
 
@@ -54,4 +66,4 @@ def make_env(
     raise ValueError(f"unknown environment {name!r}: expected one of {', '.join(ENV_NAMES)}")
 
 
-__all__ = ["AUTORESET_MODES", "ENV_NAMES", "Autoreset", "Step", "VecEnv", "make_env"]
+__all__ = ["AUTORESET_MODES", "ENV_NAMES", "Autoreset", "GoalEnv", "Step", "VecEnv", "is_goal_env", "make_env"]
