@@ -21,7 +21,7 @@ def test_dispatch():
 
 @pytest.mark.parametrize("name", ["pong", "gym:", "Cartpole", ""])
 def test_unknown_name(name):
-    with pytest.raises(ValueError, match="unknown environment.*cartpole, market, gym:<ID>"):
+    with pytest.raises(ValueError, match="unknown environment.*cartpole, market, bitflip:<N>, gym:<ID>"):
         make_env(name, 1, "cpu")
 
 
