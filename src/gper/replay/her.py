@@ -1,0 +1,280 @@
+"""Hindsight experience replay on the device: goals relabelled at sample time, inside the sample step.
+
+Andrychowicz et al. 2017, "Hindsight Experience Replay" (arXiv:1707.01495): a transition of a
+goal-conditioned task is replayed with a goal that was achieved later in its episode, so a
+failed episode still teaches how to reach the states it did reach. :class:`HindsightRelabeling`
+holds the settings (strategy, ratio, the goal fields, the reward function); :class:`Relabeler`
+applies them to a drawn batch of a :class:`~gper.TrajectoryReplayBuffer`, in torch operations on
+``B`` (times ``n_step``) rows: no host reads, so it is captured in the buffer's sample graph.
+
+The goal of a relabelled draw comes from a row of the start's episode (:mod:`gper.replay.episodes`
+keeps the episode bounds), chosen with Philox words (:func:`gper.ops.philox.randint4x`) on a
+device counter of the buffer's, so draws are the same for the same seed and history on every
+back end. ``docs/trajectory.md`` (*Hindsight relabelling*) says what a relabelled draw holds,
+and why its priority and IS weight are the start's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+from gper.ops.philox import randint4x
+from gper.ops.trajectory_reference import TERMINATED, TRUNCATED
+from gper.replay.checks import check_unit
+from gper.replay.episodes import EpisodeIndex
+from gper.replay.storage import Field
+from gper.replay.streams import StreamLayout
+
+#: where a relabelled goal comes from, for a start at row k of an episode
+STRATEGIES = ("future", "final", "episode", "none")
+#: the relabelling's Philox key is the buffer's seed xor this: its words never repeat the tree's
+_KEY = 0x4845522D474F414C  # "HER-GOAL"
+#: the steps' fields a reward or termination function may read besides the spec's
+STEP_FLAG_KEYS = ("terminated", "truncated")
+
+GoalFn = Callable[[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class HindsightRelabeling:
+    """How a :class:`~gper.TrajectoryReplayBuffer` relabels goals when it samples (``her=...``).
+
+    The goal fields are observation fields of the buffer (``obs_keys=("obs", "achieved_goal",
+    "desired_goal")``): each row stores them once, and an episode's end row stores the final ones.
+
+    Args:
+        reward_fn: ``reward_fn(achieved_goal, desired_goal, info) -> reward``: torch operations on
+            ``[N, *goal_shape]`` goals and ``info`` (``{key: [N, *shape]}`` of ``info_keys``)
+            giving ``[N]`` rewards (cast to float32), on the buffer's device. It runs inside the
+            sample (and its CUDA graph): no host reads, no data-dependent shapes. A step's reward
+            reads the achieved goal of the row after it (the next observation's).
+        strategy: "future" (a row after the start, up to the episode's final observation),
+            "final" (the final observation; the newest row while the episode is in progress),
+            "episode" (any row of the episode still stored, the start and the final one included)
+            or "none" (never relabel: the same buffer and checkpoints, for ablations).
+        relabel_ratio: the chance in [0, 1] that a draw is relabelled; the others keep their goal.
+            The paper's ``k`` relabelled goals per real one is ``k / (k + 1)`` (:meth:`with_k`).
+        achieved_goal, desired_goal: the names of the goal fields (same shape and dtype).
+        info_keys: fields of the step passed to ``reward_fn`` in ``info`` (the spec's, e.g. the
+            action, and the stored ``terminated`` / ``truncated``).
+        terminated_fn: ``terminated_fn(achieved_goal, desired_goal, info) -> [N] bool``, or None
+            to keep the stored flags. Given, a relabelled return stops at the first step that
+            reaches the new goal (terminated there: discount 0), and a stored end that it does not
+            confirm reads as a truncation (the return still stops there; it bootstraps).
+    """
+
+    reward_fn: GoalFn
+    strategy: str = "future"
+    relabel_ratio: float = 0.8
+    achieved_goal: str = "achieved_goal"
+    desired_goal: str = "desired_goal"
+    info_keys: tuple[str, ...] = ()
+    terminated_fn: GoalFn | None = None
+
+    def __post_init__(self) -> None:
+        if not callable(self.reward_fn):
+            raise TypeError(f"HindsightRelabeling: reward_fn must be callable, got {type(self.reward_fn).__name__}")
+        if self.terminated_fn is not None and not callable(self.terminated_fn):
+            raise TypeError(
+                f"HindsightRelabeling: terminated_fn must be callable or None, got {type(self.terminated_fn).__name__}"
+            )
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"HindsightRelabeling: strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        object.__setattr__(self, "relabel_ratio", check_unit("relabel_ratio", self.relabel_ratio))
+        for name in ("achieved_goal", "desired_goal"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise TypeError(f"HindsightRelabeling: {name} must be a field name, got {value!r}")
+        if self.achieved_goal == self.desired_goal:
+            raise ValueError(f"HindsightRelabeling: achieved_goal and desired_goal are both {self.achieved_goal!r}")
+        keys = self.info_keys
+        if isinstance(keys, str) or not isinstance(keys, tuple | list) or not all(isinstance(k, str) for k in keys):
+            raise TypeError(f"HindsightRelabeling: info_keys must be a tuple of field names, got {keys!r}")
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"HindsightRelabeling: info_keys has duplicates: {tuple(keys)}")
+        object.__setattr__(self, "info_keys", tuple(keys))
+
+    @classmethod
+    def with_k(cls, reward_fn: GoalFn, k: int = 4, **kwargs: object) -> HindsightRelabeling:
+        """The paper's ``k`` relabelled goals for each original one: ``relabel_ratio = k / (k + 1)``
+        (k = 4: 0.8). ``kwargs`` are the other settings."""
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"HindsightRelabeling.with_k: k must be an int >= 0, got {k!r}")
+        return cls(reward_fn, relabel_ratio=k / (k + 1), **kwargs)
+
+    def check_layout(self, layout: StreamLayout) -> None:
+        """Raise a one-line ValueError unless the buffer's fields fit these settings."""
+        spec = layout.spec()
+        for name in (self.achieved_goal, self.desired_goal):
+            if name not in layout.obs_keys:
+                where = "is not in the spec" if name not in spec else "is in the spec but not in obs_keys"
+                raise ValueError(
+                    f"her: the goal field {name!r} {where}: goals are observation fields, e.g. spec "
+                    f"{{..., {name!r}: (shape, dtype)}} and obs_keys=('obs', {self.achieved_goal!r}, "
+                    f"{self.desired_goal!r})"
+                )
+        a, d = spec[self.achieved_goal], spec[self.desired_goal]
+        if a != d:
+            raise ValueError(
+                f"her: {self.achieved_goal!r} is {a[0]} {a[1]} but {self.desired_goal!r} is {d[0]} {d[1]}: "
+                "the goals must have one shape and dtype"
+            )
+        unknown = [k for k in self.info_keys if k not in spec and k not in STEP_FLAG_KEYS]
+        if unknown:
+            raise ValueError(f"her: info_keys {unknown} are not fields of a step; it has {[*spec, *STEP_FLAG_KEYS]}")
+
+
+def _gather(words: torch.Tensor, slots: torch.Tensor, f: Field) -> torch.Tensor:
+    """Field ``f`` of the rows at ``slots`` [N] of ``words`` [S, W] int32: ``[N, *f.shape]`` (only
+    the words that hold it are read)."""
+    lo, hi = f.offset // 4, -(-(f.offset + f.nbytes) // 4)
+    cols = torch.arange(lo, hi, device=words.device, dtype=torch.int64)
+    got = words.view(-1)[slots[:, None] * words.shape[1] + cols[None, :]]
+    skip = f.offset - 4 * lo
+    raw = got.view(torch.uint8)[:, skip : skip + f.nbytes].contiguous()
+    return raw.view(f.dtype).reshape(slots.shape[0], *f.shape)
+
+
+def _where_rows(mask: torch.Tensor, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    return torch.where(mask.view(-1, *([1] * (old.dim() - 1))), new, old)
+
+
+class Relabeler:
+    """A buffer's hindsight relabelling: its settings, its episode index and its random counter.
+
+    Args:
+        her: the settings (checked against ``layout`` here).
+        layout: the buffer's rows.
+        num_envs, rows_per_env: the buffer's streams.
+        device: where the index and the counter live.
+    """
+
+    def __init__(
+        self, her: HindsightRelabeling, layout: StreamLayout, num_envs: int, rows_per_env: int, device: torch.device
+    ) -> None:
+        her.check_layout(layout)
+        self.her, self.layout, self.rows_per_env = her, layout, rows_per_env
+        self.index = EpisodeIndex(num_envs, rows_per_env, device)
+        #: Philox blocks used so far: one per draw relabelling could apply to
+        self.counter = torch.zeros(1, dtype=torch.int64, device=device)
+        # a draw is relabelled when a uniform 32-bit word is below this: probability threshold / 2^32
+        self.threshold = round(her.relabel_ratio * 2**32)
+        by_name = {f.name: f for f in layout.row.fields} | {f.name: f for f in layout.visible.fields}
+        self._goal = by_name[her.achieved_goal]
+        self._info = {k: by_name[k] for k in her.info_keys}
+
+    @staticmethod
+    def estimate_bytes(num_envs: int, rows_per_env: int) -> int:
+        return EpisodeIndex.estimate_bytes(num_envs, rows_per_env) + 8
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.index.state_dict() | {"her_counter": self.counter}
+
+    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        self.index.load_state_dict(state)
+        self.counter.copy_(state["her_counter"])
+
+    def checks(
+        self, state: Mapping[str, torch.Tensor], flags: torch.Tensor, streams: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """Named failed-checks of a state's index and counter (see :meth:`EpisodeIndex.checks`)."""
+        counter = state["her_counter"].to(flags.device)
+        return self.index.checks(state, flags, streams) | {"the relabelling counter is negative": (counter < 0).any()}
+
+    # ---------------------------------------------------------------- sample
+
+    def _call(self, fn: GoalFn, what: str, ag: torch.Tensor, goal: torch.Tensor, info: dict) -> torch.Tensor:
+        out = fn(ag, goal, info)
+        n = ag.shape[0]
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != (n,) or out.device != ag.device:
+            got = f"{tuple(out.shape)} on {out.device}" if isinstance(out, torch.Tensor) else type(out).__name__
+            raise ValueError(f"her: {what} must return a [{n}] tensor on {ag.device} (one per step), got {got}")
+        return out
+
+    def relabel(
+        self,
+        parts: dict[str, torch.Tensor],
+        rows: torch.Tensor,
+        streams: torch.Tensor,
+        n_step: int,
+        gamma: torch.Tensor,
+        seed: int,
+    ) -> None:
+        """Relabel a drawn batch in place (the sample's outputs ``parts``, as
+        :class:`~gper.replay.trajectory_batch.TransitionSample` splits them).
+
+        Args:
+            parts: ``rows``, ``next_rows`` [B, W] int32, ``indices`` [B] int64, ``discount`` [B]
+                float32 (patched where relabelled) and ``relabelled`` [B] bool (written).
+            rows: [E * T, W] int32 the buffer's storage.
+            streams: [E, 2] int64 the stream counts.
+            n_step: the sample's steps (its returns were summed over ``m <= n_step`` of them).
+            gamma: 0-d float32 device tensor (clamped to [0, 1], NaN read as 1, as the kernels do).
+            seed: the buffer's seed.
+        """
+        her, t, layout = self.her, self.rows_per_env, self.layout
+        idx, flag = parts["indices"], parts["relabelled"]
+        if her.strategy == "none":
+            flag.zero_()
+            return
+        b, device = idx.numel(), idx.device
+        row, first, last, base = self.index.bounds(idx, streams)
+        c0, c1, _, _ = randint4x(seed ^ _KEY, self.counter + torch.arange(b, device=device, dtype=torch.int64))
+        self.counter.add_(b)
+        lo = {"future": row + 1, "final": last, "episode": first}[her.strategy]
+        span = last - lo + 1
+        # a row uniform in [lo, last] from a 32-bit word (multiply-shift: exact to span / 2^32)
+        pick = lo + torch.bitwise_right_shift(c1 * span.clamp_min(1), 32)
+        relabel = (c0 < self.threshold) & (span >= 1)
+        goal = _gather(rows, base + torch.remainder(pick, t), self._goal)
+
+        # the m steps' rewards for the new goal: step k + i reads the achieved goal of row k + i + 1
+        off = torch.arange(n_step, device=device, dtype=torch.int64)
+        steps = base[:, None] + torch.remainder(row[:, None] + off[None, :], t)  # [B, n] slots
+        after = base[:, None] + torch.remainder(row[:, None] + off[None, :] + 1, t)
+        ag = _gather(rows, after.reshape(-1), self._goal)
+        goals = goal.repeat_interleave(n_step, dim=0)
+        info = {k: _gather(rows, steps.reshape(-1), f) for k, f in self._info.items()}
+        r = self._call(her.reward_fn, "reward_fn", ag, goals, info).to(torch.float32).view(b, n_step)
+        if her.terminated_fn is not None:
+            hit = self._call(her.terminated_fn, "terminated_fn", ag, goals, info).to(torch.bool).view(b, n_step)
+        else:
+            hit = torch.zeros(b, n_step, dtype=torch.bool, device=device)
+        flags = rows.view(-1)[steps * rows.shape[1] + layout.flags_col]  # [B, n] the stored flags words
+        ended = (flags & (TERMINATED | TRUNCATED)) != 0
+        # as complete_transitions sums them: r_0, then + g^i r_i in float32, g^i by repeated products
+        g = torch.where(torch.isnan(gamma), 1.0, gamma.clamp(0.0, 1.0)).float()
+        ret, power = r[:, 0].clone(), g.expand(b).clone()
+        last_flags, last_hit = flags[:, 0], hit[:, 0]
+        alive = ~(ended[:, 0] | hit[:, 0])
+        m = torch.ones_like(idx)
+        for i in range(1, n_step):
+            ret = torch.where(alive, ret + power * r[:, i], ret)
+            power = torch.where(alive, power * g, power)
+            last_flags = torch.where(alive, flags[:, i], last_flags)
+            last_hit = torch.where(alive, hit[:, i], last_hit)
+            m = m + alive.long()
+            alive = alive & ~(ended[:, i] | hit[:, i])
+
+        start, nxt = parts["rows"], parts["next_rows"]
+        rc = layout.reward_col
+        start[:, rc] = torch.where(relabel, ret.view(torch.int32), start[:, rc])
+        if her.terminated_fn is not None:
+            # the new goal decides termination; a stored end it does not confirm is a truncation
+            stored_term = (last_flags & TERMINATED) != 0
+            truncated = ((last_flags & TRUNCATED) != 0) | (stored_term & ~last_hit)
+            word = torch.where(last_hit, TERMINATED, 0) | torch.where(truncated, TRUNCATED, 0)
+            fc = layout.flags_col
+            start[:, fc] = torch.where(relabel, word.to(torch.int32), start[:, fc])
+            disc = parts["discount"]
+            disc.copy_(torch.where(relabel, torch.where(last_hit, 0.0, power), disc))
+            if n_step > 1:  # the return may stop sooner than the stored one: its next row moves
+                moved = rows[base + torch.remainder(row + m, t)]
+                nxt.copy_(_where_rows(relabel, moved, nxt))
+        for out in (start, nxt):  # the goal of the transition: of its observation and of the next
+            view = layout.row.view(out, her.desired_goal)
+            view.copy_(_where_rows(relabel, goal, view))
+        flag.copy_(relabel)
