@@ -159,7 +159,7 @@ class EpisodeIndex:
         cur_rec = rec[torch.arange(e_n, device=device) * r + current.clamp(0, r - 1)]
         bad_rows = step & ~(id_ok & (row_id == want_id) & first_ok & end_ok)
         return {
-            "an episode index id is outside [0, R)": (~id_ok & step).any() | ~cur_ok.all(),
+            f"an episode index id is outside [0, {r})": (~id_ok & step).any() | ~cur_ok.all(),
             "the episode index disagrees with the rows' episodes (ids, first or end rows)": bad_rows.any(),
             "the episode index's episode in progress disagrees with its stream": (
                 (cur_rec[:, 0] != streams[:, 1]) | (cur_rec[:, 1] != -1)

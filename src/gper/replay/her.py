@@ -236,7 +236,7 @@ class Relabeler:
         steps = base[:, None] + torch.remainder(row[:, None] + off[None, :], t)  # [B, n] slots
         after = base[:, None] + torch.remainder(row[:, None] + off[None, :] + 1, t)
         ag = _gather(rows, after.reshape(-1), self._goal)
-        goals = goal.repeat_interleave(n_step, dim=0)
+        goals = goal[:, None].expand(b, n_step, *goal.shape[1:]).reshape(b * n_step, *goal.shape[1:])
         info = {k: _gather(rows, steps.reshape(-1), f) for k, f in self._info.items()}
         r = self._call(her.reward_fn, "reward_fn", ag, goals, info).to(torch.float32).view(b, n_step)
         if her.terminated_fn is not None:
