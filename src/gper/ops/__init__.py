@@ -210,7 +210,8 @@ def backend_module(name: str, device: torch.device | None = None) -> ModuleType:
 def trajectory_module(name: str) -> ModuleType:
     """The trajectory buffer's kernels of back end ``name`` ("triton" or "torch"): the functions
     of :mod:`gper.ops.trajectory_reference` (``stream_add``, ``sample_transitions``,
-    ``gather_sequences``), with the same signatures."""
+    ``gather_sequences``, and hindsight relabelling's ``episode_index_add`` and ``her_pick``),
+    with the same signatures."""
     if name == "torch":
         from gper.ops import trajectory_reference
 

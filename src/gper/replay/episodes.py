@@ -19,13 +19,15 @@ that ends nothing but the reset observation (``docs/trajectory.md``, *How add re
 structure*). It takes no id of its own: the next episode keeps the id, and its record's first row
 moves past that end row.
 
-Everything here is torch on ``[E]``-sized tensors per ``add`` and ``[B]``-sized per sample: no
-host reads, no work proportional to the capacity outside the checkpoint's check.
+``add`` updates it with one kernel (``episode_index_add`` of :mod:`gper.ops.her_reference` and
+:mod:`gper.ops.her_triton`), ``sample`` reads it in another (``her_pick``): ``[E]`` and ``[B]``
+lanes, no host reads, no work proportional to the capacity outside the checkpoint's check.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import ModuleType
 
 import torch
 
@@ -50,7 +52,6 @@ class EpisodeIndex:
         self.current = torch.zeros(num_envs, dtype=torch.int64, device=device)
         self.records = torch.full((num_envs, self.r, 2), -1, dtype=torch.int64, device=device)
         self.records[:, 0, 0] = 0  # the first episode of every stream starts at row 0
-        self._base = torch.arange(num_envs, device=device, dtype=torch.int64)
 
     @staticmethod
     def estimate_bytes(num_envs: int, rows_per_env: int) -> int:
@@ -67,53 +68,17 @@ class EpisodeIndex:
 
     # ---------------------------------------------------------------- add
 
-    def after_add(self, before: torch.Tensor, streams: torch.Tensor) -> None:
-        """Index the rows one ``add`` wrote, from the stream counts before it (``before``, a copy
-        of ``streams`` [E, 2] int64: rows written, first row of the episode in progress) and after.
-
-        An add writes one or two rows a stream: a step; an end row alone (a next-step reset step);
-        or an end row, then the step that starts the next episode. An end row was written exactly
-        where the episode start moved (to the row after it)."""
-        t, r = self.rows_per_env, self.r
-        k, ep = before[:, 0], before[:, 1]
-        n_rows = streams[:, 0] - k
-        ends = streams[:, 1] != ep
-        # the episode ended had a step (an end row right after an episode start ends nothing)
-        real = ends & (ep < k)
-        cur = self.current
-        nxt = torch.remainder(cur + real.long(), r)
-        slot = self._base * t
-        s1 = slot + torch.remainder(k, t)
-        s2 = slot + torch.remainder(k + n_rows - 1, t)
-        # the first row (a step, or the end row) is the current episode's; a second one (the step
-        # after an end row) the next episode's; with one row both entries name the same slot and value
-        second = torch.where(n_rows == 2, nxt, cur)
-        self.ids.index_copy_(0, torch.cat((s1, s2)), torch.cat((cur, second)).to(torch.int32))
-        flat = self.records.view(-1, 2)
-        at_cur = self._base * r + cur
-        flat[at_cur, 1] = torch.where(real, k, flat[at_cur, 1])
-        # the episode in progress after the add: its first row (unchanged while it runs), no end yet
-        at_nxt = self._base * r + nxt
-        flat[at_nxt, 0] = streams[:, 1]
-        flat[at_nxt, 1] = -1
-        self.current.copy_(nxt)
-
-    # ---------------------------------------------------------------- sample
-
-    def bounds(self, idx: torch.Tensor, streams: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """For drawn starts at slots ``idx`` [B] int64: ``(row, first, last, base)`` [B] int64: the
-        start's row number, its episode's first row still stored, its episode's last row (the end
-        row, or the newest row while it is in progress) and the stream's first slot."""
-        t, r = self.rows_per_env, self.r
-        e = torch.div(idx, t, rounding_mode="floor")
-        base = e * t
-        pos = idx - base
-        count = streams[e, 0]
-        row = count - 1 - torch.remainder(count - 1 - pos, t)
-        rec = self.records.view(-1, 2)[e * r + self.ids[idx].long()]
-        first = torch.maximum(rec[:, 0], count - t)  # rows before the ring's oldest were overwritten
-        last = torch.where(rec[:, 1] >= 0, rec[:, 1], count - 1)
-        return row, first, last, base
+    def after_add(self, kernels: ModuleType, before: torch.Tensor, streams: torch.Tensor) -> None:
+        """Index the rows one ``add`` wrote (``kernels.episode_index_add``), from the stream counts
+        before it (``before``, a copy of ``streams`` [E, 2] int64) and after."""
+        kernels.episode_index_add(
+            before=before,
+            streams=streams,
+            ids=self.ids,
+            current=self.current,
+            records=self.records,
+            rows_per_env=self.rows_per_env,
+        )
 
     # ---------------------------------------------------------------- checkpoint
 

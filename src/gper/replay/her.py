@@ -18,10 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 
-from gper.ops.philox import randint4x
+from gper.ops.her_reference import STRATEGY
 from gper.ops.trajectory_reference import TERMINATED, TRUNCATED
 from gper.replay.checks import check_unit
 from gper.replay.episodes import EpisodeIndex
@@ -150,13 +151,20 @@ class Relabeler:
         layout: the buffer's rows.
         num_envs, rows_per_env: the buffer's streams.
         device: where the index and the counter live.
+        kernels: the buffer's trajectory kernels (``episode_index_add``, ``her_pick``).
     """
 
     def __init__(
-        self, her: HindsightRelabeling, layout: StreamLayout, num_envs: int, rows_per_env: int, device: torch.device
+        self,
+        her: HindsightRelabeling,
+        layout: StreamLayout,
+        num_envs: int,
+        rows_per_env: int,
+        device: torch.device,
+        kernels: ModuleType,
     ) -> None:
         her.check_layout(layout)
-        self.her, self.layout, self.rows_per_env = her, layout, rows_per_env
+        self.her, self.layout, self.rows_per_env, self.kernels = her, layout, rows_per_env, kernels
         self.index = EpisodeIndex(num_envs, rows_per_env, device)
         #: Philox blocks used so far: one per draw relabelling could apply to
         self.counter = torch.zeros(1, dtype=torch.int64, device=device)
@@ -183,6 +191,10 @@ class Relabeler:
         """Named failed-checks of a state's index and counter (see :meth:`EpisodeIndex.checks`)."""
         counter = state["her_counter"].to(flags.device)
         return self.index.checks(state, flags, streams) | {"the relabelling counter is negative": (counter < 0).any()}
+
+    def after_add(self, before: torch.Tensor, streams: torch.Tensor) -> None:
+        """Index the rows an ``add`` wrote (``before``: a copy of ``streams`` from before it)."""
+        self.index.after_add(self.kernels, before, streams)
 
     # ---------------------------------------------------------------- sample
 
@@ -221,29 +233,43 @@ class Relabeler:
             flag.zero_()
             return
         b, device = idx.numel(), idx.device
-        row, first, last, base = self.index.bounds(idx, streams)
-        c0, c1, _, _ = randint4x(seed ^ _KEY, self.counter + torch.arange(b, device=device, dtype=torch.int64))
-        self.counter.add_(b)
-        lo = {"future": row + 1, "final": last, "episode": first}[her.strategy]
-        span = last - lo + 1
-        # a row uniform in [lo, last] from a 32-bit word (multiply-shift: exact to span / 2^32)
-        pick = lo + torch.bitwise_right_shift(c1 * span.clamp_min(1), 32)
-        relabel = (c0 < self.threshold) & (span >= 1)
-        goal = _gather(rows, base + torch.remainder(pick, t), self._goal)
+        goal_slot = torch.empty_like(idx)
+        self.kernels.her_pick(
+            idx=idx,
+            streams=streams,
+            ids=self.index.ids,
+            records=self.index.records,
+            counter=self.counter,
+            seed=seed ^ _KEY,
+            strategy=STRATEGY[her.strategy],
+            threshold=self.threshold,
+            rows_per_env=t,
+            out_goal=goal_slot,
+            out_flag=flag,
+        )
+        relabel = flag
+        goal = _gather(rows, goal_slot, self._goal)
+        pos = torch.remainder(idx, t)
+        base = idx - pos
 
         # the m steps' rewards for the new goal: step k + i reads the achieved goal of row k + i + 1
-        off = torch.arange(n_step, device=device, dtype=torch.int64)
-        steps = base[:, None] + torch.remainder(row[:, None] + off[None, :], t)  # [B, n] slots
-        after = base[:, None] + torch.remainder(row[:, None] + off[None, :] + 1, t)
-        ag = _gather(rows, after.reshape(-1), self._goal)
-        goals = goal[:, None].expand(b, n_step, *goal.shape[1:]).reshape(b * n_step, *goal.shape[1:])
-        info = {k: _gather(rows, steps.reshape(-1), f) for k, f in self._info.items()}
+        if n_step == 1:  # the kernel gathered both rows: read them there (copies: the functions get their own)
+            at = torch.arange(b, device=device, dtype=torch.int64)[:, None]
+            step_src, step_at, next_src, next_at = parts["rows"], at, parts["next_rows"], at
+        else:
+            off = torch.arange(n_step, device=device, dtype=torch.int64)
+            step_src, step_at = rows, base[:, None] + torch.remainder(pos[:, None] + off[None, :], t)  # [B, n]
+            next_src, next_at = rows, base[:, None] + torch.remainder(pos[:, None] + off[None, :] + 1, t)
+        ag = _gather(next_src, next_at.reshape(-1), self._goal)
+        gshape = goal.shape[1:]
+        goals = goal.clone() if n_step == 1 else goal[:, None].expand(b, n_step, *gshape).reshape(b * n_step, *gshape)
+        info = {k: _gather(step_src, step_at.reshape(-1), f) for k, f in self._info.items()}
         r = self._call(her.reward_fn, "reward_fn", ag, goals, info).to(torch.float32).view(b, n_step)
         if her.terminated_fn is not None:
             hit = self._call(her.terminated_fn, "terminated_fn", ag, goals, info).to(torch.bool).view(b, n_step)
         else:
             hit = torch.zeros(b, n_step, dtype=torch.bool, device=device)
-        flags = rows.view(-1)[steps * rows.shape[1] + layout.flags_col]  # [B, n] the stored flags words
+        flags = step_src.view(-1)[step_at * step_src.shape[1] + layout.flags_col]  # [B, n] the stored flags
         ended = (flags & (TERMINATED | TRUNCATED)) != 0
         # as complete_transitions sums them: r_0, then + g^i r_i in float32, g^i by repeated products
         g = torch.where(torch.isnan(gamma), 1.0, gamma.clamp(0.0, 1.0)).float()
@@ -272,9 +298,9 @@ class Relabeler:
             disc = parts["discount"]
             disc.copy_(torch.where(relabel, torch.where(last_hit, 0.0, power), disc))
             if n_step > 1:  # the return may stop sooner than the stored one: its next row moves
-                moved = rows[base + torch.remainder(row + m, t)]
+                moved = rows[base + torch.remainder(pos + m, t)]
                 nxt.copy_(_where_rows(relabel, moved, nxt))
         for out in (start, nxt):  # the goal of the transition: of its observation and of the next
             view = layout.row.view(out, her.desired_goal)
             view.copy_(_where_rows(relabel, goal, view))
-        flag.copy_(relabel)
+        self.counter.add_(b)  # last: a function that raises leaves the counter as it was

@@ -177,7 +177,9 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
         self._packer = StepPacker(self.layout, e, device)
         self._plan = self._packer.word_plan() if self.backend == "triton" else None
         her = self._her
-        self._relabeler = None if her is None else Relabeler(her, self.layout, e, self.rows_per_env, device)
+        self._relabeler = (
+            None if her is None else Relabeler(her, self.layout, e, self.rows_per_env, device, self._kernels)
+        )
 
     @property
     def spec(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
@@ -274,7 +276,7 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
             **direct,
         )
         if before is not None:
-            self._relabeler.index.after_add(before, self.streams)
+            self._relabeler.after_add(before, self.streams)
 
     @property
     def _new_start_value(self) -> float | None:
