@@ -21,7 +21,7 @@ E, T, W = 3, 12, 3
 INDEX = ("episode_ids", "episode_current", "episode_records")
 
 
-@pytest.mark.parametrize("name", ["episode_index_add", "her_pick"])
+@pytest.mark.parametrize("name", ["episode_index_add", "her_pick", "her_finish"])
 def test_both_modules_define_each_function_with_the_same_keyword_parameters(name):
     ref, tri = inspect.signature(getattr(her_reference, name)), inspect.signature(getattr(her_triton, name))
     assert list(ref.parameters) == list(tri.parameters)
@@ -88,3 +88,45 @@ def test_triton_index_add_and_pick_match_the_reference():
                 assert relabelled == (0 if threshold == 0 else idx.numel())
             else:
                 assert 0 < relabelled < idx.numel()
+
+
+@needs_interpreter
+@pytest.mark.parametrize("n", [1, 3])
+@pytest.mark.parametrize("with_hit", [False, True])
+@pytest.mark.parametrize("goal_at", [(16, 8), (12, 6)], ids=["whole words", "sharing a word"])
+def test_triton_finish_matches_the_reference(n, with_hit, goal_at):
+    """Random rows, flags and rewards (the semantics are the oracle's tests'): every output bit for bit."""
+    g = torch.Generator().manual_seed(n + 2 * with_hit)
+    e, t, w, b = 3, 8, 10, 64
+    rows = torch.randint(-(2**31), 2**31 - 1, (e * t, w), generator=g, dtype=torch.int32)
+    # flags words: a step's terminated / truncated now and then, end rows among them
+    u = torch.rand(e * t, generator=g)
+    rows[:, 2] = torch.where(u < 0.2, 0x1, 0) | torch.where((u > 0.1) & (u < 0.3), 0x100, 0)
+    rows[:, 2] |= torch.where(torch.rand(e * t, generator=g) < 0.1, 0x10000, 0)
+    offset, nbytes = goal_at
+    inputs = {
+        "rows": rows,
+        "idx": torch.randint(0, e * t, (b,), generator=g),
+        "flag": torch.rand(b, generator=g) < 0.7,
+        "goal": torch.randint(0, 256, (b, nbytes), generator=g, dtype=torch.uint8),
+        "reward": torch.randn(b, n, generator=g),
+        "hit": (torch.rand(b, n, generator=g) < 0.3) if with_hit else None,
+        "gamma": torch.tensor(0.9),
+        "rows_per_env": t,
+        "reward_col": 1,
+        "flags_col": 2,
+        "desired_offset": offset,
+    }
+    outs = {
+        "out_rows": torch.randint(-(2**31), 2**31 - 1, (b, w), generator=g, dtype=torch.int32),
+        "out_next": torch.randint(-(2**31), 2**31 - 1, (b, w), generator=g, dtype=torch.int32),
+        "out_discount": torch.rand(b, generator=g),
+    }
+    got = []
+    for module in (her_reference, her_triton):
+        mine = {k: v.clone() for k, v in outs.items()}
+        module.her_finish(**inputs, **mine)
+        got.append(mine)
+    for k in outs:
+        assert torch.equal(got[0][k].view(torch.int32), got[1][k].view(torch.int32)), k
+    assert not torch.equal(got[0]["out_rows"], outs["out_rows"])  # it wrote something

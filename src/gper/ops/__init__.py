@@ -210,8 +210,7 @@ def backend_module(name: str, device: torch.device | None = None) -> ModuleType:
 def trajectory_module(name: str) -> ModuleType:
     """The trajectory buffer's kernels of back end ``name`` ("triton" or "torch"): the functions
     of :mod:`gper.ops.trajectory_reference` (``stream_add``, ``sample_transitions``,
-    ``gather_sequences``, and hindsight relabelling's ``episode_index_add`` and ``her_pick``),
-    with the same signatures."""
+    ``gather_sequences``), with the same signatures."""
     if name == "torch":
         from gper.ops import trajectory_reference
 
@@ -220,4 +219,19 @@ def trajectory_module(name: str) -> ModuleType:
         from gper.ops import trajectory_triton
 
         return trajectory_triton
+    raise ValueError(f"backend must be one of {BACKENDS[1:]}, got {name!r}")
+
+
+def her_module(name: str) -> ModuleType:
+    """Hindsight relabelling's kernels of back end ``name`` ("triton" or "torch"): the functions of
+    :mod:`gper.ops.her_reference` (``episode_index_add``, ``her_pick``, ``her_finish``), with the
+    same signatures."""
+    if name == "torch":
+        from gper.ops import her_reference
+
+        return her_reference
+    if name == "triton":
+        from gper.ops import her_triton
+
+        return her_triton
     raise ValueError(f"backend must be one of {BACKENDS[1:]}, got {name!r}")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from gper.ops import philox
+from gper.ops.trajectory_reference import TERMINATED, TRUNCATED
 
 #: ``her_pick``'s strategies: a row after the start up to the episode's last, the last, any of the episode's
 FUTURE, FINAL, EPISODE = 0, 1, 2
@@ -129,3 +130,85 @@ def her_pick(
     pick = lo + torch.bitwise_right_shift(c1.to(idx.device) * span.clamp_min(1), 32)
     out_goal.copy_(e * t + torch.remainder(pick, t))
     out_flag.copy_((c0.to(idx.device) < threshold) & (span >= 1))
+
+
+def her_finish(
+    *,
+    rows: torch.Tensor,
+    idx: torch.Tensor,
+    flag: torch.Tensor,
+    goal: torch.Tensor,
+    reward: torch.Tensor,
+    hit: torch.Tensor | None,
+    gamma: torch.Tensor,
+    rows_per_env: int,
+    reward_col: int,
+    flags_col: int,
+    desired_offset: int,
+    out_rows: torch.Tensor,
+    out_next: torch.Tensor,
+    out_discount: torch.Tensor,
+) -> None:
+    """Make the relabelled draws (``flag``) of a sample the transitions of their new goals, in place.
+
+    For the start at slot ``idx[s]`` (row ``k``): the return ``r_0 + g r_1 + ... + g^(m-1) r_(m-1)``
+    of the new goal's rewards ``reward[s]`` (float32, in that order, ``g^i`` by repeated products,
+    as :func:`gper.ops.trajectory_reference.complete_transitions` sums the stored ones) over its
+    ``m`` steps: up to ``n``, stopping after a step whose stored flags end the episode, or (with
+    ``hit``) after the first step that reaches the new goal. With ``hit``, the flags are the new
+    goal's: terminated where the last step reaches it (discount 0), truncated where the episode
+    ended there otherwise (a stored termination it does not confirm included), the discount
+    ``g^m`` else, and the next row the one ``m`` steps on. The new goal is written as the desired
+    goal of the start row and of the next row. Draws not relabelled are left as they are.
+
+    Args:
+        rows: [E * T, W] int32 storage.
+        idx: [B] int64 drawn start slots.
+        flag: [B] bool: the draws to relabel.
+        goal: [B, nbytes] uint8: each draw's new goal, as the desired goal field's bytes.
+        reward: [B, n] float32: step ``k + i``'s reward for the new goal.
+        hit: [B, n] bool: step ``k + i`` reaches the new goal; or None (keep the stored flags).
+        gamma: 0-d float32 device tensor (clamped to [0, 1], NaN read as 1).
+        reward_col, flags_col: the reward's and the flags word's columns.
+        desired_offset: the desired goal field's byte offset in a row.
+        out_rows, out_next: [B, W] int32 the drawn rows and the rows ``m`` steps on (patched).
+        out_discount: [B] float32 (patched where ``hit`` is given).
+    """
+    t = rows_per_env
+    b, n = reward.shape
+    pos = torch.remainder(idx, t)
+    base = idx - pos
+    off = torch.arange(n, device=idx.device, dtype=torch.int64)
+    flags = rows[base[:, None] + torch.remainder(pos[:, None] + off[None, :], t), flags_col]  # [B, n] stored
+    ended = (flags & (TERMINATED | TRUNCATED)) != 0
+    if hit is not None:
+        ended = ended | hit
+    g = torch.where(torch.isnan(gamma), 1.0, gamma.clamp(0.0, 1.0)).float()
+    ret, power = reward[:, 0].clone(), g.expand(b).clone()
+    last_flags = flags[:, 0]
+    last_hit = hit[:, 0] if hit is not None else None
+    alive = ~ended[:, 0]
+    m = torch.ones_like(idx)
+    for i in range(1, n):
+        ret = torch.where(alive, ret + power * reward[:, i], ret)
+        power = torch.where(alive, power * g, power)
+        last_flags = torch.where(alive, flags[:, i], last_flags)
+        if hit is not None:
+            last_hit = torch.where(alive, hit[:, i], last_hit)
+        m = m + alive.long()
+        alive = alive & ~ended[:, i]
+    out_rows[:, reward_col] = torch.where(flag, ret.view(torch.int32), out_rows[:, reward_col])
+    if hit is not None:
+        # the new goal decides termination; a stored end it does not confirm is a truncation
+        stored_term = (last_flags & TERMINATED) != 0
+        truncated = ((last_flags & TRUNCATED) != 0) | (stored_term & ~last_hit)
+        word = torch.where(last_hit, TERMINATED, 0) | torch.where(truncated, TRUNCATED, 0)
+        out_rows[:, flags_col] = torch.where(flag, word.to(torch.int32), out_rows[:, flags_col])
+        out_discount.copy_(torch.where(flag, torch.where(last_hit, 0.0, power), out_discount))
+        if n > 1:  # the return may stop sooner than the stored one: its next row moves
+            out_next.copy_(torch.where(flag[:, None], rows[base + torch.remainder(pos + m, t)], out_next))
+    # the goal of the transition: of its observation and of the next one
+    lo, hi = desired_offset, desired_offset + goal.shape[1]
+    for out in (out_rows, out_next):
+        view = out.view(torch.uint8)[:, lo:hi]
+        view.copy_(torch.where(flag[:, None], goal, view))

@@ -7,6 +7,10 @@ takes some twenty operations (``episode_index_add``, in every ``add``) and over 
   lanes touch only their own stream's slots and records, so nothing races.
 * ``_her_pick``: one lane per draw: the start's episode bounds, ``tl.randint4x`` (bit for bit
   :func:`gper.ops.philox.randint4x`), the goal row and whether the draw is relabelled.
+* ``_her_finish``: one lane per draw: the new goal's return, flags, discount and next row, and
+  the goal written into both rows (whole words: a goal field that shares a word with another is
+  left to the torch reference). Compiled without floating-point contraction, so the return rounds
+  as the reference's does.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from gper._triton import tl, triton
-from gper.ops.her_reference import EPISODE, FINAL, FUTURE, her_words  # noqa: F401 (her_words: the reference's)
+from gper.ops import her_reference
 
 _BLOCK = 256
 
@@ -126,4 +130,150 @@ def her_pick(
         threshold,
         STRATEGY=strategy,
         BLOCK=_BLOCK,
+    )
+
+
+@triton.jit
+def _her_finish(
+    rows,
+    idx,
+    flag,
+    goal,
+    reward,
+    hit,
+    gamma,
+    out_rows,
+    out_next,
+    out_discount,
+    B,
+    T,
+    W: tl.constexpr,
+    WP: tl.constexpr,
+    N: tl.constexpr,
+    RC: tl.constexpr,
+    FC: tl.constexpr,
+    GD: tl.constexpr,
+    GW: tl.constexpr,
+    GWP: tl.constexpr,
+    HAS_HIT: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = s < B
+    rel = m & (tl.load(flag + s, mask=m, other=0) != 0)
+    i = tl.load(idx + s, mask=m, other=0)
+    pos = i % T
+    base = i - pos
+    g = tl.load(gamma)
+    g = tl.where(g != g, 1.0, tl.minimum(tl.maximum(g, 0.0), 1.0))
+    ret = tl.load(reward + s * N, mask=m, other=0.0)
+    power = tl.zeros([BLOCK], tl.float32) + g
+    last_f = tl.load(rows + i * W + FC, mask=m, other=0)
+    ended = (last_f & 0x101) != 0  # TERMINATED | TRUNCATED
+    if HAS_HIT:
+        last_h = tl.load(hit + s * N, mask=m, other=0) != 0
+        ended = ended | last_h
+    alive = ~ended
+    steps = tl.full([BLOCK], 1, tl.int64)
+    for j in tl.static_range(1, N):
+        r = tl.load(reward + s * N + j, mask=m, other=0.0)
+        ret = tl.where(alive, ret + power * r, ret)  # compiled without contraction: the reference's rounding
+        power = tl.where(alive, power * g, power)
+        f = tl.load(rows + (base + (pos + j) % T) * W + FC, mask=m, other=0)
+        last_f = tl.where(alive, f, last_f)
+        ended = (f & 0x101) != 0
+        if HAS_HIT:
+            h = tl.load(hit + s * N + j, mask=m, other=0) != 0
+            last_h = tl.where(alive, h, last_h)
+            ended = ended | h
+        steps += alive.to(tl.int64)
+        alive = alive & ~ended
+    tl.store(out_rows + s * W + RC, ret.to(tl.int32, bitcast=True), mask=rel)
+    gc = tl.arange(0, GWP)
+    gm = rel[:, None] & (gc < GW)[None, :]
+    new = tl.load(goal + s[:, None] * GW + gc[None, :], mask=gm, other=0)
+    tl.store(out_rows + s[:, None] * W + GD + gc[None, :], new, mask=gm)
+    if HAS_HIT:
+        # the new goal decides termination; a stored end it does not confirm is a truncation
+        truncated = ((last_f & 0x100) != 0) | (((last_f & 0x1) != 0) & ~last_h)
+        word = tl.where(last_h, 0x1, 0) | tl.where(truncated, 0x100, 0)
+        tl.store(out_rows + s * W + FC, word.to(tl.int32), mask=rel)
+        tl.store(out_discount + s, tl.where(last_h, 0.0, power), mask=rel)
+    if HAS_HIT and N > 1:
+        # the next row moves to the one the return stopped at, with the new goal in it (one store
+        # per word: a lane's two stores to one address could land in either order)
+        cols = tl.arange(0, WP)
+        cm = rel[:, None] & (cols < W)[None, :]
+        src = base + (pos + steps) % T
+        row = tl.load(rows + src[:, None] * W + cols[None, :], mask=cm, other=0)
+        in_goal = (cols >= GD) & (cols < GD + GW)
+        gm2 = cm & in_goal[None, :]
+        word2 = tl.load(goal + s[:, None] * GW + (cols - GD)[None, :], mask=gm2, other=0)
+        tl.store(out_next + s[:, None] * W + cols[None, :], tl.where(in_goal[None, :], word2, row), mask=cm)
+    else:
+        tl.store(out_next + s[:, None] * W + GD + gc[None, :], new, mask=gm)
+
+
+def her_finish(
+    *,
+    rows: torch.Tensor,
+    idx: torch.Tensor,
+    flag: torch.Tensor,
+    goal: torch.Tensor,
+    reward: torch.Tensor,
+    hit: torch.Tensor | None,
+    gamma: torch.Tensor,
+    rows_per_env: int,
+    reward_col: int,
+    flags_col: int,
+    desired_offset: int,
+    out_rows: torch.Tensor,
+    out_next: torch.Tensor,
+    out_discount: torch.Tensor,
+) -> None:
+    b, n = reward.shape
+    nbytes = goal.shape[1]
+    if desired_offset % 4 or nbytes % 4:  # a goal that shares a word with another field: bytes, in torch
+        her_reference.her_finish(
+            rows=rows,
+            idx=idx,
+            flag=flag,
+            goal=goal,
+            reward=reward,
+            hit=hit,
+            gamma=gamma,
+            rows_per_env=rows_per_env,
+            reward_col=reward_col,
+            flags_col=flags_col,
+            desired_offset=desired_offset,
+            out_rows=out_rows,
+            out_next=out_next,
+            out_discount=out_discount,
+        )
+        return
+    w = rows.shape[1]
+    _her_finish[(triton.cdiv(b, _BLOCK),)](
+        rows,
+        idx,
+        flag.view(torch.uint8),
+        goal.contiguous().view(torch.int32),
+        reward,
+        hit.view(torch.uint8) if hit is not None else reward,
+        gamma,
+        out_rows,
+        out_next,
+        out_discount,
+        b,
+        rows_per_env,
+        W=w,
+        WP=triton.next_power_of_2(w),
+        N=n,
+        RC=reward_col,
+        FC=flags_col,
+        GD=desired_offset // 4,
+        GW=nbytes // 4,
+        GWP=triton.next_power_of_2(nbytes // 4),
+        HAS_HIT=hit is not None,
+        BLOCK=_BLOCK,
+        enable_fp_fusion=False,
     )

@@ -24,7 +24,6 @@ from __future__ import annotations
 import torch
 
 from gper.ops import reference
-from gper.ops.her_reference import episode_index_add, her_pick  # noqa: F401 (hindsight relabelling's, the contract's)
 from gper.ops.layout import TreeLayout
 from gper.ops.state import S_MAXP
 

@@ -15,7 +15,6 @@
   torch reference's does (bit-identical returns).
 
 Sequences have no kernel of their own: :func:`gather_sequences` is the torch reference's.
-Hindsight relabelling's index kernels are :mod:`gper.ops.her_triton`'s.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ from __future__ import annotations
 import torch
 
 from gper._triton import tl, triton
-from gper.ops.her_triton import episode_index_add, her_pick  # noqa: F401 (hindsight relabelling's, the contract's)
 from gper.ops.layout import TreeLayout
 from gper.ops.state import rng_blocks
 from gper.ops.trajectory_reference import gather_sequences, rep_count  # noqa: F401 (gather_sequences: the contract's)

@@ -23,7 +23,6 @@ from types import ModuleType
 import torch
 
 from gper.ops.her_reference import STRATEGY
-from gper.ops.trajectory_reference import TERMINATED, TRUNCATED
 from gper.replay.checks import check_unit
 from gper.replay.episodes import EpisodeIndex
 from gper.replay.storage import Field
@@ -128,21 +127,6 @@ class HindsightRelabeling:
             raise ValueError(f"her: info_keys {unknown} are not fields of a step; it has {[*spec, *STEP_FLAG_KEYS]}")
 
 
-def _gather(words: torch.Tensor, slots: torch.Tensor, f: Field) -> torch.Tensor:
-    """Field ``f`` of the rows at ``slots`` [N] of ``words`` [S, W] int32: ``[N, *f.shape]`` (only
-    the words that hold it are read)."""
-    lo, hi = f.offset // 4, -(-(f.offset + f.nbytes) // 4)
-    cols = torch.arange(lo, hi, device=words.device, dtype=torch.int64)
-    got = words.view(-1)[slots[:, None] * words.shape[1] + cols[None, :]]
-    skip = f.offset - 4 * lo
-    raw = got.view(torch.uint8)[:, skip : skip + f.nbytes].contiguous()
-    return raw.view(f.dtype).reshape(slots.shape[0], *f.shape)
-
-
-def _where_rows(mask: torch.Tensor, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
-    return torch.where(mask.view(-1, *([1] * (old.dim() - 1))), new, old)
-
-
 class Relabeler:
     """A buffer's hindsight relabelling: its settings, its episode index and its random counter.
 
@@ -151,7 +135,7 @@ class Relabeler:
         layout: the buffer's rows.
         num_envs, rows_per_env: the buffer's streams.
         device: where the index and the counter live.
-        kernels: the buffer's trajectory kernels (``episode_index_add``, ``her_pick``).
+        kernels: the back end's relabelling kernels (:func:`gper.ops.her_module`).
     """
 
     def __init__(
@@ -171,8 +155,13 @@ class Relabeler:
         # a draw is relabelled when a uniform 32-bit word is below this: probability threshold / 2^32
         self.threshold = round(her.relabel_ratio * 2**32)
         by_name = {f.name: f for f in layout.row.fields} | {f.name: f for f in layout.visible.fields}
-        self._goal = by_name[her.achieved_goal]
+        self._goal, self._desired = by_name[her.achieved_goal], by_name[her.desired_goal]
         self._info = {k: by_name[k] for k in her.info_keys}
+        # the words of each field a sample gathers (only those are read)
+        self._cols = {
+            f.name: torch.arange(f.offset // 4, -(-(f.offset + f.nbytes) // 4), device=device, dtype=torch.int64)
+            for f in (self._goal, *self._info.values())
+        }
 
     @staticmethod
     def estimate_bytes(num_envs: int, rows_per_env: int) -> int:
@@ -197,6 +186,15 @@ class Relabeler:
         self.index.after_add(self.kernels, before, streams)
 
     # ---------------------------------------------------------------- sample
+
+    def _gather(self, words: torch.Tensor, slots: torch.Tensor, f: Field) -> torch.Tensor:
+        """Field ``f`` of the rows at ``slots`` [N] of ``words`` [S, W] int32: ``[N, *f.shape]``."""
+        got = words.view(-1)[slots[:, None] * words.shape[1] + self._cols[f.name][None, :]]
+        raw = got.view(torch.uint8)
+        skip = f.offset % 4
+        if skip or f.nbytes % 4:  # a field that shares its first or last word with another
+            raw = raw[:, skip : skip + f.nbytes].contiguous()
+        return raw.view(f.dtype).reshape(slots.shape[0], *f.shape)
 
     def _call(self, fn: GoalFn, what: str, ag: torch.Tensor, goal: torch.Tensor, info: dict) -> torch.Tensor:
         out = fn(ag, goal, info)
@@ -232,7 +230,7 @@ class Relabeler:
         if her.strategy == "none":
             flag.zero_()
             return
-        b, device = idx.numel(), idx.device
+        b = idx.numel()
         goal_slot = torch.empty_like(idx)
         self.kernels.her_pick(
             idx=idx,
@@ -247,60 +245,40 @@ class Relabeler:
             out_goal=goal_slot,
             out_flag=flag,
         )
-        relabel = flag
-        goal = _gather(rows, goal_slot, self._goal)
         pos = torch.remainder(idx, t)
         base = idx - pos
-
+        goal = self._gather(rows, goal_slot, self._goal)
         # the m steps' rewards for the new goal: step k + i reads the achieved goal of row k + i + 1
-        if n_step == 1:  # the kernel gathered both rows: read them there (copies: the functions get their own)
-            at = torch.arange(b, device=device, dtype=torch.int64)[:, None]
-            step_src, step_at, next_src, next_at = parts["rows"], at, parts["next_rows"], at
+        if n_step == 1:  # the sample gathered both rows: copies of their fields (the functions get their own)
+            ag = layout.row.view(parts["next_rows"], her.achieved_goal).clone()
+            info = {k: layout.visible.view(parts["rows"], k).clone() for k in self._info}
+            goals = goal.clone()
         else:
-            off = torch.arange(n_step, device=device, dtype=torch.int64)
-            step_src, step_at = rows, base[:, None] + torch.remainder(pos[:, None] + off[None, :], t)  # [B, n]
-            next_src, next_at = rows, base[:, None] + torch.remainder(pos[:, None] + off[None, :] + 1, t)
-        ag = _gather(next_src, next_at.reshape(-1), self._goal)
-        gshape = goal.shape[1:]
-        goals = goal.clone() if n_step == 1 else goal[:, None].expand(b, n_step, *gshape).reshape(b * n_step, *gshape)
-        info = {k: _gather(step_src, step_at.reshape(-1), f) for k, f in self._info.items()}
-        r = self._call(her.reward_fn, "reward_fn", ag, goals, info).to(torch.float32).view(b, n_step)
+            off = torch.arange(n_step, device=idx.device, dtype=torch.int64)
+            steps = base[:, None] + torch.remainder(pos[:, None] + off[None, :], t)  # [B, n] slots
+            after = base[:, None] + torch.remainder(pos[:, None] + off[None, :] + 1, t)
+            ag = self._gather(rows, after.view(-1), self._goal)
+            info = {k: self._gather(rows, steps.view(-1), f) for k, f in self._info.items()}
+            gshape = goal.shape[1:]
+            goals = goal[:, None].expand(b, n_step, *gshape).reshape(b * n_step, *gshape)
+        reward = self._call(her.reward_fn, "reward_fn", ag, goals, info).to(torch.float32).reshape(b, n_step)
+        hit = None
         if her.terminated_fn is not None:
-            hit = self._call(her.terminated_fn, "terminated_fn", ag, goals, info).to(torch.bool).view(b, n_step)
-        else:
-            hit = torch.zeros(b, n_step, dtype=torch.bool, device=device)
-        flags = step_src.view(-1)[step_at * step_src.shape[1] + layout.flags_col]  # [B, n] the stored flags
-        ended = (flags & (TERMINATED | TRUNCATED)) != 0
-        # as complete_transitions sums them: r_0, then + g^i r_i in float32, g^i by repeated products
-        g = torch.where(torch.isnan(gamma), 1.0, gamma.clamp(0.0, 1.0)).float()
-        ret, power = r[:, 0].clone(), g.expand(b).clone()
-        last_flags, last_hit = flags[:, 0], hit[:, 0]
-        alive = ~(ended[:, 0] | hit[:, 0])
-        m = torch.ones_like(idx)
-        for i in range(1, n_step):
-            ret = torch.where(alive, ret + power * r[:, i], ret)
-            power = torch.where(alive, power * g, power)
-            last_flags = torch.where(alive, flags[:, i], last_flags)
-            last_hit = torch.where(alive, hit[:, i], last_hit)
-            m = m + alive.long()
-            alive = alive & ~(ended[:, i] | hit[:, i])
-
-        start, nxt = parts["rows"], parts["next_rows"]
-        rc = layout.reward_col
-        start[:, rc] = torch.where(relabel, ret.view(torch.int32), start[:, rc])
-        if her.terminated_fn is not None:
-            # the new goal decides termination; a stored end it does not confirm is a truncation
-            stored_term = (last_flags & TERMINATED) != 0
-            truncated = ((last_flags & TRUNCATED) != 0) | (stored_term & ~last_hit)
-            word = torch.where(last_hit, TERMINATED, 0) | torch.where(truncated, TRUNCATED, 0)
-            fc = layout.flags_col
-            start[:, fc] = torch.where(relabel, word.to(torch.int32), start[:, fc])
-            disc = parts["discount"]
-            disc.copy_(torch.where(relabel, torch.where(last_hit, 0.0, power), disc))
-            if n_step > 1:  # the return may stop sooner than the stored one: its next row moves
-                moved = rows[base + torch.remainder(pos + m, t)]
-                nxt.copy_(_where_rows(relabel, moved, nxt))
-        for out in (start, nxt):  # the goal of the transition: of its observation and of the next
-            view = layout.row.view(out, her.desired_goal)
-            view.copy_(_where_rows(relabel, goal, view))
+            hit = self._call(her.terminated_fn, "terminated_fn", ag, goals, info).to(torch.bool).reshape(b, n_step)
+        self.kernels.her_finish(
+            rows=rows,
+            idx=idx,
+            flag=flag,
+            goal=goal.view(b, -1).view(torch.uint8),
+            reward=reward.contiguous(),
+            hit=None if hit is None else hit.contiguous(),
+            gamma=gamma,
+            rows_per_env=t,
+            reward_col=layout.reward_col,
+            flags_col=layout.flags_col,
+            desired_offset=self._desired.offset,
+            out_rows=parts["rows"],
+            out_next=parts["next_rows"],
+            out_discount=parts["discount"],
+        )
         self.counter.add_(b)  # last: a function that raises leaves the counter as it was

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from gper._device import canonical_device, on_own_device
-from gper.ops import trajectory_module
+from gper.ops import her_module, trajectory_module
 from gper.ops.layout import DEFAULT_ARITY
 from gper.ops.state import C_SIZE, MODE_PROPORTIONAL, MODE_UNIFORM
 from gper.ops.trajectory_reference import AUTORESET, N_TCOUNTERS, T_DISCONTINUITIES, T_STEPS
@@ -178,7 +178,7 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
         self._plan = self._packer.word_plan() if self.backend == "triton" else None
         her = self._her
         self._relabeler = (
-            None if her is None else Relabeler(her, self.layout, e, self.rows_per_env, device, self._kernels)
+            None if her is None else Relabeler(her, self.layout, e, self.rows_per_env, device, her_module(self.backend))
         )
 
     @property
