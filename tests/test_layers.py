@@ -143,6 +143,10 @@ def test_every_capture_in_the_package_goes_through_the_gc_safe_one():
         ("gper.envs.cartpole", "gper.training.timing", False),
         ("gper.dqn.loop", "gper.training.phases", True),
         ("gper.dqn.loop", "gper.bench", False),
+        # hindsight relabelling is the replay layer's: the kernels' Philox below it, no environment
+        ("gper.replay.her", "gper.ops.philox", True),
+        ("gper.replay.episodes", "gper.replay.trajectory", True),
+        ("gper.replay.her", "gper.envs", False),
     ],
 )
 def test_the_rule_itself(module, target, ok):

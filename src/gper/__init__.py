@@ -10,10 +10,23 @@ torch.Size([4, 4])
 import importlib
 from types import ModuleType
 
-from gper.replay import GperWarning, PrioritizedReplayBuffer, SampledBatch, TrajectoryReplayBuffer
+from gper.replay import (
+    GperWarning,
+    HindsightRelabeling,
+    PrioritizedReplayBuffer,
+    SampledBatch,
+    TrajectoryReplayBuffer,
+)
 
 __version__ = "0.1.0"
-__all__ = ["GperWarning", "PrioritizedReplayBuffer", "SampledBatch", "TrajectoryReplayBuffer", "__version__"]
+__all__ = [
+    "GperWarning",
+    "HindsightRelabeling",
+    "PrioritizedReplayBuffer",
+    "SampledBatch",
+    "TrajectoryReplayBuffer",
+    "__version__",
+]
 
 #: subpackages reachable as attributes after ``import gper`` (``gper.dqn.train(...)``), imported on
 #: first use: ``import gper`` stays the replay buffer alone, and nothing below imports them (the

@@ -220,3 +220,18 @@ def trajectory_module(name: str) -> ModuleType:
 
         return trajectory_triton
     raise ValueError(f"backend must be one of {BACKENDS[1:]}, got {name!r}")
+
+
+def her_module(name: str) -> ModuleType:
+    """Hindsight relabelling's kernels of back end ``name`` ("triton" or "torch"): the functions of
+    :mod:`gper.ops.her_reference` (``episode_index_add``, ``her_pick``, ``her_finish``), with the
+    same signatures."""
+    if name == "torch":
+        from gper.ops import her_reference
+
+        return her_reference
+    if name == "triton":
+        from gper.ops import her_triton
+
+        return her_triton
+    raise ValueError(f"backend must be one of {BACKENDS[1:]}, got {name!r}")

@@ -9,7 +9,9 @@
   graphs (``graphs.py``);
 * :class:`TrajectoryReplayBuffer` (``trajectory.py``): env streams in time order on the same
   tree and policies, each observation stored once (rows: ``streams.py``; what it samples:
-  ``trajectory_batch.py``; its checkpoint methods and checks: ``trajectory_checkpoint.py``).
+  ``trajectory_batch.py``; its checkpoint methods and checks: ``trajectory_checkpoint.py``);
+* :class:`HindsightRelabeling` (``her.py``): goals relabelled at sample time in the trajectory
+  buffer (HER), on the episode index of ``episodes.py``.
 
 Imports only :mod:`gper.ops` (the kernels) below it; nothing here knows of environments,
 trainers or benchmarks.
@@ -18,6 +20,7 @@ trainers or benchmarks.
 from gper.replay.batch import SampledBatch
 from gper.replay.buffer import PrioritizedReplayBuffer
 from gper.replay.checks import GperWarning
+from gper.replay.her import HindsightRelabeling
 from gper.replay.sampling import SamplingPolicy
 from gper.replay.storage import RowLayout, RowStorage
 from gper.replay.trajectory import TrajectoryReplayBuffer
@@ -26,6 +29,7 @@ from gper.replay.tree import PriorityTree
 
 __all__ = [
     "GperWarning",
+    "HindsightRelabeling",
     "PrioritizedReplayBuffer",
     "PriorityTree",
     "RowLayout",

@@ -73,7 +73,8 @@ def check_state(state: object, config: dict[str, Any], tensors: Mapping[str, tor
     """
     theirs = state.get("config") if isinstance(state, Mapping) else None
     if theirs != config:
-        diff = sorted(k for k in config if not isinstance(theirs, Mapping) or theirs.get(k) != config[k])
+        keys = set(config) | (set(theirs) if isinstance(theirs, Mapping) else set())  # a setting of theirs only too
+        diff = sorted(k for k in keys if not isinstance(theirs, Mapping) or theirs.get(k) != config.get(k))
         raise ValueError(f"load_state_dict(): configuration differs in {diff}")
     check_tensors(state, tensors)
     host, seed = state.get("host"), state.get("seed")

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from gper._device import canonical_device, on_own_device
-from gper.ops import trajectory_module
+from gper.ops import her_module, trajectory_module
 from gper.ops.layout import DEFAULT_ARITY
 from gper.ops.state import C_SIZE, MODE_PROPORTIONAL, MODE_UNIFORM
 from gper.ops.trajectory_reference import AUTORESET, N_TCOUNTERS, T_DISCONTINUITIES, T_STEPS
@@ -32,6 +32,7 @@ from gper.replay.checks import (
 )
 from gper.replay.config import BufferSettings, ReplayConfig
 from gper.replay.graphs import BufferGraphs
+from gper.replay.her import HindsightRelabeling, Relabeler
 from gper.replay.sampling import BetaInput, SamplingPolicy
 from gper.replay.storage import RowStorage
 from gper.replay.streams import STEP_FLAGS, StepPacker, StreamLayout
@@ -74,6 +75,9 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
             that reset by hand); "next-step": always a reset step. Pass it when you know it: an
             environment whose first observation can equal its last (a bandit, a constant
             observation) reads as next-step under "auto" and loses the step after each end.
+        her: a :class:`~gper.HindsightRelabeling` to relabel goals when sampling (the goal fields
+            among ``obs_keys``; ``docs/trajectory.md``, *Hindsight relabelling*), or None. With it,
+            ``add`` also keeps an episode index (about 12 bytes a slot) and batches have ``relabelled``.
     """
 
     def __init__(
@@ -97,6 +101,7 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
         rank_refresh_interval: int = 100,
         arity: int = DEFAULT_ARITY,
         cuda_graphs: bool = True,
+        her: HindsightRelabeling | None = None,
     ) -> None:
         if not isinstance(backend, str):
             raise TypeError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
@@ -126,8 +131,15 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
         self._backend_request = backend
         self.num_envs, self.window, self.rows_per_env = num_envs, window, capacity // num_envs
         self.layout = StreamLayout.build(spec, obs_keys)
+        if her is not None and not isinstance(her, HindsightRelabeling):
+            raise TypeError(f"her must be a gper.HindsightRelabeling or None, got {type(her).__name__}")
+        if her is not None:
+            her.check_layout(self.layout)
+        self._her = her
         #: bytes of memory the buffer holds (an upper bound, before its CUDA graphs' outputs)
         self.nbytes_estimate = cfg.estimate_bytes(self.layout.row.row_bytes)
+        if her is not None:
+            self.nbytes_estimate += Relabeler.estimate_bytes(num_envs, self.rows_per_env)
         device = canonical_device(device)
         try:
             self._allocate(device)
@@ -142,7 +154,7 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
         self._beta = BetaInput(self.tree.beta)
         self._gamma = BetaInput(self._gamma_scalar, "gamma")
         self._graphs = BufferGraphs(cuda_graphs and self.device.type == "cuda", _SAMPLE_SLOTS)
-        self._out = TransitionSample(self.layout)
+        self._out = TransitionSample(self.layout, relabelled=her is not None)
         self._epoch = object()
 
     def _allocate(self, device: torch.device) -> None:
@@ -164,11 +176,20 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
         self._obs_mask = self.layout.obs_mask(device)
         self._packer = StepPacker(self.layout, e, device)
         self._plan = self._packer.word_plan() if self.backend == "triton" else None
+        her = self._her
+        self._relabeler = (
+            None if her is None else Relabeler(her, self.layout, e, self.rows_per_env, device, her_module(self.backend))
+        )
 
     @property
     def spec(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """The step's fields as given (``terminated`` and ``truncated`` are the buffer's own)."""
         return self.layout.spec()
+
+    @property
+    def her(self) -> HindsightRelabeling | None:
+        """The hindsight relabelling :meth:`sample` applies (fixed when the buffer is built), or None."""
+        return self._her
 
     @property
     def obs_keys(self) -> tuple[str, ...]:
@@ -232,6 +253,7 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
             direct = {"sources": tuple(self._packer.words_of(data, keys)), "plan": plan, "flags": flags}
         else:
             staged = self._packer.pack(data)
+        before = self.streams.clone() if self._relabeler is not None else None
         self._kernels.stream_add(
             tree=tree.tree,
             mintree=tree.mintree,
@@ -253,6 +275,8 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
             counters=tree.counters,
             **direct,
         )
+        if before is not None:
+            self._relabeler.after_add(before, self.streams)
 
     @property
     def _new_start_value(self) -> float | None:
@@ -288,6 +312,7 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
         n_step: int = 1,
         gamma: float | torch.Tensor | None = None,
         beta: float | torch.Tensor | None = None,
+        relabel: bool | None = None,
     ) -> TransitionBatch:
         """Draw ``batch_size`` n-step transitions with replacement, with their IS weights.
 
@@ -298,6 +323,8 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
                 it may change between CUDA-graph replays); may be None for ``n_step=1`` (then
                 ``discount`` is ``1 - terminated``).
             beta: IS exponent for this call (as the flat buffer's); default the buffer's ``beta``.
+            relabel: relabel goals (a buffer built with ``her``: the default); False draws the
+                stored goals (evaluation, debugging; ``relabelled`` is then all False).
 
         Returns:
             A :class:`TransitionBatch` (``docs/trajectory.md`` says what each field holds).
@@ -306,6 +333,11 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
         n = self._check_steps("n_step", n_step)
         if gamma is None and n > 1:
             raise ValueError(f"sample(n_step={n}) needs gamma for the n-step return")
+        if relabel is not None and not isinstance(relabel, bool):
+            raise TypeError(f"relabel must be a bool or None, got {type(relabel).__name__}")
+        if relabel and self.her is None:
+            raise ValueError("sample(relabel=True) needs a buffer built with her=gper.HindsightRelabeling(...)")
+        relabel = self.her is not None and relabel is not False
         self._check_drawable("sample()")
         graphed = self._graphs.active
         beta_t = self._beta.tensor(self._cfg.beta if beta is None else beta, graphed, checked=beta is None)
@@ -313,11 +345,11 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
         out = self._out
         try:
             if not graphed:
-                batch = out.batch(out.split(self._sample(b, n, beta_t, gamma_t)), n)
+                batch = out.batch(out.split(self._sample(b, n, beta_t, gamma_t, relabel)), n)
             else:
                 run = self._graphs.samples.run
-                body = lambda: self._sample(b, n, self.tree.beta, self._gamma_scalar)  # noqa: E731
-                parts, replayed = run(("sample", b, n), body, out.with_fields)
+                body = lambda: self._sample(b, n, self.tree.beta, self._gamma_scalar, relabel)  # noqa: E731
+                parts, replayed = run(("sample", b, n, relabel), body, out.with_fields)
                 batch = out.batch(parts, n, with_fields=True) if replayed else out.batch(out.split(parts), n)
         except torch.OutOfMemoryError as err:
             raise out_of_memory(err, self.device, f"drawing a batch of {b}") from err
@@ -328,7 +360,7 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
         self.tree.sample_into(self.rows.words, self.seed, self._kernel_mode(), beta, parts)
         self.policy.normalise(parts, self.tree, beta)
 
-    def _sample(self, b: int, n: int, beta: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
+    def _sample(self, b: int, n: int, beta: torch.Tensor, gamma: torch.Tensor, relabel: bool) -> torch.Tensor:
         flat = self._out.empty(b, self.device)
         parts = self._out.split(flat)
         tree = self.tree
@@ -355,6 +387,10 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
             out_discount=parts["discount"],
         )
         self.policy.normalise(parts, tree, beta)
+        if relabel:  # on the drawn rows, in the same graph: the goal is drawn given the transition
+            self._relabeler.relabel(parts, self.rows.words, self.streams, n, gamma, self.seed)
+        elif "relabelled" in parts:
+            parts["relabelled"].zero_()
         return flat
 
     @on_own_device
@@ -362,6 +398,9 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
         self, batch_size: int, length: int, burn_in: int = 0, beta: float | torch.Tensor | None = None
     ) -> SequenceBatch:
         """Draw ``batch_size`` sequences of ``burn_in + length`` steps, one priority per start.
+
+        Sequences keep their stored goals: a buffer built with ``her`` relabels :meth:`sample`'s
+        transitions only.
 
         Args:
             batch_size: B >= 1.
@@ -558,6 +597,7 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
             "rank_refresh_interval": cfg.rank_refresh_interval,
             "arity": cfg.arity,
             "cuda_graphs": self._graphs.enabled,
+            "her": self.her,
         }
 
     def __reduce__(self) -> tuple:

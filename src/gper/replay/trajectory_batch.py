@@ -3,7 +3,8 @@
 :class:`TransitionBatch` is a :class:`~gper.replay.batch.SampledBatch` (so ``update_priorities``
 and code written for the flat buffer's batches take it) whose fields come from two gathered rows
 per draw: the start's row and the row ``m`` steps on (whose observations are ``next_<key>``), and
-a ``discount``. :class:`SequenceBatch` holds ``[B, burn_in + length]`` steps and their ``mask``.
+a ``discount`` (and, from a buffer built with ``her``, ``relabelled``). :class:`SequenceBatch`
+holds ``[B, burn_in + length]`` steps and their ``mask``.
 All of a transition batch's outputs are views of one flat int32 tensor (:class:`TransitionSample`),
 so the buffer's captured sample slots can tell when a batch is still in use.
 """
@@ -22,13 +23,15 @@ class TransitionBatch(SampledBatch):
     """Transitions drawn by ``TrajectoryReplayBuffer.sample``. Index it by name: the spec's fields
     of each start row (``reward`` holds the n-step return), ``next_<key>`` for each observation
     key, ``terminated``, ``truncated`` (bool) and ``discount`` (float32 ``gamma ** m``, 0 where
-    the episode terminated within the m steps).
+    the episode terminated within the m steps); from a buffer built with ``her``, also
+    ``relabelled`` (bool: the draw's goal was relabelled, ``docs/trajectory.md``).
 
     Attributes:
         indices, weights, generations, source: as :class:`~gper.replay.batch.SampledBatch`.
         rows: [B, W] int32 start rows (reward and flags already those of the n-step transition).
         next_rows: [B, W] int32 the rows m steps on.
         discount: [B] float32.
+        relabelled: [B] bool, or None from a buffer without ``her``.
         n_step: the ``n_step`` it was drawn with.
     """
 
@@ -45,9 +48,13 @@ class TransitionBatch(SampledBatch):
         self._stream = layout
         self.next_rows = parts["next_rows"]
         self.discount = parts["discount"]
+        self.relabelled = parts.get("relabelled")
         self.n_step = n_step
         self._names = (
-            tuple(f.name for f in layout.visible.fields) + tuple(next_name(k) for k in layout.obs_keys) + ("discount",)
+            tuple(f.name for f in layout.visible.fields)
+            + tuple(next_name(k) for k in layout.obs_keys)
+            + ("discount",)
+            + (("relabelled",) if self.relabelled is not None else ())
         )
 
     def __getitem__(self, name: str) -> torch.Tensor:
@@ -56,6 +63,8 @@ class TransitionBatch(SampledBatch):
             return view
         if name == "discount":
             return self.discount
+        if name == "relabelled" and self.relabelled is not None:
+            return self.relabelled
         key = next((k for k in self._stream.obs_keys if next_name(k) == name), None)
         if key is not None:
             view = self._fields[name] = self._stream.row.view(self.next_rows, key)
@@ -68,26 +77,32 @@ class TransitionBatch(SampledBatch):
 
 class TransitionSample:
     """Where one ``sample`` call's outputs sit in a single flat int32 tensor of ``B * (2W + 5)``
-    words: start rows [B, W], next rows [B, W], indices [B] int64, generations, weights, discount."""
+    words: start rows [B, W], next rows [B, W], indices [B] int64, generations, weights, discount;
+    with ``relabelled``, one more word a draw, whose first B bytes are the bool flags."""
 
-    def __init__(self, layout: StreamLayout) -> None:
+    def __init__(self, layout: StreamLayout, relabelled: bool = False) -> None:
         self.layout = layout
+        self.relabelled = relabelled
+        self._per_draw = 2 * layout.words + 5 + relabelled
 
     def empty(self, b: int, device: torch.device) -> torch.Tensor:
-        return torch.empty(b * (2 * self.layout.words + 5), dtype=torch.int32, device=device)
+        return torch.empty(b * self._per_draw, dtype=torch.int32, device=device)
 
     def split(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         w = self.layout.words
-        b = flat.numel() // (2 * w + 5)
+        b = flat.numel() // self._per_draw
         at = 2 * b * w
-        return {
+        parts = {
             "rows": flat[: b * w].view(b, w),
             "next_rows": flat[b * w : at].view(b, w),
             "indices": flat[at : at + 2 * b].view(torch.int64),
             "generations": flat[at + 2 * b : at + 3 * b],
             "weights": flat[at + 3 * b : at + 4 * b].view(torch.float32),
-            "discount": flat[at + 4 * b :].view(torch.float32),
+            "discount": flat[at + 4 * b : at + 5 * b].view(torch.float32),
         }
+        if self.relabelled:
+            parts["relabelled"] = flat[at + 5 * b :].view(torch.uint8)[:b].view(torch.bool)
+        return parts
 
     def with_fields(self, flat: torch.Tensor) -> dict:
         """:meth:`split` plus the prebuilt field views under ``("field", name)`` (for a sample slot)."""

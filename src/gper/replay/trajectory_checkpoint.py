@@ -62,10 +62,12 @@ def check_trajectory_contents(
     rows_per_env: int,
     window: int,
     device: torch.device,
+    more: Mapping[str, torch.Tensor] | None = None,
 ) -> tuple[int, int]:
     """Check a trajectory buffer's ``state`` (its rows' flags words ``flags`` [capacity] int32)
     whole, in one host sync; return (the dropped update entries it counts, the steps it added:
-    the device's count, which adds replayed from a caller's graph count in too).
+    the device's count, which adds replayed from a caller's graph count in too). ``more``: further
+    named failed-checks (0-d bool) to read in the same sync (the episode index's).
 
     Raises:
         ValueError: naming every check that failed.
@@ -86,6 +88,7 @@ def check_trajectory_contents(
         (count < steps) | (count > 2 * steps)
     ).any()
     extra["the host counts more steps than the device"] = steps < host_steps
+    extra |= dict(more or {})
     carries = expected_drawable(flags=flags, streams=streams.clamp(min=0), rows_per_env=rows_per_env, window=window)
     written = written_slots(streams, rows_per_env)
     _, invalid = check_contents(state, layout, host_size, device, carries=carries, written=written, extra=extra)
@@ -97,21 +100,30 @@ class TrajectoryCheckpoint:
     stream state and counts; the buffer defines ``_init_args`` and the rest)."""
 
     def _tensors(self) -> dict[str, torch.Tensor]:
+        her = self._relabeler.state_dict() if self._relabeler is not None else {}
         return (
             {"rows": self.rows.rows}
             | self.tree.state_dict()
             | self.policy.state_dict()
             | {"streams": self.streams, "pending": self.pending, "tcounters": self.tcounters}
+            | her
         )
 
     def _config(self) -> dict[str, Any]:
-        return self._cfg.checkpoint(self.layout.row) | {
-            "num_envs": self.num_envs,
-            "window": self.window,
-            "obs_keys": list(self.obs_keys),
-            "autoreset": self.autoreset,
-            "kind": "trajectory",
-        }
+        # a buffer with hindsight relabelling holds its episode index too (strategy, ratio and the
+        # reward are how it samples, not what it holds: a state moves between them)
+        her = {"her": True} if self._relabeler is not None else {}
+        return (
+            self._cfg.checkpoint(self.layout.row)
+            | {
+                "num_envs": self.num_envs,
+                "window": self.window,
+                "obs_keys": list(self.obs_keys),
+                "autoreset": self.autoreset,
+                "kind": "trajectory",
+            }
+            | her
+        )
 
     def _host_counts(self) -> dict[str, int]:
         return {"size": self._size, "updates_since_refresh": self.policy.updates_since_refresh, "steps": self._steps}
@@ -202,8 +214,12 @@ class TrajectoryCheckpoint:
             raise ValueError(f"load_state_dict(): host['steps'] must be an int >= 0, got {steps!r}")
         if flags is None:
             raise ValueError("load_state_dict(): 'rows' missing or of the wrong shape/dtype")
+        more = None
+        if self._relabeler is not None:
+            streams = state["streams"].detach().to(self.device)
+            more = self._relabeler.checks(state, flags.to(self.device), streams)
         invalid, steps = check_trajectory_contents(
-            state, flags, self.tree.layout, host["size"], steps, self.rows_per_env, self.window, self.device
+            state, flags, self.tree.layout, host["size"], steps, self.rows_per_env, self.window, self.device, more
         )
         with torch.no_grad():
             copy_rows(self.rows.rows)
@@ -211,6 +227,8 @@ class TrajectoryCheckpoint:
             self.policy.load_state_dict(state)
             for name in ("streams", "pending", "tcounters"):
                 getattr(self, name).copy_(state[name])
+            if self._relabeler is not None:
+                self._relabeler.load_state_dict(state)
         self._seed = seed
         self._graphs.clear()
         self._steps, self._size = steps, int(host["size"])  # the device's step count
