@@ -211,7 +211,9 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
         return (
             f"TrajectoryReplayBuffer(capacity={self.capacity}, num_envs={self.num_envs}, window={self.window}, "
             f"steps={self._steps}, sampling={self.sampling!r}, device={str(self.device)!r}, "
-            f"backend={self.backend!r}, fields={list(self.spec)})"
+            f"backend={self.backend!r}, fields={list(self.spec)}"
+            + (f", her={self._her.strategy!r}" if self._her is not None else "")
+            + ")"
         )
 
     # ---------------------------------------------------------------- add
