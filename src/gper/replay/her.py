@@ -64,6 +64,9 @@ class HindsightRelabeling:
             to keep the stored flags. Given, a relabelled return stops at the first step that
             reaches the new goal (terminated there: discount 0), and a stored end that it does not
             confirm reads as a truncation (the return still stops there; it bootstraps).
+
+    A buffer pickles with its settings: give it module-level functions (not lambdas) to pickle it;
+    ``copy.deepcopy`` takes either.
     """
 
     reward_fn: GoalFn

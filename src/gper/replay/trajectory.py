@@ -330,6 +330,10 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
 
         Returns:
             A :class:`TransitionBatch` (``docs/trajectory.md`` says what each field holds).
+
+        Raises:
+            ValueError: bad arguments, or (relabelling) a ``reward_fn`` / ``terminated_fn`` that does
+                not return one value per step.
         """
         b = check_batch_size(batch_size)
         n = self._check_steps("n_step", n_step)
