@@ -285,6 +285,21 @@ def test_a_corrupt_index_is_refused_and_the_buffer_is_unchanged(what, match):
     assert_unchanged(other, before)
 
 
+@pytest.mark.parametrize(
+    "streams",
+    [{}, {"lengths": (1, 1), "p_zero_step": 0.0}, {"lengths": (1, 1), "p_zero_step": 1.0, "styles": ("next",)}],
+    ids=["mixed", "densest", "zero-step ends"],
+)
+def test_every_state_add_builds_passes_the_restore_checks(streams):
+    """No false alarms: the index after every add (wrapped rings, episodes longer than a ring, end
+    rows that end no step) is what the checks accept."""
+    rb, other = build(her()), build(her())
+    gen = GoalStreams(E, seed=4, long_length=3 * T, **streams)
+    for _ in range(4 * T):
+        rb.add(to_torch(gen.step()))
+        other.load_state_dict(snapshot(rb))
+
+
 def test_states_with_and_without_an_index_do_not_mix():
     rb, plain = build(her()), build()
     feed([rb, plain], W + 2)

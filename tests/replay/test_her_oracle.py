@@ -12,18 +12,27 @@ import numpy as np
 import pytest
 
 import gper
+from helpers import TRITON_ON_CPU
 from her_oracle import OBS_KEYS, SPEC, GoalStreams, HerOracle, reward_fn, same_bits, terminated_fn
 from trajectory_helpers import assert_field, to_torch
 
 E, T, W = 3, 20, 4
 
 
-def make(strategy: str, ratio: float = 0.8, tf=None, goal_values: int | None = None, seed: int = 5, **streams):
+def make(
+    strategy: str,
+    ratio: float = 0.8,
+    tf=None,
+    goal_values: int | None = None,
+    seed: int = 5,
+    backend: str = "torch",
+    **streams,
+):
     her = gper.HindsightRelabeling(
         reward_fn, strategy=strategy, relabel_ratio=ratio, info_keys=("action",), terminated_fn=tf
     )
     rb = gper.TrajectoryReplayBuffer(
-        E * T, E, SPEC, window=W, obs_keys=OBS_KEYS, device="cpu", backend="torch", seed=seed, her=her
+        E * T, E, SPEC, window=W, obs_keys=OBS_KEYS, device="cpu", backend=backend, seed=seed, her=her
     )
     gen = GoalStreams(E, seed=seed, goal_values=goal_values, long_length=3 * T, **streams)
     return rb, gen, HerOracle(E, T, W)
@@ -74,6 +83,16 @@ def test_every_draw_matches_the_oracle(strategy, n, terminal):
     assert 0 < relabelled < draws
     # the streams held what the index must get right: end rows that end no step, wrapped episodes
     assert orc.zero_step_end_rows() > 0
+
+
+@pytest.mark.skipif(not TRITON_ON_CPU, reason="needs triton and TRITON_INTERPRET=1")
+def test_the_triton_back_end_matches_the_oracle_under_the_interpreter():
+    rb, gen, orc = make("future", tf=terminated_fn, goal_values=5, backend="triton")
+    for step in range(40):
+        add(rb, gen, orc)
+        if step > W and step % 6 == 0:
+            check_batch(rb.sample(64, n_step=3, gamma=0.9), orc, "future", 3, 0.9, terminated_fn)
+            check_batch(rb.sample(64, n_step=1), orc, "future", 1, 1.0, terminated_fn)
 
 
 def test_relabel_false_and_ratio_zero_keep_the_stored_goals():

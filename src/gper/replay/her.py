@@ -64,6 +64,9 @@ class HindsightRelabeling:
             to keep the stored flags. Given, a relabelled return stops at the first step that
             reaches the new goal (terminated there: discount 0), and a stored end that it does not
             confirm reads as a truncation (the return still stops there; it bootstraps).
+
+    A buffer pickles with its settings: give it module-level functions (not lambdas) to pickle it;
+    ``copy.deepcopy`` takes either.
     """
 
     reward_fn: GoalFn
@@ -254,11 +257,14 @@ class Relabeler:
             info = {k: layout.visible.view(parts["rows"], k).clone() for k in self._info}
             goals = goal.clone()
         else:
-            off = torch.arange(n_step, device=idx.device, dtype=torch.int64)
-            steps = base[:, None] + torch.remainder(pos[:, None] + off[None, :], t)  # [B, n] slots
-            after = base[:, None] + torch.remainder(pos[:, None] + off[None, :] + 1, t)
+            ahead = pos[:, None] + torch.arange(n_step, device=idx.device, dtype=torch.int64)[None, :]
+            after = base[:, None] + torch.remainder(ahead + 1, t)  # [B, n] the next observations' slots
             ag = self._gather(rows, after.view(-1), self._goal)
-            info = {k: self._gather(rows, steps.view(-1), f) for k, f in self._info.items()}
+            if self._info:
+                steps = (base[:, None] + torch.remainder(ahead, t)).view(-1)
+                info = {k: self._gather(rows, steps, f) for k, f in self._info.items()}
+            else:
+                info = {}
             gshape = goal.shape[1:]
             goals = goal[:, None].expand(b, n_step, *gshape).reshape(b * n_step, *gshape)
         reward = self._call(her.reward_fn, "reward_fn", ag, goals, info).to(torch.float32).reshape(b, n_step)

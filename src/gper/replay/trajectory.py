@@ -211,7 +211,9 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
         return (
             f"TrajectoryReplayBuffer(capacity={self.capacity}, num_envs={self.num_envs}, window={self.window}, "
             f"steps={self._steps}, sampling={self.sampling!r}, device={str(self.device)!r}, "
-            f"backend={self.backend!r}, fields={list(self.spec)})"
+            f"backend={self.backend!r}, fields={list(self.spec)}"
+            + (f", her={self._her.strategy!r}" if self._her is not None else "")
+            + ")"
         )
 
     # ---------------------------------------------------------------- add
@@ -328,6 +330,10 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
 
         Returns:
             A :class:`TransitionBatch` (``docs/trajectory.md`` says what each field holds).
+
+        Raises:
+            ValueError: bad arguments, or (relabelling) a ``reward_fn`` / ``terminated_fn`` that does
+                not return one value per step.
         """
         b = check_batch_size(batch_size)
         n = self._check_steps("n_step", n_step)
