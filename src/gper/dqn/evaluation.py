@@ -10,6 +10,8 @@ neither the training environment nor torch's generators are touched. Training th
 the same with evaluation on or off. It runs between epochs, outside the CUDA graphs.
 
 - **cartpole**, **gym:<ID>**: the same task; ``gym:<ID>`` copies are seeded ``eval_seed + i``.
+- **bitflip:<N>** (a goal task): the same task, and ``eval/success_rate``, the fraction of episodes
+  that reached their goal (ended terminated, not truncated).
 - **market**: episodes of ``episode_len`` bars from random start bars of the *held-out* test
   series (the one the final score walks whole), with the training series' scale: the curve shows
   how the policy does on prices it never trained on. Nothing selects on it: the final score is
@@ -27,7 +29,7 @@ import numpy as np
 import torch
 
 from gper.dqn.config import Config
-from gper.envs import VecEnv
+from gper.envs import VecEnv, is_goal_env
 from gper.training.evaluation import run_episodes
 
 
@@ -57,12 +59,14 @@ class Evaluator:
 
     def run(self, policy: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, float]:
         """One evaluation: the ``eval/`` metrics (mean, std, min and max return, mean length, the
-        number of episodes and the seconds it took)."""
+        number of episodes and the seconds it took; a goal task's success rate)."""
         t0 = time.perf_counter()
-        returns, lengths = run_episodes(policy, self.env, self.seed)
+        goal = is_goal_env(self.env)
+        returns, lengths, *reached = run_episodes(policy, self.env, self.seed, with_terminated=goal)
         n = len(returns)
         mean = sum(returns) / n
-        return {
+        success = {"eval/success_rate": sum(reached[0]) / n} if goal else {}
+        return success | {
             "eval/mean_return": mean,
             "eval/std_return": math.sqrt(sum((r - mean) ** 2 for r in returns) / n),
             "eval/min_return": min(returns),

@@ -58,6 +58,12 @@ class Results:
     """the env step of that evaluation"""
     best_eval_mean_return: float | None = None
     """the best mean return of the periodic evaluations"""
+    eval_success_rate: float | None = None
+    """a goal task (bitflip:<N>): the fraction of the last evaluation's episodes that reached their goal"""
+    first_success_90_step: int | None = None
+    """a goal task: the env step of the first evaluation whose success rate reached 0.9"""
+    first_success_90_s: float | None = None
+    """a goal task: the wall seconds from the start to that evaluation's end"""
     stopped: str | None = None
     """the signal that stopped the run (SIGINT, SIGTERM) before it was done (``env_steps``: where); None
     when it ran to its end"""
@@ -91,6 +97,10 @@ class RunReport:
         self.last_eval: tuple[int, float] | None = None
         """(env step, mean return) of the last evaluation"""
         self.best_eval = -math.inf
+        self.last_success: float | None = None
+        """a goal task: the success rate of the last evaluation"""
+        self.success_90: tuple[int, float] | None = None
+        """a goal task: (env step, wall seconds) of the first evaluation at a success rate of 0.9 or more"""
 
     def start(self, t0: float, sums: torch.Tensor, train_steps: int) -> None:
         """The loop starts at ``t0`` (``time.perf_counter``) from the host copy of the device
@@ -121,7 +131,13 @@ class RunReport:
     def _record_state(self) -> dict[str, object]:
         # the run's record beyond its windows: the wall time so far (the clock goes on from it)
         # and the evaluations
-        return {"wall": time.perf_counter() - self.t0, "last_eval": self.last_eval, "best_eval": self.best_eval}
+        return {
+            "wall": time.perf_counter() - self.t0,
+            "last_eval": self.last_eval,
+            "best_eval": self.best_eval,
+            "last_success": self.last_success,
+            "success_90": self.success_90,
+        }
 
     def _load_record_state(self, state: dict[str, object]) -> None:
         # checkpoints written before these entries existed lack them: their run starts the clock afresh
@@ -129,6 +145,9 @@ class RunReport:
         last = state.get("last_eval")
         self.last_eval = None if last is None else (int(last[0]), float(last[1]))
         self.best_eval = float(state.get("best_eval", -math.inf))
+        self.last_success = state.get("last_success")
+        s90 = state.get("success_90")
+        self.success_90 = None if s90 is None else (int(s90[0]), float(s90[1]))
 
     def end_evaluation(self, env_step: int, metrics: dict[str, float], now: float) -> None:
         """Report the evaluation after the epoch that ended at ``env_step`` (its ``eval/`` metrics);
@@ -138,8 +157,15 @@ class RunReport:
         self.last_eval, self.best_eval = (env_step, mean), max(self.best_eval, mean)
         self.runlog.log(env_step, **metrics)
         self.runlog.flush()
+        success = metrics.get("eval/success_rate")
+        said = ""
+        if success is not None:
+            self.last_success = success
+            if success >= 0.9 and self.success_90 is None:
+                self.success_90 = (env_step, now - self.t0)
+            said = f"  success {success:.3f}"
         self.log(
-            f"eval {env_step:>9d}  greedy return {mean:8.2f} ± {metrics['eval/std_return']:.2f}  "
+            f"eval {env_step:>9d}  greedy return {mean:8.2f} ± {metrics['eval/std_return']:.2f}{said}  "
             f"({metrics['eval/episodes']} episodes, {metrics['eval/seconds']:.2f}s)"
         )
 
@@ -210,6 +236,9 @@ class RunReport:
             eval_mean_return=last_eval[1] if last_eval else None,
             eval_at_step=last_eval[0] if last_eval else None,
             best_eval_mean_return=self.best_eval if last_eval else None,
+            eval_success_rate=self.last_success,
+            first_success_90_step=self.success_90[0] if self.success_90 else None,
+            first_success_90_s=self.success_90[1] if self.success_90 else None,
             stopped=stopped,
         )
 

@@ -22,7 +22,8 @@ def run_episodes(
     seed: int | None,
     max_steps: int = 100_000,
     check_every: int = 32,
-) -> tuple[list[float], list[int]]:
+    with_terminated: bool = False,
+) -> tuple[list[float], list[int]] | tuple[list[float], list[int], list[bool]]:
     """Play one episode on each of ``env.num_envs`` copies with ``policy``, from ``env.reset(seed)``.
 
     Args:
@@ -33,22 +34,29 @@ def run_episodes(
         max_steps: stop after this many steps; an episode still running then counts with its
             return and length so far.
         check_every: steps between the host's checks for the end.
+        with_terminated: also return whether each episode ended terminated (a goal task: reached
+            its goal) rather than truncated or still running.
 
     Returns:
-        (returns, lengths): one float and one int per copy.
+        (returns, lengths): one float and one int per copy; with ``with_terminated``,
+        (returns, lengths, terminated) with one bool per copy.
     """
     obs = env.reset(seed=seed)
     n, device = env.num_envs, obs.device
     returns = torch.zeros(n, dtype=torch.float64, device=device)
     lengths = torch.zeros(n, dtype=torch.int64, device=device)
     running = torch.ones(n, dtype=torch.bool, device=device)
+    terminated = torch.zeros(n, dtype=torch.bool, device=device)
     with torch.no_grad():
         for t in range(1, max_steps + 1):
             step = env.step(policy(obs))
             returns += step.reward.to(torch.float64) * running
             lengths += running
+            terminated |= running & step.terminated
             running &= ~(step.terminated | step.truncated)
             obs = step.obs
             if t % check_every == 0 and not bool(running.any()):
                 break
+    if with_terminated:
+        return returns.tolist(), lengths.tolist(), terminated.tolist()
     return returns.tolist(), lengths.tolist()
