@@ -89,7 +89,9 @@ def test_the_replay_stores_the_steps_parts_and_the_learner_reads_the_drawn_goal(
     agent._upload()
     s = agent.learn_state
     assert torch.equal(s.x[:, :6], batch["obs"]) and torch.equal(s.x[:, 6:12], batch["desired_goal"])
-    assert torch.equal(s.next_x[:, :6], batch["next_obs"]) and torch.equal(s.next_x[:, 6:12], batch["next_desired_goal"])
+    assert torch.equal(s.next_x[:, :6], batch["next_obs"]) and torch.equal(
+        s.next_x[:, 6:12], batch["next_desired_goal"]
+    )
     assert batch["relabelled"].all()  # ratio 1: every draw relabelled
     # the reward the learner sees is bitflip's for the drawn goal and the next state
     assert torch.equal(batch["reward"], env.compute_reward(batch["next_achieved_goal"], batch["desired_goal"]))

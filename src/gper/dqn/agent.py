@@ -44,8 +44,8 @@ from gper.dqn.batch_source import Batch, BatchSource
 from gper.dqn.config import Config
 from gper.dqn.fused_adam import adam_state, adam_step
 from gper.dqn.fused_loss import td_loss
-from gper.dqn.network import QNetwork, padded_width
-from gper.envs import Step, VecEnv
+from gper.dqn.network import GOAL_OBS_KEYS, QNetwork, padded_width
+from gper.envs import Step, VecEnv, is_goal_env
 from gper.training.episodes import EpisodeTracker
 from gper.training.phases import PhasedStep
 
@@ -142,6 +142,9 @@ class Agent:
     ) -> None:
         self.trajectory = isinstance(rb, gper.TrajectoryReplayBuffer)
         _check_replay(cfg, env, rb, self.trajectory)
+        # a goal task's steps go to the replay as observation, achieved and desired goal (the
+        # fields hindsight relabelling reads and rewrites); the network reads the observation as is
+        self.goal_env = env if self.trajectory and is_goal_env(env) else None
         self.cfg, self.env, self.rb = cfg, env, rb
         device = self.device = env.device
         cuda = device.type == "cuda"
@@ -227,6 +230,8 @@ class Agent:
             # one step of every stream: the buffer reads episode ends and reset steps from the flags
             # and from whether obs continues the stream's last next_obs, on the device
             step_fields = {"obs": self.obs, "action": action, "reward": step.reward, "next_obs": self.next_obs}
+            if self.goal_env is not None:
+                step_fields = self._goal_fields(step_fields)
             self.rb.add(step_fields | {"terminated": step.terminated, "truncated": step.truncated})
         else:
             # only termination stops bootstrapping: a truncated step's next_obs is the final observation
@@ -236,6 +241,21 @@ class Agent:
         self.counters[0] += n
         self.episodes.record(step.reward.to(torch.float64), step.terminated | step.truncated, self.counters[0])
         self.obs[:, :d] = step.obs
+
+    def _goal_fields(self, step_fields: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A goal task's step for the replay: each observation as (observation, achieved goal, desired goal)."""
+        env, d = self.goal_env, self.env.obs_dim
+        out = {"action": step_fields["action"], "reward": step_fields["reward"]}
+        for prefix, key in (("", "obs"), ("next_", "next_obs")):
+            parts = env.split_goal_obs(step_fields[key][:, :d])
+            for name, part in zip(GOAL_OBS_KEYS, parts, strict=True):
+                out[prefix + name] = part.contiguous()
+        return out
+
+    def goal_input(self, obs: torch.Tensor, desired_goal: torch.Tensor) -> torch.Tensor:
+        """A goal task's network input from a batch's observation and (relabelled) desired goal:
+        laid out as the environment's observation, padded to ``obs_width``."""
+        return self.pad(torch.cat((obs, desired_goal), dim=1))
 
     # ---- learn: the five phases of one training step, in the order they run
 
@@ -255,7 +275,11 @@ class Agent:
         # and next_obs start 16-byte aligned, so the matmuls read them in place): no kernel
         s = self.learn_state
         b = s.batch
-        s.x, s.next_x = b["obs"], b["next_obs"]
+        if self.goal_env is not None:  # the goal the batch holds: relabelled where hindsight chose one
+            s.x = self.goal_input(b["obs"], b["desired_goal"])
+            s.next_x = self.goal_input(b["next_obs"], b["next_desired_goal"])
+        else:
+            s.x, s.next_x = b["obs"], b["next_obs"]
         s.action, s.reward, s.weights = b["action"], b["reward"], b.weights
         if self.trajectory:
             s.discount = b["discount"]
@@ -446,3 +470,8 @@ def _check_replay(cfg: Config, env: VecEnv, rb: Replay, trajectory: bool) -> Non
         raise ValueError(f"the TrajectoryReplayBuffer has {rb.num_envs} streams, the environment {env.num_envs} copies")
     if rb.window < cfg.n_step:
         raise ValueError(f"the TrajectoryReplayBuffer's window {rb.window} is shorter than n_step {cfg.n_step}")
+    if is_goal_env(env) and rb.obs_keys != GOAL_OBS_KEYS:
+        raise ValueError(
+            f"{env.name} is a goal task: its TrajectoryReplayBuffer needs obs_keys {GOAL_OBS_KEYS} "
+            f"(gper.dqn.build_replay makes one), got {rb.obs_keys}"
+        )

@@ -72,7 +72,14 @@ FREE = (
 #: (the flat replay counts its cursor, the trajectory replay its steps: each records those it has)
 REPLAY_COUNTS = ("size", "cursor", "steps", "rng_offset")
 #: settings that came after checkpoints of this format were first written, with the value those ran with
-ADDED = {"n_step": 1, "replay": "flat", "gym_autoreset": "same-step"}
+ADDED = {
+    "n_step": 1,
+    "replay": "flat",
+    "gym_autoreset": "same-step",
+    "her": "none",
+    "her_ratio": 0.8,
+    "weight_norm": "global",
+}
 
 
 def fixed_settings() -> tuple[str, ...]:

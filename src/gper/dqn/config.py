@@ -20,7 +20,8 @@ class Config:
     smaller on the CPU."""
 
     env: str = "cartpole"
-    """environment: cartpole, market, or gym:<ID> (a Gymnasium id with discrete actions, stepped on the CPU)"""
+    """environment: cartpole, market, bitflip:<N> (the bit-flipping task of hindsight replay, N bits), or
+    gym:<ID> (a Gymnasium id with discrete actions, stepped on the CPU)"""
     data: str | None = None
     """market: CSV of bars (timestamp, open, high, low, close, volume); default synthetic prices"""
     seed: int = 1
@@ -57,6 +58,14 @@ class Config:
     (TrajectoryReplayBuffer: each environment's steps in time order, n-step returns, Gymnasium's
     next-step autoreset; its capacity is buffer_size rounded down to a multiple of num_envs), or
     auto: trajectory when n_step > 1 or the environment resets on the next step, else flat"""
+    her: Literal["none", "future", "final", "episode"] = "none"
+    """hindsight goal relabelling (goal environments: bitflip:<N>), at sample time on the device: a
+    goal achieved later in the same episode (future), at its end (final) or anywhere in it (episode)
+    replaces her_ratio of the drawn goals, and the reward is recomputed for it; none keeps every
+    stored goal. A goal environment always runs on the trajectory replay"""
+    her_ratio: float = 0.8
+    """the fraction of drawn transitions whose goal is relabelled (the paper's k = 4 future goals per
+    transition: 4 / (4 + 1) = 0.8)"""
     tau: float | None = None
     """target network: 1.0 copies the online network every target_every training steps; below 1,
     a soft update with this rate after every training step"""
@@ -68,6 +77,10 @@ class Config:
     """replay sampling; uniform turns prioritization off (IS weights all 1); rank re-sorts once an epoch"""
     alpha: float = 0.6
     """priority exponent"""
+    weight_norm: Literal["global", "batch"] | None = None
+    """IS weights divided by the largest weight over every stored transition (global: the least
+    likely one's, as Schaul et al.) or over the batch's draws (batch); where some priorities fall near
+    0 (a goal task's relabelled successes) global makes every other weight tiny"""
     beta: float = 0.4
     """IS-weight exponent at the start, annealed linearly to 1 at the last training step"""
     eps_start: float = 1.0
@@ -151,6 +164,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             learning_starts=5_000,
             epoch_steps=10_000,
             solve_return=475.0,
+            weight_norm="global",
         ),
         # cartpole is small: the same on the CPU, but shorter (enough there too: docs/training.md)
         "cpu": dict(total_steps=200_000),
@@ -173,6 +187,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             solve_return=None,
             bars=400_000,
             test_bars=50_000,
+            weight_norm="global",
         ),
         "cpu": dict(
             total_steps=300_000,
@@ -185,6 +200,27 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             bars=100_000,
             test_bars=20_000,
         ),
+    },
+    # the bit-flipping task: episodes of N steps, one update per collection step of 16 episodes
+    "bitflip": {
+        "cuda": dict(
+            total_steps=1_000_000,
+            num_envs=16,
+            hidden=(256,),
+            buffer_size=2**20,
+            batch_size=1024,
+            learning_rate=1e-3,
+            max_grad_norm=0.0,
+            tau=0.05,
+            target_every=1,
+            eps_end=0.2,
+            exploration_fraction=0.05,
+            learning_starts=4096,
+            epoch_steps=50_000,
+            solve_return=None,
+            weight_norm="batch",
+        ),
+        "cpu": dict(total_steps=300_000, batch_size=256),
     },
     "gym": {
         "cuda": dict(
@@ -202,6 +238,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             learning_starts=10_000,
             epoch_steps=10_000,
             solve_return=None,
+            weight_norm="global",
         ),
         "cpu": {},
     },
@@ -246,6 +283,15 @@ def as_run(cfg: Config, device: torch.device, threads: int | None) -> dict[str, 
     return settings
 
 
+#: --her's strategies (gper.HindsightRelabeling's)
+HER_STRATEGIES = ("none", "future", "final", "episode")
+
+
+def is_goal_env_name(env: str) -> bool:
+    """Whether ``env`` names a goal-conditioned environment (one that hindsight relabelling applies to)."""
+    return env_family(env) == "bitflip"
+
+
 #: the largest n_step: each n is a CUDA graph of its own, and the replay keeps n steps after a drawable one
 MAX_N_STEP = 64
 
@@ -266,7 +312,8 @@ def replay_kind(cfg: Config, autoreset: str) -> str:
         )
     if cfg.replay != "auto":
         return cfg.replay
-    return "trajectory" if cfg.n_step > 1 or autoreset == "next-step" else "flat"
+    goal = is_goal_env_name(cfg.env)  # the episode index and the goal fields live in the trajectory replay
+    return "trajectory" if cfg.n_step > 1 or autoreset == "next-step" or goal else "flat"
 
 
 def trajectory_capacity(cfg: Config) -> int:
@@ -280,11 +327,19 @@ def pick_device(request: str) -> torch.device:
     return canonical_device(request)
 
 
+def env_family(env: str) -> str:
+    """The preset family of an environment name: ``gym:<ID>`` -> gym, ``bitflip:<N>`` -> bitflip."""
+    for family in ("gym", "bitflip"):
+        if env.startswith(family + ":"):
+            return family
+    return env
+
+
 def resolve(config: Config, device: torch.device) -> Config:
     """``config`` with every ``None`` replaced by the preset of its environment on ``device``."""
-    family = "gym" if config.env.startswith("gym:") else config.env
+    family = env_family(config.env)
     if family not in PRESETS:
-        raise ValueError(f"unknown environment {config.env!r}: expected cartpole, market or gym:<ID>")
+        raise ValueError(f"unknown environment {config.env!r}: expected cartpole, market, bitflip:<N> or gym:<ID>")
     preset = dict(PRESETS[family]["cuda"])
     if device.type != "cuda":
         preset.update(PRESETS[family]["cpu"])
@@ -359,6 +414,19 @@ def _check_replay(cfg: Config) -> None:
         raise ValueError(f"n_step must be an integer from 1 to {MAX_N_STEP}, got {cfg.n_step!r}")
     if cfg.replay not in ("auto", "flat", "trajectory"):
         raise ValueError(f"replay must be auto, flat or trajectory, got {cfg.replay!r}")
+    if cfg.weight_norm not in ("global", "batch"):
+        raise ValueError(f"weight_norm must be global or batch, got {cfg.weight_norm!r}")
+    if cfg.her not in HER_STRATEGIES:
+        raise ValueError(f"her must be one of {', '.join(HER_STRATEGIES)}, got {cfg.her!r}")
+    if not 0 <= cfg.her_ratio <= 1:  # NaN fails too
+        raise ValueError(f"her_ratio must be in [0, 1], got {cfg.her_ratio}")
+    goal = is_goal_env_name(cfg.env)
+    if cfg.her != "none" and not goal:
+        raise ValueError(f"her {cfg.her} relabels goals: it needs a goal environment (bitflip:<N>), not {cfg.env}")
+    if goal and cfg.replay == "flat":
+        raise ValueError(
+            f"{cfg.env} is goal-conditioned: it runs on the trajectory replay (--replay trajectory or auto)"
+        )
     if cfg.gym_autoreset not in ("same-step", "next-step"):
         raise ValueError(f"gym_autoreset must be same-step or next-step, got {cfg.gym_autoreset!r}")
     gym = cfg.env.startswith("gym:")

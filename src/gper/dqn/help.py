@@ -19,7 +19,7 @@ from typing import Annotated, Any
 import torch
 
 from gper.dqn import config as config_module
-from gper.dqn.config import PRESETS, Config
+from gper.dqn.config import PRESETS, Config, env_family
 
 
 def field_docs() -> dict[str, str]:
@@ -39,7 +39,7 @@ def field_docs() -> dict[str, str]:
 
 def preset(env: str, device: torch.device) -> dict[str, Any]:
     """The preset values that ``None`` stands for, for ``env`` on a device of ``device``'s type."""
-    family = "gym" if env.startswith("gym:") else env
+    family = env_family(env)
     if family not in PRESETS:
         return {}
     values = dict(PRESETS[family]["cuda"])
@@ -63,7 +63,7 @@ def presets_table() -> str:
     lines = ["presets (a setting left unset takes its environment's value, on CUDA / on the CPU):"]
     for name in dict.fromkeys(names):
         cells = []
-        for env in ("cartpole", "market", "gym:<ID>"):
+        for env in ("cartpole", "market", "bitflip:<N>", "gym:<ID>"):
             g, c = preset(env, gpu).get(name), preset(env, cpu).get(name)
             if g is None and c is None:
                 continue

@@ -18,10 +18,10 @@ from gper.dqn.agent import Agent
 from gper.dqn.checkpoint import Checkpoint
 from gper.dqn.config import Config, cpu_threads, pick_device, replay_kind, resolve, trajectory_capacity
 from gper.dqn.evaluation import Evaluator
-from gper.dqn.network import padded_width, replay_spec, trajectory_spec
+from gper.dqn.network import GOAL_OBS_KEYS, goal_trajectory_spec, padded_width, replay_spec, trajectory_spec
 from gper.dqn.report import Results, RunReport
 from gper.dqn.run_folder import open_run_folder
-from gper.envs import VecEnv, make_env
+from gper.envs import GoalEnv, VecEnv, is_goal_env, make_env
 from gper.training.plot import plot_run
 from gper.training.readback import AsyncReadback
 from gper.training.runlog import RunLog
@@ -70,26 +70,45 @@ def build_env(cfg: Config, device: torch.device, split: str = "train", own_rng: 
 
 
 def build_replay(
-    cfg: Config, obs_dim: int, device: torch.device, autoreset: str = "same-step"
+    cfg: Config, obs_dim: int, device: torch.device, autoreset: str = "same-step", goal_env: GoalEnv | None = None
 ) -> gper.PrioritizedReplayBuffer | gper.TrajectoryReplayBuffer:
     """The replay buffer of ``cfg`` for observations of ``obs_dim`` floats (the padded width) from
     an environment whose :attr:`~gper.envs.base.VecEnv.autoreset` is ``autoreset``
     (:func:`~gper.dqn.config.replay_kind` picks flat or trajectory). The trajectory replay holds
     ``buffer_size // num_envs`` steps of each environment, a window of ``n_step``. On CUDA either
-    falls back to the CPU by itself when the GPU lacks the memory."""
+    falls back to the CPU by itself when the GPU lacks the memory.
+
+    For a goal task (``goal_env``, whose observations are ``obs_dim`` floats unpadded) the
+    trajectory replay stores observation, achieved and desired goal apart
+    (:func:`~gper.dqn.network.goal_trajectory_spec`) and relabels goals as ``cfg.her`` says, the
+    rewards and terminations recomputed by the environment's ``compute_reward`` and
+    ``compute_terminated``."""
     if replay_kind(cfg, autoreset) == "trajectory":
+        goal: dict[str, Any] = {}
+        spec = trajectory_spec(obs_dim)
+        if goal_env is not None:
+            spec = goal_trajectory_spec(obs_dim, goal_env.goal_dim)
+            her = gper.HindsightRelabeling(
+                reward_fn=goal_env.compute_reward,
+                terminated_fn=goal_env.compute_terminated,
+                strategy=cfg.her,
+                relabel_ratio=cfg.her_ratio,
+            )
+            goal = {"obs_keys": GOAL_OBS_KEYS, "her": her}
         return gper.TrajectoryReplayBuffer(
             trajectory_capacity(cfg),
             cfg.num_envs,
-            trajectory_spec(obs_dim),
+            spec,
             alpha=cfg.alpha,
             beta=cfg.beta,
             sampling=cfg.sampling,
+            weight_norm=cfg.weight_norm,
             window=cfg.n_step,
             autoreset=autoreset,  # the env says how it resets: nothing is left to the buffer's guess
             device=device,
             backend=cfg.backend,
             seed=cfg.seed,
+            **goal,
         )
     return gper.PrioritizedReplayBuffer(
         cfg.buffer_size,
@@ -97,6 +116,7 @@ def build_replay(
         alpha=cfg.alpha,
         beta=cfg.beta,
         sampling=cfg.sampling,
+        weight_norm=cfg.weight_norm,
         device=device,
         backend=cfg.backend,
         seed=cfg.seed,
@@ -144,6 +164,8 @@ def _env_and_replay(cfg: Config, device: torch.device) -> tuple[Config, VecEnv, 
     except ValueError:
         env.close()
         raise
+    if is_goal_env(env):  # its fields are the observation's parts, unpadded (the network input is padded)
+        return cfg, env, build_replay(cfg, env.obs_dim, device, env.autoreset, goal_env=env)
     return cfg, env, build_replay(cfg, padded_width(env.obs_dim), device, env.autoreset)
 
 

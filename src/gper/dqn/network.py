@@ -98,3 +98,21 @@ def trajectory_spec(obs_dim: int) -> dict[str, tuple[tuple[int, ...], torch.dtyp
         "action": ((), torch.int64),
         "reward": ((), torch.float32),
     }
+
+
+#: the trajectory replay's observation fields for a goal task (each stored once, relabelled by hindsight replay)
+GOAL_OBS_KEYS = ("obs", "achieved_goal", "desired_goal")
+
+
+def goal_trajectory_spec(obs_dim: int, goal_dim: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """The fields of one step of a goal task in the trajectory replay: ``obs`` the observation
+    without its desired goal (``obs_dim - goal_dim`` floats), the achieved and desired goals
+    (``goal_dim`` floats each), the action and the reward. The network reads ``obs`` and
+    ``desired_goal`` side by side, as the environment's observation holds them."""
+    return {
+        "obs": ((obs_dim - goal_dim,), torch.float32),
+        "achieved_goal": ((goal_dim,), torch.float32),
+        "desired_goal": ((goal_dim,), torch.float32),
+        "action": ((), torch.int64),
+        "reward": ((), torch.float32),
+    }
