@@ -102,7 +102,12 @@ def plot(rows: list[dict], path: Path, title: str) -> Path | None:
         if not keep:
             continue
         xs = [b for b, _ in keep]
-        ax.plot(xs, [statistics.mean(g) for _, g in keep], marker="o", label=f"DQN + HER ({her})" if her != "none" else "DQN")
+        ax.plot(
+            xs,
+            [statistics.mean(g) for _, g in keep],
+            marker="o",
+            label=f"DQN + HER ({her})" if her != "none" else "DQN",
+        )
         ax.fill_between(xs, [min(g) for _, g in keep], [max(g) for _, g in keep], alpha=0.2)
     ax.set_xlabel("bits (n)")
     ax.set_ylabel("success rate (greedy policy)")
