@@ -1,12 +1,14 @@
 """DQN with and without hindsight relabelling on the bit-flipping task, over bit counts and seeds.
 
 Each (bits, strategy, seed) is one ``gper train --env bitflip:N --her STRATEGY`` run in its own
-process, evaluated after every epoch on 256 episodes (flags in ``--extra`` may change that). The table gives the greedy policy's success rate (the fraction of evaluation episodes
+process, evaluated after every epoch on 256 episodes (flags in ``--extra`` may change that).
+The table gives the greedy policy's success rate (the fraction of evaluation episodes
 that reach their goal) at the end, the env steps and wall seconds at which an evaluation first
 reached 0.9, and the run's wall time; the PNG plots the final success rate against the bit count,
 mean and range over the seeds.
 
-    python benchmarks/her_bitflip.py --bits 10 20 30 40 50 --her future none --seeds 1 2 3 --parallel 4
+    python benchmarks/her_bitflip.py --bits 10 20 30 40 50 --her future none --seeds 1 2 3 --parallel 6 \\
+        --steps 10:200000 20:200000 30:400000 40:600000 50:600000
 
 Writes ``benchmarks/results/her-bitflip-<device>[-<label>]-<stamp>.{md,csv,png}`` and prints the table.
 """
@@ -46,15 +48,15 @@ COLUMNS = [
 ]
 
 
-def run_one(bits: int, her: str, seed: int, device: str, folder: Path, flags: str) -> dict:
+def run_one(bits: int, her: str, seed: int, device: str, folder: Path, flags: str, steps: int | None) -> dict:
     name = f"bitflip{bits}-{her}-s{seed}"
     cmd = [sys.executable, "-m", "gper", "train", "--env", f"bitflip:{bits}", "--her", her, "--seed", str(seed)]
     cmd += ["--device", device, "--run-dir", str(folder), "--run-name", name, "--progress", "False"]
     cmd += ["--save", "False", "--tensorboard", "False", "--eval-every", "1", "--eval-episodes", "256"]
-    cmd += shlex.split(flags)
+    cmd += shlex.split(flags) + (["--total-steps", str(steps)] if steps else [])
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
-    row = {"bits": bits, "her": her, "seed": seed, "flags": flags}
+    row = {"bits": bits, "her": her, "seed": seed, "flags": flags + (f" --total-steps {steps}" if steps else "")}
     summary = folder / name / "summary.json"
     if proc.returncode != 0 or not summary.exists():
         tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
@@ -130,10 +132,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--extra", default="", help="flags added to every run (as for gper train)")
+    p.add_argument(
+        "--steps", nargs="+", default=[], metavar="BITS:STEPS", help="env steps of BITS bits' runs (else the preset)"
+    )
     p.add_argument("--parallel", type=int, default=4, help="runs at a time")
     p.add_argument("--out", default="benchmarks/results")
     p.add_argument("--label", default="", help="added to the file names")
     args = p.parse_args(argv)
+    try:
+        steps = {int(b): int(n) for b, n in (item.split(":") for item in args.steps)}
+    except ValueError:
+        p.error(f"--steps takes BITS:STEPS pairs, got {args.steps}")
     env = environment(torch.device(args.device))
     what = f"bitflip {' '.join(map(str, args.bits))} bits, her {' '.join(args.her)}"
     print(header_line(env, what))
@@ -145,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
 
         def job(j: tuple[int, str, int]) -> dict:
-            row = run_one(*j, args.device, Path(tmp), args.extra)
+            row = run_one(*j, args.device, Path(tmp), args.extra, steps.get(j[0]))
             with lock:  # the CSV grows as runs finish, so a run cut short keeps what it measured
                 files.append([row])
             return row

@@ -200,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
         torch.cuda.set_device(device)
     env_info = environment(device)
     what = "her sample" + ("" if device.type == "cuda" else " (eager: no CUDA graphs on the CPU)")

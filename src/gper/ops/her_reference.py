@@ -66,7 +66,9 @@ def episode_index_add(
     flat[at_cur, 1] = torch.where(real, k, flat[at_cur, 1])
     # the episode in progress after the add: its first row (unchanged while it runs), no end yet
     flat[at_nxt, 0] = streams[:, 1]
-    flat[at_nxt, 1] = -1
+    # index_fill_ takes the -1 as a kernel argument: an indexed assignment of a Python number
+    # copies it from the host, which a CUDA graph capture refuses
+    flat.select(1, 1).index_fill_(0, at_nxt, -1)
     current.copy_(nxt)
 
 
