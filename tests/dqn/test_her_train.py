@@ -97,8 +97,10 @@ def test_the_replay_stores_the_steps_parts_and_the_learner_reads_the_drawn_goal(
     assert torch.equal(batch["reward"], env.compute_reward(batch["next_achieved_goal"], batch["desired_goal"]))
 
 
-def test_gper_train_bitflip_her_runs_and_logs_the_success_rate(tmp_path, capsys):
+@pytest.mark.parametrize("n_step", [1, 3])
+def test_gper_train_bitflip_her_runs_and_logs_the_success_rate(tmp_path, capsys, n_step):
     argv = ["train", "--env", "bitflip:5", "--her", "future", "--device", "cpu", "--total-steps", "800"]
+    argv += ["--n-step", str(n_step)]
     argv += ["--num-envs", "4", "--learning-starts", "200", "--batch-size", "32", "--buffer-size", "1000"]
     argv += ["--epoch-steps", "400", "--hidden", "16", "--progress", "False", "--eval-every", "1"]
     argv += ["--eval-episodes", "4", "--run-dir", str(tmp_path), "--run-name", "r"]
@@ -107,6 +109,7 @@ def test_gper_train_bitflip_her_runs_and_logs_the_success_rate(tmp_path, capsys)
     assert "success " in out and '"eval_success_rate"' in out
     config = json.loads((tmp_path / "r" / "config.json").read_text())
     assert (config["her"], config["her_ratio"], config["replay"]) == ("future", 0.8, "trajectory")
+    assert (config["n_step"], config["weight_norm"]) == (n_step, "batch")
     rates = [r["eval/success_rate"] for r in read_metrics(tmp_path / "r" / "metrics.jsonl") if "eval/success_rate" in r]
     assert len(rates) == 2 and all(0.0 <= r <= 1.0 for r in rates)
 
