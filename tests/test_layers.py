@@ -26,6 +26,7 @@ LAYERS: list[tuple[int, str]] = [
     (3, "gper"),  # the public face: gper/__init__.py re-exports the library
     (4, "gper.envs"),
     (4, "gper.training"),  # the RL runtime: no algorithm
+    (4, "gper.distributed"),  # the buffer sharded over a process group: below the trainer that will use it
     (5, "gper.dqn"),  # the application
     (5, "gper.integrations"),  # adapters to other RL libraries' replay APIs, beside the application
     (6, "gper.bench"),  # measurement: nothing in the package imports it
@@ -158,7 +159,8 @@ def test_import_gper_loads_only_the_buffer_and_its_layers_below():
     """``gper.dqn`` and the other upper packages are attributes of ``gper`` resolved on first use
     (``gper.__getattr__``), not imports: ``import gper`` must not load them."""
     code = (
-        "import sys, gper; upper = ('gper.dqn', 'gper.envs', 'gper.training', 'gper.integrations', 'gper.bench');"
+        "import sys, gper; upper = ('gper.dqn', 'gper.envs', 'gper.training', 'gper.integrations',"
+        " 'gper.distributed', 'gper.bench');"
         "print(sorted(m for m in sys.modules if m.startswith(upper)));"
         "gper.dqn.train; print('gper.dqn' in sys.modules, hasattr(gper, 'bench') and 'gper.bench' in sys.modules)"
     )

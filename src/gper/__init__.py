@@ -31,7 +31,7 @@ __all__ = [
 #: subpackages reachable as attributes after ``import gper`` (``gper.dqn.train(...)``), imported on
 #: first use: ``import gper`` stays the replay buffer alone, and nothing below imports them (the
 #: layers of docs/design.md); ``gper.bench`` is not among them (``gper bench`` or an explicit import)
-_SUBPACKAGES = ("dqn", "envs", "integrations", "ops", "replay", "training")
+_SUBPACKAGES = ("distributed", "dqn", "envs", "integrations", "ops", "replay", "training")
 
 
 def __getattr__(name: str) -> ModuleType:

@@ -299,14 +299,29 @@ def descend(
 def descend_stratified(
     tree: torch.Tensor, layout: TreeLayout, words: list[torch.Tensor], size: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One draw per equal-mass stratum: sample ``s`` lies in ``[s/B, (s+1)/B)`` of the total mass.
-
-    A float64 threshold is carried down the tree; at each level it is rescaled by
-    ``sum(children) / parent`` so that the stored sums need not agree to the last bit.
-    """
+    """One draw per equal-mass stratum: sample ``s`` lies in ``[s/B, (s+1)/B)`` of the total mass."""
     b = words[0].numel()
-    node = torch.zeros_like(words[0])
     s = _arange(b, words[0]).double()
+    return descend_from(tree, layout, (s + words[layout.depth].double() * _TWO_M32) / b, size)
+
+
+def descend_from(
+    tree: torch.Tensor, layout: TreeLayout, start: torch.Tensor, size: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The slot at fraction ``start`` of the total mass, for each entry: the stratified descent
+    with thresholds of the caller's (a sharded buffer's stratum that landed in this tree).
+
+    A float64 threshold ``start * total`` is carried down the tree; at each level it is rescaled
+    by ``sum(children) / parent`` so that the stored sums need not agree to the last bit.
+
+    Args:
+        tree: the sum tree; layout: its layout; size: 0-d int64 filled slots.
+        start: [B] float64 fractions in [0, 1) of the mass of the tree as loaded.
+
+    Returns:
+        (slots [B] int64, leaf values [B] float32)
+    """
+    node = torch.zeros(start.shape, dtype=torch.int64, device=start.device)
     t = None
     parent = None
     for level in range(layout.depth):
@@ -314,7 +329,7 @@ def descend_stratified(
         cs = v.double().cumsum(1)
         tot = cs[:, -1]
         if t is None:
-            t = (s + words[layout.depth].double() * _TWO_M32) / b * tot
+            t = start * tot
         else:
             t = t * (tot / parent)
         t = torch.minimum(t, tot * (1.0 - 2.0**-52))

@@ -1,0 +1,437 @@
+"""A prioritized replay buffer sharded over a process group: one :class:`gper.PrioritizedReplayBuffer`
+per rank, and the collectives that make the shards sample as one buffer (``mode="exact"``) or
+as one unbiased estimate of it (``mode="local"``). The math is in :mod:`gper.distributed.shards`.
+
+Every step has static shapes and keeps its counters on the device: ``sample`` and
+``update_priorities`` read nothing on the host (the one exception: until the buffer has been
+seen non-empty once, ``sample`` reads the gathered sizes to refuse an empty buffer on every rank
+alike), so a step can later be captured in a CUDA graph with NCCL.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from gper.distributed import shards
+from gper.distributed.batch import ShardedBatch
+from gper.distributed.collectives import Group
+from gper.ops import reference
+from gper.ops.layout import DEFAULT_ARITY
+from gper.ops.state import C_INVALID, C_NONFINITE, C_STALE
+from gper.replay import PrioritizedReplayBuffer
+from gper.replay.checks import check_batch_size, check_td
+from gper.replay.sampling import BetaInput
+
+MODES = ("exact", "local")
+SAMPLING = ("proportional", "stratified", "uniform")
+#: int32 words each routed row carries after the packed row: slot (int64), generation, priority
+_ROUTE_EXTRA = 4
+_OWNER_SHIFT = 40
+
+
+class ShardedPrioritizedReplayBuffer:
+    """Prioritized replay over the ranks of a process group, ``capacity / world_size`` slots per rank.
+
+    Every rank builds it with the same arguments and calls ``sample`` and ``update_priorities``
+    in lockstep with the same batch size (they are collectives); ``add`` writes to this rank's
+    shard only and needs no other rank.
+
+    Args:
+        capacity: slots over all ranks, a multiple of the world size.
+        spec, alpha, beta, eps, weight_norm, backend, strict, arity, cuda_graphs: as
+            :class:`gper.PrioritizedReplayBuffer` (the shard's settings).
+        sampling: "proportional", "stratified" or "uniform". "rank" is refused: a global rank
+            needs a sort over every shard.
+        mode: "exact" (the distribution of one buffer over every shard; rows move to the rank
+            that drew them) or "local" (each rank draws its own shard; weights carry the shard
+            ratio ``world_size * T_k / sum T``; no row moves).
+        group: the process group, default the world.
+        device: this rank's device (default the current CUDA device, else the CPU). With NCCL,
+            call ``torch.cuda.set_device(local_rank)`` first.
+        seed: Philox key of every stream (the shared one and each shard's own): the same seed,
+            world size and calls give the same samples.
+
+    Raises:
+        RuntimeError: ``torch.distributed`` is not initialised.
+        ValueError: a bad setting, ``capacity`` not a multiple of the world size, or settings that
+            differ between ranks (checked with one all-gather at construction).
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        spec: Mapping[str, tuple],
+        alpha: float = 0.6,
+        beta: float = 0.4,
+        eps: float = 1e-6,
+        sampling: str = "proportional",
+        weight_norm: str = "global",
+        mode: str = "exact",
+        group: Any = None,
+        device: str | torch.device | None = None,
+        backend: str = "auto",
+        seed: int = 0,
+        strict: bool = False,
+        arity: int = DEFAULT_ARITY,
+        cuda_graphs: bool = True,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if sampling == "rank":
+            raise ValueError(
+                "sampling='rank' is not supported by a sharded buffer (a global rank needs a sort over "
+                f"every shard); use one of {SAMPLING}"
+            )
+        if sampling not in SAMPLING:
+            raise ValueError(f"sampling must be one of {SAMPLING}, got {sampling!r}")
+        self.group = Group(group)
+        w = self.group.world_size
+        if isinstance(capacity, int) and not isinstance(capacity, bool) and capacity % w:
+            raise ValueError(
+                f"capacity {capacity} is not a multiple of the world size {w}: every rank holds "
+                f"capacity / world_size slots (e.g. {capacity - capacity % w or w})"
+            )
+        if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
+            raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
+        self.mode = mode
+        self._seed = seed
+        self._shared_key = shards.derive_key(seed, 0)
+        #: this rank's shard: a whole buffer of capacity / world_size slots (``add`` goes to it)
+        self.shard = PrioritizedReplayBuffer(
+            capacity // w if isinstance(capacity, int) else capacity,
+            spec,
+            alpha=alpha,
+            beta=beta,
+            eps=eps,
+            sampling=sampling,
+            weight_norm=weight_norm,
+            device=device,
+            backend=backend,
+            seed=shards.derive_key(seed, 1 + self.group.rank),
+            strict=strict,
+            cpu_fallback=False,  # a shard on another device than its peers' would break the collectives
+            arity=arity,
+            cuda_graphs=cuda_graphs,
+        )
+        self.device = self.shard.device
+        self.capacity = capacity
+        #: [1] int64 counter of the draws every rank shares (advanced alike on every rank)
+        self._shared_rng = torch.zeros(1, dtype=torch.int64, device=self.device)
+        self._beta = BetaInput(torch.zeros((), dtype=torch.float32, device=self.device))
+        self._seen_filled = False  # once any shard holds an item, the buffer never empties again
+        self._epoch = object()
+        self._check_same_settings()
+
+    # ---------------------------------------------------------------- settings
+
+    @property
+    def world_size(self) -> int:
+        return self.group.world_size
+
+    @property
+    def rank(self) -> int:
+        return self.group.rank
+
+    @property
+    def seed(self) -> int:
+        return self._seed
+
+    @property
+    def sampling(self) -> str:
+        return self.shard.sampling
+
+    @property
+    def weight_norm(self) -> str:
+        return self.shard.weight_norm
+
+    @property
+    def spec(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        return self.shard.spec
+
+    def _settings(self) -> dict[str, Any]:
+        return self.shard.state_dict()["config"] | {"mode": self.mode, "seed": self.seed, "world_size": self.world_size}
+
+    def _check_same_settings(self) -> None:
+        """One all-gather of a checksum of the settings: ranks built differently would otherwise
+        hang or mix shapes in the first collective."""
+        crc = zlib.crc32(repr(sorted(self._settings().items())).encode())
+        got = self.group.all_gather(torch.tensor([crc], dtype=torch.int64, device=self.device))
+        if bool((got != crc).any()):
+            raise ValueError(
+                "the ranks built ShardedPrioritizedReplayBuffer with different settings (checksums "
+                f"{got.view(-1).tolist()}): every rank must pass the same capacity, spec, alpha, beta, eps, "
+                "sampling, weight_norm, mode and seed"
+            )
+
+    def __len__(self) -> int:
+        """Filled slots of this rank's shard, as the host knows it (:meth:`stats` has the global size)."""
+        return len(self.shard)
+
+    def __repr__(self) -> str:
+        return (
+            f"ShardedPrioritizedReplayBuffer(capacity={self.capacity}, world_size={self.world_size}, "
+            f"rank={self.rank}, mode={self.mode!r}, sampling={self.sampling!r}, device={str(self.device)!r})"
+        )
+
+    # ---------------------------------------------------------------- add / sample
+
+    def add(self, data: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Append transitions to this rank's shard (see :meth:`gper.PrioritizedReplayBuffer.add`).
+
+        Returns:
+            [n] int64 slots written in this rank's shard.
+        """
+        return self.shard.add(data)
+
+    def _gather_meta(self) -> torch.Tensor:
+        """[W, 4] float64 of every shard (:data:`shards.META_TOTAL` ...): one all-gather of 32 bytes a rank."""
+        tree = self.shard.tree
+        mine = torch.stack([tree.total(), tree.size.double(), tree.min().double(), tree.max_priority().double()])
+        return self.group.all_gather(mine)
+
+    def _check_filled(self, meta: torch.Tensor) -> None:
+        # decided from the gathered sizes, so every rank raises alike (none is left in a collective)
+        if self._seen_filled:
+            return
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("sample(): draw once before a CUDA graph capture (the first draw checks for items)")
+        if float(meta[:, shards.META_SIZE].sum()) == 0:
+            raise RuntimeError("sample(): every shard is empty; add() transitions on at least one rank first")
+        self._seen_filled = True
+
+    def sample(self, batch_size: int, beta: float | torch.Tensor | None = None) -> ShardedBatch:
+        """Draw ``batch_size`` rows on this rank (``world_size * batch_size`` over the group) with their IS weights.
+
+        A collective: every rank calls it with the same ``batch_size``.
+
+        Args:
+            batch_size: b >= 1 rows for this rank.
+            beta: IS exponent for this call (float in [0, 1] or 0-d float device tensor); default the buffer's.
+
+        Returns:
+            A :class:`ShardedBatch`: rows ``[b, ...]``, ``indices``/``owners`` of each row's slot and
+            shard, ``weights`` [b] float32 final IS weights (with the shard ratio in local mode).
+
+        Raises:
+            RuntimeError: every shard is empty (on every rank alike).
+        """
+        b = check_batch_size(batch_size)
+        beta_t = self._beta.tensor(self.shard.beta if beta is None else beta, graphed=False, checked=beta is None)
+        meta = self._gather_meta()
+        self._check_filled(meta)
+        # new items enter at the max priority of every shard, as in one buffer (device write, no sync)
+        self.shard.tree.max_priority().copy_(meta[:, shards.META_MAX].amax())
+        if self.mode == "exact":
+            batch = self._sample_exact(b, beta_t, meta)
+        else:
+            batch = self._sample_local(b, beta_t, meta)
+        batch.source = self._epoch
+        return batch
+
+    def _descend(self, n: int, beta: torch.Tensor, fractions: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """``n`` draws from this rank's shard: its own kernels, or the stratified descent from
+        given fractions of its mass (exact stratified mode)."""
+        shard, tree = self.shard, self.shard.tree
+        if fractions is None:
+            words = shard.rows.layout.words
+            out = {
+                "rows": torch.empty(n, words, dtype=torch.int32, device=self.device),
+                "indices": torch.empty(n, dtype=torch.int64, device=self.device),
+                "generations": torch.empty(n, dtype=torch.int32, device=self.device),
+                "weights": torch.empty(n, dtype=torch.float32, device=self.device),
+            }
+            tree.sample_into(shard.rows.words, shard.seed, shard.policy.kernel_mode, beta, out)
+        else:
+            node, _ = reference.descend_from(tree.tree, tree.layout, fractions, tree.size)
+            out = {"rows": shard.rows.words.index_select(0, node), "indices": node, "generations": tree.gen[node]}
+        out["priorities"] = tree.leaves()[out["indices"]]
+        return out
+
+    def _weights(self, p: torch.Tensor, beta: torch.Tensor, meta: torch.Tensor, drawn: bool = True) -> torch.Tensor:
+        """IS weights ``(p / p_min) ** -beta``: p_min the smallest stored priority of every shard
+        (global) or of the group's whole batch (batch, one all-reduce; ``drawn`` False: this rank's
+        draws are none, an empty shard's); 1 in uniform mode."""
+        if self.sampling == "uniform":
+            return torch.ones_like(p)
+        if self.weight_norm == "global":
+            pmin = meta[:, shards.META_MIN].amin().float()
+        else:
+            local = torch.where(torch.as_tensor(drawn, device=p.device), p.amin(), torch.inf)
+            pmin = self.group.all_reduce_min(local.reshape(1))[0]
+        return reference.is_weights(p, pmin, beta)
+
+    def _sample_exact(self, b: int, beta: torch.Tensor, meta: torch.Tensor) -> ShardedBatch:
+        w, r = self.world_size, self.rank
+        n = w * b
+        mass = shards.masses(meta, self.sampling == "uniform")
+        u = shards.shared_uniforms(self._shared_key, self._shared_rng, n)
+        t = shards.thresholds(mass, u, self.sampling == "stratified")
+        owner = shards.owners(mass, t)  # [n], the same on every rank
+        fractions = shards.local_fractions(mass, t, owner, r) if self.sampling == "stratified" else None
+        out = self._descend(n, beta, fractions)
+        words = out["rows"].shape[1]
+        packed = torch.cat(
+            [
+                out["rows"],
+                out["indices"].view(torch.int32).view(n, 2),
+                out["generations"].view(n, 1),
+                out["priorities"].view(torch.int32).view(n, 1),
+            ],
+            1,
+        )
+        # the draws of other shards are zero here, so the sum over ranks is each draw's owner's row,
+        # bit for bit; draw j * W + k goes to rank k (each rank's rows span every stratum)
+        packed = torch.where((owner == r)[:, None], packed, 0)
+        recv = self.group.reduce_scatter_sum(packed.view(b, w, -1).transpose(0, 1))
+        rows = recv[:, :words].contiguous()
+        indices = recv[:, words : words + 2].contiguous().view(torch.int64).view(b)
+        gens = recv[:, words + 2].contiguous()
+        p = recv[:, words + 3].contiguous().view(torch.float32)
+        weights = self._weights(p, beta, meta)
+        return ShardedBatch(self.shard.rows.layout, rows, indices, weights, gens, owner.view(b, w)[:, r].contiguous())
+
+    def _sample_local(self, b: int, beta: torch.Tensor, meta: torch.Tensor) -> ShardedBatch:
+        out = self._descend(b, beta, None)
+        ratio = shards.ratios(shards.masses(meta, self.sampling == "uniform"))[self.rank].float()
+        p = out["priorities"]
+        if self.sampling != "uniform":
+            # an empty shard draws slot 0 of priority 0: its ratio is 0, and so is its weight
+            p = torch.where(ratio > 0, p, 1.0)
+        weights = torch.where(ratio > 0, ratio * self._weights(p, beta, meta, drawn=ratio > 0), 0.0)
+        owners = torch.full((b,), self.rank, dtype=torch.int64, device=self.device)
+        return ShardedBatch(self.shard.rows.layout, out["rows"], out["indices"], weights, out["generations"], owners)
+
+    # ---------------------------------------------------------------- priorities
+
+    def update_priorities(self, batch: ShardedBatch, td_errors: torch.Tensor) -> None:
+        """Set priorities ``(|td| + eps) ** alpha`` of a batch's slots on the shards that own them.
+
+        A collective in exact mode (one all-gather of 16 bytes a row): every rank calls it in
+        lockstep. Entries whose slot was overwritten since sampling are ignored and counted
+        (``stats()["stale_updates"]``), as is a whole batch drawn before a :meth:`load_state_dict`
+        or by another buffer. For a slot drawn more than once the last entry wins, in the order
+        (rank, position in its batch).
+
+        Args:
+            batch: the :class:`ShardedBatch` this rank drew.
+            td_errors: [b] floating, on this rank's device.
+        """
+        if not isinstance(batch, ShardedBatch):
+            raise TypeError(f"update_priorities(): expected the ShardedBatch of sample(), got {type(batch).__name__}")
+        td = check_td(td_errors, batch.indices, self.device)
+        stale = batch.source is not self._epoch
+        tree, shard = self.shard.tree, self.shard
+        if self.mode == "local":
+            if stale:
+                tree.count_stale(batch.indices.numel())
+            elif len(shard) > 0:  # an empty shard's draws carry weight 0 and own no slot
+                shard.policy.update(tree, batch.indices, td, batch.generations, shard.alpha, shard.eps)
+            return
+        g = batch.global_indices if not stale else torch.full_like(batch.indices, -1)
+        gens = batch.generations.view(-1, 1)
+        mine = torch.cat([g.view(torch.int32).view(-1, 2), gens, td.view(torch.int32)[:, None]], 1)
+        every = self.group.all_gather(mine).view(-1, 4)  # rank-major: the order "last wins" follows
+        if stale:
+            tree.count_stale(batch.indices.numel())
+        if len(shard) == 0:
+            return
+        g = every[:, :2].contiguous().view(torch.int64).view(-1)
+        owned = (g >> _OWNER_SHIFT) == self.rank
+        slot = torch.where(owned, g & ((1 << _OWNER_SHIFT) - 1), 0)
+        # entries of other shards are made stale (a generation that cannot match) and uncounted after
+        expected = torch.where(owned, every[:, 2], ~tree.gen[slot])
+        td_all = torch.where(owned, every[:, 3].contiguous().view(torch.float32), 0.0)
+        shard.policy.update(tree, slot, td_all, expected, shard.alpha, shard.eps)
+        tree.count_stale(-(~owned).sum())
+
+    # ---------------------------------------------------------------- stats / checkpoints
+
+    def stats(self) -> dict[str, Any]:
+        """The group's figures (a collective: one all-gather and a host sync; not for hot paths).
+
+        Returns:
+            dict with ``size`` (N over every shard), ``total_priority`` (S), ``min_priority``,
+            ``max_priority``, ``shard_sizes`` and ``shard_totals`` (lists in rank order),
+            ``max_ratio_deviation`` (max over shards of ``|r_k - 1|``, ``r_k = W T_k / S``: local
+            mode's weight factor, whose spread is its extra variance), the group's sums of
+            ``stale_updates``, ``invalid_indices`` and ``nonfinite_td``, and ``shard``: this rank's
+            own :meth:`gper.PrioritizedReplayBuffer.stats`.
+        """
+        tree = self.shard.tree
+        counts = tree.counters[[C_STALE, C_INVALID, C_NONFINITE]].double()
+        mine = torch.cat([torch.stack([tree.total(), tree.size.double(), tree.min().double()]), counts])
+        meta = self.group.all_gather(torch.cat([mine, tree.max_priority().double().reshape(1)])).cpu()
+        mass = meta[:, 1] if self.sampling == "uniform" else meta[:, 0]
+        s = float(mass.sum())
+        ratio_dev = float((self.world_size * mass / s - 1).abs().max()) if s > 0 else float("nan")
+        return {
+            "world_size": self.world_size,
+            "mode": self.mode,
+            "size": int(meta[:, 1].sum()),
+            "total_priority": float(meta[:, 0].sum()),
+            "min_priority": float(meta[:, 2].min()),
+            "max_priority": float(meta[:, 6].max()),
+            "shard_sizes": [int(x) for x in meta[:, 1]],
+            "shard_totals": [float(x) for x in meta[:, 0]],
+            "max_ratio_deviation": ratio_dev,
+            "stale_updates": int(meta[:, 3].sum()),
+            "invalid_indices": int(meta[:, 4].sum()),
+            "nonfinite_td": int(meta[:, 5].sum()),
+            "shard": self.shard.stats(),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's shard (:meth:`gper.PrioritizedReplayBuffer.state_dict`) plus what the group
+        shares: world size, rank, mode, seed and the shared draws' counter. Save one per rank."""
+        meta = {"world_size": self.world_size, "rank": self.rank, "mode": self.mode, "seed": self.seed}
+        return {"shard": self.shard.state_dict(), "distributed": meta, "shared_rng": self._shared_rng}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore this rank's :meth:`state_dict` (a collective: every rank loads its own, in lockstep).
+
+        Then the group draws what it would have drawn after the save. The group's part of every
+        rank's state is checked on every rank (one all-gather) before anything changes.
+
+        Raises:
+            ValueError: on every rank, if any rank's state comes from another world size, rank,
+                mode or seed, or the ranks' shared counters differ; the shard's own checks
+                (:meth:`gper.PrioritizedReplayBuffer.load_state_dict`) then run on each rank.
+        """
+        problem = self._state_problem(state)
+        counter = state["shared_rng"] if problem is None else self._shared_rng
+        flags = torch.cat([torch.tensor([problem is not None], device=self.device).long(), counter.to(self.device)])
+        every = self.group.all_gather(flags).cpu()
+        if problem is not None:
+            raise ValueError(f"load_state_dict(): {problem}")
+        if bool(every[:, 0].any()):
+            bad = [i for i, f in enumerate(every[:, 0].tolist()) if f]
+            raise ValueError(f"load_state_dict(): the states of ranks {bad} were refused there; nothing was loaded")
+        if bool((every[:, 1] != every[0, 1]).any()):
+            raise ValueError("load_state_dict(): the ranks' states come from different steps (shared counters differ)")
+        self.shard.load_state_dict(state["shard"])
+        self._shared_rng.copy_(state["shared_rng"])
+        self._seen_filled = False
+        self._epoch = object()  # batches drawn before the load are stale now
+
+    def _state_problem(self, state: Mapping[str, Any]) -> str | None:
+        meta = state.get("distributed") if isinstance(state, Mapping) else None
+        if not isinstance(meta, Mapping) or "shard" not in state or "shared_rng" not in state:
+            return "not the state_dict() of a ShardedPrioritizedReplayBuffer"
+        if meta.get("world_size") != self.world_size:
+            return (
+                f"the state was saved at world size {meta.get('world_size')}, this group has {self.world_size}: "
+                "a sharded buffer restores only at the same world size (re-sharding is not supported)"
+            )
+        if meta.get("rank") != self.rank:
+            return f"the state is rank {meta.get('rank')}'s shard, this is rank {self.rank}: load each rank's own"
+        if meta.get("mode") != self.mode or meta.get("seed") != self.seed:
+            saved = f"mode={meta.get('mode')!r}, seed={meta.get('seed')!r}"
+            return f"the state has {saved}; this buffer mode={self.mode!r}, seed={self.seed}"
+        rng = state["shared_rng"]
+        if not isinstance(rng, torch.Tensor) or rng.shape != (1,) or rng.dtype != torch.int64:
+            return "shared_rng must be a [1] int64 tensor"
+        return None
