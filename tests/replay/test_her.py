@@ -121,6 +121,34 @@ def test_bad_calls_raise():
         bad.sample(4)
 
 
+class _FailOnce:
+    """A reward function that returns one value per draw too few while ``fail`` is set."""
+
+    def __init__(self) -> None:
+        self.fail = False
+
+    def __call__(self, achieved, desired, info):
+        out = reward_fn(achieved, desired, info)
+        return out[1:] if self.fail else out
+
+
+def test_a_failed_relabelling_sample_leaves_the_buffer_unchanged():
+    """A reward_fn that fails in one call: the buffer's state after it is as before it (the tree's
+    random counter included), so the draws that follow are those of a buffer that never made it."""
+    fn = _FailOnce()
+    failed, clean = build(gper.HindsightRelabeling(fn, info_keys=("action",))), build(her())
+    feed([failed, clean], W + 6)
+    for rb in (failed, clean):  # a first draw stages the beta input, as any sample does
+        rb.sample(8, n_step=2, gamma=0.5)
+    before = snapshot(failed)
+    fn.fail = True
+    with pytest.raises(ValueError, match=r"reward_fn must return a \[16\] tensor"):
+        failed.sample(8, n_step=2, gamma=0.5)
+    fn.fail = False
+    assert_unchanged(failed, before)
+    assert_same(fields(failed.sample(8, n_step=2, gamma=0.5)), fields(clean.sample(8, n_step=2, gamma=0.5)))
+
+
 # ---------------------------------------------------------------- draws
 
 

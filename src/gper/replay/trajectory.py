@@ -31,7 +31,7 @@ from gper.replay.checks import (
     warn_dropped,
 )
 from gper.replay.config import BufferSettings, ReplayConfig
-from gper.replay.graphs import BufferGraphs
+from gper.replay.graphs import BufferGraphs, capturing
 from gper.replay.her import HindsightRelabeling, Relabeler
 from gper.replay.sampling import BetaInput, SamplingPolicy
 from gper.replay.storage import RowStorage
@@ -370,6 +370,10 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
         flat = self._out.empty(b, self.device)
         parts = self._out.split(flat)
         tree = self.tree
+        # the draw advances the tree's random counter before reward_fn / terminated_fn run: a copy to
+        # put back should they fail (not while a graph is captured: nothing runs then, and a copy
+        # would be one more kernel in every replay)
+        counters = tree.counters.clone() if relabel and not (self.device.type == "cuda" and capturing()) else None
         self._kernels.sample_transitions(
             tree=tree.tree,
             mintree=tree.mintree,
@@ -394,7 +398,12 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
         )
         self.policy.normalise(parts, tree, beta)
         if relabel:  # on the drawn rows, in the same graph: the goal is drawn given the transition
-            self._relabeler.relabel(parts, self.rows.words, self.streams, n, gamma, self.seed)
+            try:
+                self._relabeler.relabel(parts, self.rows.words, self.streams, n, gamma, self.seed)
+            except BaseException:
+                if counters is not None:  # a failed call leaves the buffer as it was
+                    tree.counters.copy_(counters)
+                raise
         elif "relabelled" in parts:
             parts["relabelled"].zero_()
         return flat
