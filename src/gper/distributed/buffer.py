@@ -10,6 +10,7 @@ alike), so a step can later be captured in a CUDA graph with NCCL.
 
 from __future__ import annotations
 
+import os
 import zlib
 from collections.abc import Mapping
 from typing import Any
@@ -151,6 +152,16 @@ class ShardedPrioritizedReplayBuffer:
     @property
     def spec(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         return self.shard.spec
+
+    @property
+    def backend(self) -> str:
+        """The kernels the shard runs ("triton" or "torch")."""
+        return self.shard.backend
+
+    @property
+    def nbytes_estimate(self) -> int:
+        """Device bytes of this rank's shard."""
+        return self.shard.nbytes_estimate
 
     def _settings(self) -> dict[str, Any]:
         return self.shard.state_dict()["config"] | {"mode": self.mode, "seed": self.seed, "world_size": self.world_size}
@@ -401,19 +412,50 @@ class ShardedPrioritizedReplayBuffer:
                 mode or seed, or the ranks' shared counters differ; the shard's own checks
                 (:meth:`gper.PrioritizedReplayBuffer.load_state_dict`) then run on each rank.
         """
-        problem = self._state_problem(state)
+        self._agree(self._state_problem(state), state, "load_state_dict()")
+        self.shard.load_state_dict(state["shard"])
+        self._restored(state["shared_rng"])
+
+    def save(self, path: str | os.PathLike) -> dict[str, Any]:
+        """Write this rank's shard to the file ``path`` (:meth:`gper.PrioritizedReplayBuffer.save`:
+        streamed, atomic) and return the group's part of the state (world size, rank, mode, seed,
+        the shared draws' counter as an int), to keep beside it and hand to :meth:`load`.
+        Not a collective: each rank saves its own."""
+        self.shard.save(path)
+        state = self.state_dict()
+        return {"distributed": state["distributed"], "shared_rng": int(state["shared_rng"])}
+
+    def load(self, path: str | os.PathLike, group_state: Mapping[str, Any]) -> None:
+        """Restore this rank's shard from the file :meth:`save` wrote and the group state it returned
+        (a collective, checked as :meth:`load_state_dict` is, before the file is read).
+
+        Raises:
+            ValueError: as :meth:`load_state_dict`; or the file is refused by the shard's own checks.
+        """
+        rng = group_state.get("shared_rng") if isinstance(group_state, Mapping) else None
+        state = dict(group_state) if isinstance(group_state, Mapping) else {}
+        if isinstance(rng, int) and not isinstance(rng, bool):
+            state["shared_rng"] = torch.tensor([rng], dtype=torch.int64)
+        state["shard"] = path
+        self._agree(self._state_problem(state), state, "load()")
+        self.shard.load(path)
+        self._restored(state["shared_rng"])
+
+    def _agree(self, problem: str | None, state: Mapping[str, Any], what: str) -> None:
+        """Raise on every rank alike when any rank's state has a ``problem`` or the shared counters differ."""
         counter = state["shared_rng"] if problem is None else self._shared_rng
         flags = torch.cat([torch.tensor([problem is not None], device=self.device).long(), counter.to(self.device)])
         every = self.group.all_gather(flags).cpu()
         if problem is not None:
-            raise ValueError(f"load_state_dict(): {problem}")
+            raise ValueError(f"{what}: {problem}")
         if bool(every[:, 0].any()):
             bad = [i for i, f in enumerate(every[:, 0].tolist()) if f]
-            raise ValueError(f"load_state_dict(): the states of ranks {bad} were refused there; nothing was loaded")
+            raise ValueError(f"{what}: the states of ranks {bad} were refused there; nothing was loaded")
         if bool((every[:, 1] != every[0, 1]).any()):
-            raise ValueError("load_state_dict(): the ranks' states come from different steps (shared counters differ)")
-        self.shard.load_state_dict(state["shard"])
-        self._shared_rng.copy_(state["shared_rng"])
+            raise ValueError(f"{what}: the ranks' states come from different steps (shared counters differ)")
+
+    def _restored(self, shared_rng: torch.Tensor) -> None:
+        self._shared_rng.copy_(shared_rng)
         self._seen_filled = False
         self._epoch = object()  # batches drawn before the load are stale now
 

@@ -3,7 +3,7 @@
 The learn step runs five phases in this order, each a method of the agent; :class:`LearnState`
 holds what they pass each other:
 
-    per_sample -> upload -> fwd_bwd -> per_update -> adam
+    per_sample -> upload -> fwd_bwd [-> grad_sync] -> per_update -> adam
 
 - ``per_sample``: a batch from the batch source (by default drawn from the replay with the
   annealed beta: draw, gather, IS weights).
@@ -14,6 +14,8 @@ holds what they pass each other:
   it is the n-step target ``R + discount Q'(s_m)``, where the sampled batch holds the discounted
   sum ``R`` of up to ``n_step`` rewards and ``discount`` = gamma^m (0 where the episode
   terminated; a truncated episode bootstraps from its final observation).
+- ``grad_sync`` (data-parallel training only, :mod:`gper.dqn.parallel`): the gradients averaged
+  over the ranks, one all-reduce.
 - ``per_update``: priorities from the TD errors, then the beta anneal. In the one-graph step it
   runs on a side stream alongside ``adam`` (neither reads what the other writes).
 - ``adam``: optional global-norm clipping, capturable Adam, the soft target update (tau < 1).
@@ -33,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -40,6 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import gper
+from gper.distributed import ShardedPrioritizedReplayBuffer
 from gper.dqn.batch_source import Batch, BatchSource
 from gper.dqn.config import Config
 from gper.dqn.fused_adam import adam_state, adam_step
@@ -107,7 +111,7 @@ class _NoEnv(VecEnv):
 
 
 #: the replays an agent learns from
-Replay = gper.PrioritizedReplayBuffer | gper.TrajectoryReplayBuffer
+Replay = gper.PrioritizedReplayBuffer | gper.TrajectoryReplayBuffer | ShardedPrioritizedReplayBuffer
 
 
 class Agent:
@@ -130,6 +134,10 @@ class Agent:
         batch_source: where each learn step's batch comes from; default :meth:`sample_replay`.
             With another source the per_update phase anneals beta but updates no priorities: its
             batch is not a draw from the replay.
+        grad_sync: data-parallel training (:mod:`gper.dqn.parallel`): a phase ``grad_sync`` after
+            ``fwd_bwd`` calls it with the online network's gradients, which it averages in place
+            over the ranks. ``rb`` is then a :class:`~gper.distributed.ShardedPrioritizedReplayBuffer`.
+        env_seed: the seed of the environments' first reset (default ``cfg.seed``; each rank its own).
     """
 
     def __init__(
@@ -139,6 +147,8 @@ class Agent:
         rb: Replay,
         total_train_steps: int,
         batch_source: BatchSource | None = None,
+        grad_sync: Callable[[list[torch.Tensor | None]], None] | None = None,
+        env_seed: int | None = None,
     ) -> None:
         self.trajectory = isinstance(rb, gper.TrajectoryReplayBuffer)
         _check_replay(cfg, env, rb, self.trajectory)
@@ -159,7 +169,7 @@ class Agent:
         self.beta_t = torch.full((), cfg.beta, dtype=torch.float32, device=device)
         self.episodes = EpisodeTracker(env.num_envs, device, autoreset=env.autoreset)
         # observations padded with zero columns to obs_width (see padded_width)
-        self.obs = self.pad(env.reset(seed=cfg.seed))
+        self.obs = self.pad(env.reset(seed=cfg.seed if env_seed is None else env_seed))
         self.next_obs = torch.zeros_like(self.obs)
         self.total_train_steps = max(1, total_train_steps)
         self.autocast = cuda and cfg.precision == "bf16"
@@ -180,6 +190,10 @@ class Agent:
             "per_sample": self._sample,
             "upload": self._upload,
             "fwd_bwd": self._fwd_bwd_fused if cfg.fused_step else self._fwd_bwd,
+        }
+        if grad_sync is not None:  # data-parallel: the gradients averaged over the ranks
+            learn["grad_sync"] = lambda: grad_sync(self.learn_state.grads)
+        learn |= {
             "per_update": self._per_update,
             "adam": self._adam_fused if cfg.fused_step else self._adam,
         }

@@ -11,6 +11,13 @@ A checkpoint directory holds two files, complete together or not at all
   and the settings;
 - ``replay.safetensors``: the replay buffer (:func:`save_replay`, :func:`load_replay`).
 
+A data-parallel run (:mod:`gper.dqn.parallel`) writes one pair per rank into the same directory:
+rank 0's under these names (its ``trainer.pt`` also records the world size), rank ``r``'s as
+``trainer.rank<r>.pt`` and ``replay.rank<r>.safetensors`` (its agent, environments, generators and
+replay shard; the networks and optimizer are the same on every rank). Every rank writes its own
+files into the temporary directory, rank 0 renames it into place once all have written: the
+directory is complete for every rank or for none. It resumes only at the world size that wrote it.
+
 ``trainer.pt`` is read with ``torch.load(weights_only=True)`` (tensors and plain containers, never
 code), ``replay.safetensors`` is a safetensors file (:mod:`gper.replay.files`), read without unpickling.
 With the same settings a resumed run computes what the uninterrupted run computes: on the CPU
@@ -24,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,8 +41,19 @@ import torch
 import gper
 from gper.dqn.agent import Agent
 from gper.dqn.config import Config
+from gper.dqn.parallel import Launch
 from gper.dqn.report import RunReport
-from gper.training.checkpoints import TEMP_PREFIX, CheckpointError, list_checkpoints, step_of, write_checkpoint
+from gper.training.checkpoints import (
+    TEMP_PREFIX,
+    CheckpointError,
+    checkpoint_name,
+    finish_checkpoint,
+    list_checkpoints,
+    start_checkpoint,
+    step_of,
+    write_checkpoint,
+    write_files,
+)
 from gper.training.runlog import RunLog
 
 #: the run folder's subfolder of checkpoints
@@ -79,7 +98,15 @@ ADDED = {
     "her": "none",
     "her_ratio": 0.8,
     "weight_norm": "global",
+    "distributed": "off",
 }
+
+
+def rank_files(rank: int) -> tuple[str, str]:
+    """The (trainer, replay) file names of rank ``rank`` in a checkpoint directory (rank 0: :data:`TRAINER`, :data:`REPLAY`)."""
+    if rank == 0:
+        return TRAINER, REPLAY
+    return f"trainer.rank{rank}.pt", f"replay.rank{rank}.safetensors"
 
 
 def fixed_settings() -> tuple[str, ...]:
@@ -169,20 +196,44 @@ def find(resume: str | Path) -> Path:
     return found[-1]
 
 
-def read(resume: str | Path) -> Checkpoint:
-    """The checkpoint ``resume`` names (see :func:`find`), its ``trainer.pt`` read and checked.
+def read(resume: str | Path, rank: int = 0, world_size: int | None = None) -> Checkpoint:
+    """The checkpoint ``resume`` names (see :func:`find`), its ``trainer.pt`` read and checked; in a
+    data-parallel run, rank ``rank``'s files of it (:func:`rank_files`), for a group of ``world_size``
+    (None: any world size, to read its settings).
 
     A damaged checkpoint is refused, not skipped: a complete one is never left damaged by a
     crash, so damage means the disk or someone changed it; the message names the checkpoint
     before it, to resume from instead.
 
     Raises:
-        CheckpointError: one line naming the file and what is wrong.
+        CheckpointError: one line naming the file and what is wrong, or the world size that wrote
+            it when it is not ``world_size`` (on every rank alike: they all read rank 0's ``trainer.pt``).
     """
     path = find(resume)
     older = [p for p in list_checkpoints(path.parent) if step_of(p) < step_of(path)]
     ckpt = Checkpoint(path, {}, older[-1] if older else None)
-    trainer = path / TRAINER
+    state = _read_trainer(ckpt, path / TRAINER)
+    saved = state.get("world_size", 1)
+    if world_size is not None and saved != world_size:
+        raise CheckpointError(
+            f"{path} was written by a run of {saved} process{'es' if saved != 1 else ''}, this one has {world_size}: "
+            "a checkpoint resumes only at the world size that wrote it (each rank's replay shard is its own; "
+            f"re-sharding is not supported): launch {saved} process{'es' if saved != 1 else ''}"
+        )
+    trainer_name, replay_name = rank_files(rank)
+    if rank != 0:
+        state = _read_trainer(ckpt, path / trainer_name)
+        if state.get("rank") != rank:
+            raise ckpt.refuse(path / trainer_name, f"wrong content: it is rank {state.get('rank')}'s, not rank {rank}'s")
+    if not (path / replay_name).is_file():
+        raise ckpt.refuse(path / replay_name, "missing")
+    ckpt.state = state
+    return ckpt
+
+
+def _read_trainer(ckpt: Checkpoint, trainer: Path) -> dict[str, Any]:
+    """A trainer file of ``ckpt``, read and checked."""
+    path = ckpt.path
     state = _load(ckpt, trainer, "cpu")
     if not isinstance(state, dict):
         raise ckpt.refuse(trainer, f"holds a {type(state).__name__}, not a trainer checkpoint")
@@ -194,10 +245,7 @@ def read(resume: str | Path) -> Checkpoint:
     num_envs = state["config"].get("num_envs")
     if not isinstance(num_envs, int) or state["iteration"] * num_envs != step_of(path):
         raise ckpt.refuse(trainer, f"wrong content: it is not the checkpoint of env step {step_of(path)}")
-    if not (path / REPLAY).is_file():
-        raise ckpt.refuse(path / REPLAY, "missing")
-    ckpt.state = state
-    return ckpt
+    return state
 
 
 def stored_config(resume: str | Path) -> Config:
@@ -236,11 +284,14 @@ def check_settings(cfg: Config, ckpt: Checkpoint) -> None:
         )
 
 
-def save(agent: Agent, iteration: int, report: RunReport, runlog: RunLog) -> Path:
+def save(agent: Agent, iteration: int, report: RunReport, runlog: RunLog, launch: Launch | None = None) -> Path:
     """Write the checkpoint of ``agent`` after ``iteration`` collection iterations to the run folder
-    of ``runlog``, keeping the newest ``keep_checkpoints``; return its directory."""
+    of ``runlog``, keeping the newest ``keep_checkpoints``; return its directory. With ``launch``
+    (a data-parallel run) a collective: every rank writes its own files (see the module docstring)."""
     cfg = agent.cfg
     counts = agent.rb.stats()  # also brings the buffer's host view of its size up to date
+    if launch is not None:
+        counts = counts["shard"]
     state = {
         "format": FORMAT,
         "agent": agent.state_dict(replay=False),
@@ -252,18 +303,58 @@ def save(agent: Agent, iteration: int, report: RunReport, runlog: RunLog) -> Pat
         "replay_counts": _replay_counts(counts),
         "config": dataclasses.asdict(cfg),
     }
-    files = {TRAINER: lambda path: torch.save(state, path), REPLAY: lambda path: save_replay(agent.rb, path)}
-    return write_checkpoint(runlog.folder / CHECKPOINTS, iteration * cfg.num_envs, files, keep=cfg.keep_checkpoints)
+    folder, step = runlog.folder / CHECKPOINTS, iteration * cfg.num_envs
+    if launch is None:
+        files = {TRAINER: lambda path: torch.save(state, path), REPLAY: lambda path: save_replay(agent.rb, path)}
+        return write_checkpoint(folder, step, files, keep=cfg.keep_checkpoints)
+    return _save_ranks(agent, state, folder, step, launch)
 
 
-def restore(agent: Agent, ckpt: Checkpoint) -> None:
+def _save_ranks(agent: Agent, state: dict[str, Any], folder: Path, step: int, launch: Launch) -> Path:
+    """Every rank's files into one temporary directory, which rank 0 renames into place once all are written."""
+    state |= {"world_size": launch.world_size, "rank": launch.rank}
+    trainer_name, replay_name = rank_files(launch.rank)
+
+    def replay(path: Path) -> None:  # first: trainer.pt records the group's part of the replay's state
+        state["replay_group"] = agent.rb.save(path)
+
+    files = {replay_name: replay, trainer_name: lambda path: torch.save(state, path)}
+    tmp = folder / f"{TEMP_PREFIX}{checkpoint_name(step)}"
+    launch.agree(lambda: start_checkpoint(folder, step) if launch.main else None, "starting a checkpoint")
+    try:
+        launch.agree(lambda: write_files(tmp, files), f"writing the checkpoint files of step {step}")
+        final = launch.agree(lambda: finish_checkpoint(tmp, agent.cfg.keep_checkpoints) if launch.main else None,
+                             "completing a checkpoint")  # fmt: skip
+    except BaseException:
+        if launch.main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final if final is not None else folder / checkpoint_name(step)
+
+
+def restore(agent: Agent, ckpt: Checkpoint, launch: Launch | None = None) -> None:
     """Load ``ckpt`` into ``agent`` (built with the settings :func:`check_settings` accepted), its
     replay included, and torch's random generators; Adam then runs at the agent's learning rate.
+    With ``launch`` (a data-parallel run, ``ckpt`` read for this rank) a collective: each rank loads
+    its own files, and a file refused on one rank is an error on every rank.
 
     Raises:
         CheckpointError: a file cannot be read or does not fit the agent.
     """
-    state, trainer, replay = ckpt.state, ckpt.path / TRAINER, ckpt.path / REPLAY
+    if launch is None:
+        _restore(agent, ckpt, None)
+        return
+    launch.agree(lambda: _restore_trainer(agent, ckpt, ckpt.path / rank_files(launch.rank)[0]), "restoring a checkpoint")
+    launch.agree(lambda: _restore_replay(agent, ckpt, launch), "restoring a checkpoint's replay")
+
+
+def _restore(agent: Agent, ckpt: Checkpoint, launch: Launch | None) -> None:
+    _restore_trainer(agent, ckpt, ckpt.path / TRAINER)
+    _restore_replay(agent, ckpt, launch)
+
+
+def _restore_trainer(agent: Agent, ckpt: Checkpoint, trainer: Path) -> None:
+    state = ckpt.state
     try:
         agent.load_state_dict(state["agent"], replay=False)
         _set_rng_state(state["rng"], agent.device)
@@ -271,13 +362,23 @@ def restore(agent: Agent, ckpt: Checkpoint) -> None:
         raise ckpt.refuse(trainer, f"wrong content: {_one_line(err)}") from None
     for group in agent.optimizer.param_groups:
         group["lr"] = agent.cfg.learning_rate
+
+
+def _restore_replay(agent: Agent, ckpt: Checkpoint, launch: Launch | None) -> None:
+    state = ckpt.state
+    replay = ckpt.path / rank_files(0 if launch is None else launch.rank)[1]
     if not replay.is_file():
         raise ckpt.refuse(replay, "missing")
     try:
-        load_replay(agent.rb, replay)
+        if launch is None:
+            load_replay(agent.rb, replay)
+        else:
+            # the group's part is checked on every rank alike (a collective) before the shard is read
+            agent.rb.load(replay, state.get("replay_group", {}))
     except Exception as err:
         raise ckpt.refuse(replay, f"cannot be loaded: {_one_line(err)}") from None
-    found = _replay_counts(agent.rb.stats())
+    # the shard's own counts (the sharded buffer's stats() would be a collective)
+    found = _replay_counts(agent.rb.stats() if launch is None else agent.rb.shard.stats())
     if found != state["replay_counts"]:
         raise ckpt.refuse(replay, f"wrong content: counts {found}, trainer.pt says {state['replay_counts']}")
 

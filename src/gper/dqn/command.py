@@ -16,15 +16,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 
 import torch
 
+from gper.dqn import parallel
 from gper.dqn._extra import MissingExtra, require
 from gper.dqn.checkpoint import stored_config
 from gper.dqn.config import Config, pick_device
 from gper.dqn.help import command_config, from_config, presets_table, to_config
 from gper.dqn.loop import train
+from gper.dqn.parallel import PeerFailed
 
 
 def main(argv: list[str]) -> int:
@@ -67,8 +70,13 @@ def main(argv: list[str]) -> int:
             return 2
     try:
         results = train(config, log=log)
+    except PeerFailed as err:  # under torchrun: the rank that failed says why; rank 0 says where
+        if os.environ.get("RANK", "0") == "0":
+            print(f"gper train: error: {err}", file=sys.stderr)
+        return 2
     except ValueError as err:  # bad settings: one line, no traceback
-        print(f"gper train: error: {err}", file=sys.stderr)
+        rank = os.environ.get("RANK", "0") if parallel.launched() else "0"
+        print(f"gper train{f' (rank {rank})' if rank != '0' else ''}: error: {err}", file=sys.stderr)
         return 2
     except ImportError as err:
         if "pip install" not in str(err):  # not a missing optional package: a real bug, with its traceback
@@ -78,6 +86,8 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt:  # SIGINT: train wrote a checkpoint and said where
         print("gper train: interrupted", file=sys.stderr)
         return 130
+    if parallel.launched() and os.environ.get("RANK", "0") != "0":
+        return 0  # rank 0 prints the summary
     summary = {k: v for k, v in dataclasses.asdict(results).items() if k not in ("notes",)}
     print("gper train: done")
     print(json.dumps(summary, indent=2))

@@ -32,6 +32,12 @@ class Config:
     """environments stepped together"""
     device: str = "auto"
     """cuda, cuda:N, cpu, or auto (the GPU if there is one and the replay fits, else the CPU)"""
+    distributed: Literal["auto", "off", "exact", "local"] = "auto"
+    """data-parallel training, one process per GPU, under torchrun --nproc-per-node N -m gper train: exact
+    (the replay sharded over the ranks samples as one buffer) or local (each rank samples its own shard,
+    weights carry the shard ratio); auto: exact when torchrun started more than one process, else off.
+    batch_size, num_envs, total_steps, learning_starts and epoch_steps are then per rank (the global batch is
+    N * batch_size), buffer_size is over every rank (a multiple of N); flat replay only (docs/distributed.md)"""
     threads: int | None = None
     """CPU threads for torch when training on the CPU; default 1 for a training step under 1 GFLOP
     (every preset's network: more threads slow such steps down, about 2x with the cores shared
@@ -414,6 +420,8 @@ def _check_replay(cfg: Config) -> None:
         raise ValueError(f"n_step must be an integer from 1 to {MAX_N_STEP}, got {cfg.n_step!r}")
     if cfg.replay not in ("auto", "flat", "trajectory"):
         raise ValueError(f"replay must be auto, flat or trajectory, got {cfg.replay!r}")
+    if cfg.distributed not in ("auto", "off", "exact", "local"):
+        raise ValueError(f"distributed must be auto, off, exact or local, got {cfg.distributed!r}")
     if cfg.weight_norm not in ("global", "batch"):
         raise ValueError(f"weight_norm must be global or batch, got {cfg.weight_norm!r}")
     if cfg.her not in HER_STRATEGIES:

@@ -12,12 +12,14 @@ from typing import Any, NamedTuple
 import torch
 
 import gper
-from gper.dqn import checkpoint, evaluation
+from gper.distributed import ShardedPrioritizedReplayBuffer
+from gper.dqn import checkpoint, evaluation, parallel
 from gper.dqn._extra import INSTALL, require
 from gper.dqn.agent import Agent
 from gper.dqn.checkpoint import Checkpoint
 from gper.dqn.config import Config, cpu_threads, pick_device, replay_kind, resolve, trajectory_capacity
 from gper.dqn.evaluation import Evaluator
+from gper.dqn.parallel import Launch
 from gper.dqn.network import GOAL_OBS_KEYS, goal_trajectory_spec, padded_width, replay_spec, trajectory_spec
 from gper.dqn.report import Results, RunReport
 from gper.dqn.run_folder import open_run_folder
@@ -51,11 +53,14 @@ def plan_steps(cfg: Config) -> tuple[int, int]:
     return iterations, train_steps_before(cfg, iterations)
 
 
-def build_env(cfg: Config, device: torch.device, split: str = "train", own_rng: bool = False) -> VecEnv:
+def build_env(
+    cfg: Config, device: torch.device, split: str = "train", own_rng: bool = False, rank: int = 0
+) -> VecEnv:
     """The environment of ``cfg`` on ``device`` (market: its ``split``). The training one draws from
     torch's default generator (seeded in :func:`setup`), which a CUDA graph capture handles by
     itself, so replays draw fresh numbers; with ``own_rng`` it draws from a generator of its own
-    (seeded by ``cfg.seed`` and by its ``reset(seed)``), leaving torch's untouched (evaluation)."""
+    (seeded by ``cfg.seed`` and by its ``reset(seed)``), leaving torch's untouched (evaluation).
+    A data-parallel run's rank ``rank`` seeds it with ``cfg.seed + rank``, so the ranks' streams differ."""
     gym = cfg.env.startswith("gym:")
     kwargs: dict[str, Any] = {"graph_safe_rng": True} if not gym and not own_rng else {}
     if gym:
@@ -66,12 +71,17 @@ def build_env(cfg: Config, device: torch.device, split: str = "train", own_rng: 
             kwargs.update(n_bars=cfg.bars, test_bars=cfg.test_bars)
     elif cfg.data is not None:
         raise ValueError("--data is for the market environment only")
-    return make_env(cfg.env, cfg.num_envs, device, seed=cfg.seed, **kwargs)
+    return make_env(cfg.env, cfg.num_envs, device, seed=cfg.seed + rank, **kwargs)
 
 
 def build_replay(
-    cfg: Config, obs_dim: int, device: torch.device, autoreset: str = "same-step", goal_env: GoalEnv | None = None
-) -> gper.PrioritizedReplayBuffer | gper.TrajectoryReplayBuffer:
+    cfg: Config,
+    obs_dim: int,
+    device: torch.device,
+    autoreset: str = "same-step",
+    goal_env: GoalEnv | None = None,
+    launch: Launch | None = None,
+) -> gper.PrioritizedReplayBuffer | gper.TrajectoryReplayBuffer | ShardedPrioritizedReplayBuffer:
     """The replay buffer of ``cfg`` for observations of ``obs_dim`` floats (the padded width) from
     an environment whose :attr:`~gper.envs.base.VecEnv.autoreset` is ``autoreset``
     (:func:`~gper.dqn.config.replay_kind` picks flat or trajectory). The trajectory replay holds
@@ -82,7 +92,24 @@ def build_replay(
     trajectory replay stores observation, achieved and desired goal apart
     (:func:`~gper.dqn.network.goal_trajectory_spec`) and relabels goals as ``cfg.her`` says, the
     rewards and terminations recomputed by the environment's ``compute_reward`` and
-    ``compute_terminated``."""
+    ``compute_terminated``.
+
+    With ``launch`` (a data-parallel run) this rank's part of one
+    :class:`~gper.distributed.ShardedPrioritizedReplayBuffer` of ``buffer_size`` slots over the group,
+    in ``launch.mode``: flat replay only (:func:`gper.dqn.parallel.check_settings`)."""
+    if launch is not None:
+        return ShardedPrioritizedReplayBuffer(
+            cfg.buffer_size,
+            replay_spec(obs_dim),
+            alpha=cfg.alpha,
+            beta=cfg.beta,
+            sampling=cfg.sampling,
+            weight_norm=cfg.weight_norm,
+            mode=launch.mode,
+            device=device,
+            backend=cfg.backend,
+            seed=cfg.seed,
+        )
     if replay_kind(cfg, autoreset) == "trajectory":
         goal: dict[str, Any] = {}
         spec = trajectory_spec(obs_dim)
@@ -123,17 +150,30 @@ def build_replay(
     )
 
 
-def setup(config: Config, log: Any = print) -> tuple[Config, Agent, list[str]]:
-    """The resolved settings, the agent (networks, optimizer, replay, environments) and notes on the device."""
-    device = pick_device(config.device)
+def setup(config: Config, log: Any = print, launch: Launch | None = None) -> tuple[Config, Agent, list[str]]:
+    """The resolved settings, the agent (networks, optimizer, replay, environments) and notes on the device.
+
+    With ``launch`` (a data-parallel run): this rank's agent, on ``launch.device``, its torch
+    generators and environments seeded ``seed + rank``, its networks rank 0's (broadcast), its
+    replay a shard of the group's, its gradients averaged over the group every step."""
+    device = pick_device(config.device) if launch is None else launch.device
     notes: list[str] = []
     if device.type == "cpu":
         notes.append("no CUDA GPU: training on the CPU with the CPU presets (smaller sizes, no CUDA graphs)")
     cfg = resolve(config, device)
-    torch.manual_seed(cfg.seed)
+    rank = 0 if launch is None else launch.rank
+    if launch is not None:
+        parallel.check_settings(cfg, launch.world_size)
+    torch.manual_seed(cfg.seed + rank)
     if device.type == "cuda":
-        torch.cuda.manual_seed(cfg.seed)
-    cfg, env, rb = _env_and_replay(cfg, device)
+        torch.cuda.manual_seed(cfg.seed + rank)
+    cfg, env, rb = _env_and_replay(cfg, device, launch)
+    if launch is not None:
+        notes.append(
+            f"data-parallel on {launch.world_size} process{'es' if launch.world_size > 1 else ''} ({launch.mode} "
+            f"sharded replay): global batch {launch.world_size * cfg.batch_size}, {cfg.buffer_size // launch.world_size} "
+            "replay slots a rank"
+        )
     if rb.device != device:  # the replay did not fit on the GPU: everything moves to the CPU
         notes.append(
             f"not enough GPU memory for a replay of {rb.nbytes_estimate / 2**30:.1f} GiB: "
@@ -151,22 +191,29 @@ def setup(config: Config, log: Any = print) -> tuple[Config, Agent, list[str]]:
     for note in notes:
         log(f"gper train: {note}")
     total_train = train_steps_before(cfg, collect_iterations(cfg))  # beta reaches 1 at the last one
-    return cfg, Agent(cfg, env, rb, total_train), notes
+    if launch is None:
+        return cfg, Agent(cfg, env, rb, total_train), notes
+    average = parallel.GradientAverage(launch.world_size)
+    agent = Agent(cfg, env, rb, total_train, grad_sync=average, env_seed=cfg.seed + rank)
+    launch.broadcast_parameters([agent.qnet, agent.target])  # one network on every rank from the start
+    return cfg, agent, notes
 
 
-def _env_and_replay(cfg: Config, device: torch.device) -> tuple[Config, VecEnv, Any]:
+def _env_and_replay(cfg: Config, device: torch.device, launch: Launch | None = None) -> tuple[Config, VecEnv, Any]:
     """The environment and the replay of ``cfg`` (resolved) on ``device``, and ``cfg`` with ``replay``
     set to the kind built (``auto`` resolved against the environment's autoreset), which the run's
     record and checkpoints keep."""
-    env = build_env(cfg, device)
+    env = build_env(cfg, device, rank=0 if launch is None else launch.rank)
     try:
         cfg = dataclasses.replace(cfg, replay=replay_kind(cfg, env.autoreset))
+        if launch is not None and cfg.replay != "flat":
+            raise ValueError(parallel.NO_TRAJECTORY)
     except ValueError:
         env.close()
         raise
     if is_goal_env(env):  # its fields are the observation's parts, unpadded (the network input is padded)
         return cfg, env, build_replay(cfg, env.obs_dim, device, env.autoreset, goal_env=env)
-    return cfg, env, build_replay(cfg, padded_width(env.obs_dim), device, env.autoreset)
+    return cfg, env, build_replay(cfg, padded_width(env.obs_dim), device, env.autoreset, launch=launch)
 
 
 def train(config: Config, log: Any = print) -> Results:
@@ -181,57 +228,104 @@ def train(config: Config, log: Any = print) -> Results:
     ``KeyboardInterrupt`` (SIGINT) or ``SystemExit(143)`` (SIGTERM). With ``resume``, it continues
     from a checkpoint, and continues its record (``metrics.jsonl``, TensorBoard, the report).
 
+    Under torchrun (``distributed`` exact or local, :mod:`gper.dqn.parallel`) it is one rank of a
+    data-parallel run: it joins the process group, trains its part, and leaves the group at the end
+    (on an error too); rank 0 writes the run folder, logs and evaluates, the other ranks are quiet.
+
     Raises:
         ValueError: bad settings, settings a resume may not change, or a damaged checkpoint
             (:class:`~gper.training.checkpoints.CheckpointError`); each a one-line message.
     """
+    mode = parallel.resolve_mode(config.distributed)
+    config = dataclasses.replace(config, distributed=mode)
+    launch = parallel.start(mode, config.device)
+    try:
+        if launch is not None and not launch.main:  # quiet: rank 0 speaks for the group
+            config = dataclasses.replace(config, progress=False)
+            log = _quiet
+        return _train_process(config, log, launch)
+    finally:
+        parallel.stop(launch)
+
+
+def _quiet(line: str) -> None:
+    pass
+
+
+def _train_process(config: Config, log: Any, launch: Launch | None) -> Results:
     # the bar's package is checked first, before anything is built
     tqdm = require("tqdm.auto", "the progress bar", "or progress=False").tqdm if config.progress else None
-    resume = checkpoint.read(config.resume) if config.resume else None
-    cfg, agent, notes = setup(config, log)
+    resume = None
+    if config.resume and launch is None:
+        resume = checkpoint.read(config.resume, 0, 1)
+    elif config.resume:
+        resume = launch.agree(
+            lambda: checkpoint.read(config.resume, launch.rank, launch.world_size), "reading the checkpoint"
+        )
+    cfg, agent, notes = setup(config, log, launch) if launch is None else launch.agree(
+        lambda: setup(config, log, launch), "setting up the run"
+    )
     before = torch.get_num_threads()
     threads = None
     if agent.device.type == "cpu":  # put back when the run ends
         threads = cpu_threads(cfg, agent.obs_width, agent.env.n_actions)
         torch.set_num_threads(threads)
     try:
-        return _train(cfg, agent, notes, resume, log, tqdm, threads)
+        return _train(cfg, agent, notes, resume, log, tqdm, threads, launch)
     finally:
         torch.set_num_threads(before)
 
 
 def _train(
-    cfg: Config, agent: Agent, notes: list[str], resume: Checkpoint | None, log: Any, tqdm: Any, threads: int | None
+    cfg: Config,
+    agent: Agent,
+    notes: list[str],
+    resume: Checkpoint | None,
+    log: Any,
+    tqdm: Any,
+    threads: int | None,
+    launch: Launch | None = None,
 ) -> Results:
+    main = launch is None or launch.main
     if resume is not None:
-        checkpoint.check_settings(cfg, resume)
-        checkpoint.restore(agent, resume)
-    runlog = open_run_folder(cfg, agent.device, resume, log, threads)
+        checkpoint.check_settings(cfg, resume)  # the same settings and checkpoint on every rank: alike
+        checkpoint.restore(agent, resume, launch)
+    if launch is None:
+        runlog = open_run_folder(cfg, agent.device, resume, log, threads)
+    else:  # rank 0 names the folder (a time stamp) and writes it; the others checkpoint into it
+        made = launch.agree(
+            lambda: open_run_folder(cfg, agent.device, resume, log, threads) if main else None, "opening the run folder"
+        )
+        folder = launch.broadcast(str(made.folder) if main else None)
+        runlog = made if main else parallel.QuietRunLog(folder)
     evaluator = None
     try:
-        if cfg.eval_every > 0:
+        if cfg.eval_every > 0 and main:
             evaluator = Evaluator(cfg, functools.partial(build_env, device=agent.device))
         start_it = 0 if resume is None else resume.iteration
         returns = [] if resume is None else [float(r) for r in resume.state["returns"]]
         iterations = collect_iterations(cfg)
         report = RunReport(cfg, agent.device, runlog, returns, log)
         report_state = None if resume is None else resume.state["report"]
-        with StopSignals() as stop:
-            run = _run_epochs(cfg, agent, report, start_it, iterations, tqdm, stop, report_state, evaluator)
+        with StopSignals() as signals:
+            stop = signals if launch is None else parallel.GroupStop(signals, launch)
+            run = _run_epochs(cfg, agent, report, start_it, iterations, tqdm, stop, report_state, evaluator, launch)
             # the end of the run: checkpoint, market evaluation (a signal stops it too), summary.json, plot
             path = run.checkpoint
             if cfg.save and run.iteration == iterations:
-                path = checkpoint.save(agent, iterations, report, runlog)
-            market = cfg.env == "market" and not stop.requested
+                path = checkpoint.save(agent, iterations, report, runlog, launch)
+            market = cfg.env == "market" and not stop.requested and main
             evaluation = _evaluate(cfg, agent, log, stop) if market else None
             if stop.requested:  # the record of the run so far, then the signal's exception
                 env_steps = run.iteration * cfg.num_envs
                 results = report.results(env_steps, run.train_steps, run.wall, None, notes, stop.name)
-                _write_record(cfg, results, runlog, log, stopped=True)
+                if main:
+                    _write_record(cfg, results, runlog, log, stopped=True)
                 _say_stopped(stop, path, env_steps, runlog, log)
                 raise stop.exception()
         results = report.results(iterations * cfg.num_envs, run.train_steps, run.wall, evaluation, notes)
-        _write_record(cfg, results, runlog, log)
+        if main:
+            _write_record(cfg, results, runlog, log)
     finally:
         if evaluator is not None:
             evaluator.close()
@@ -278,6 +372,7 @@ def _run_epochs(
     stop: StopSignals,
     report_state: dict[str, Any] | None,
     evaluator: Evaluator | None,
+    launch: Launch | None = None,
 ) -> _Reached:
     """Collection iterations ``start_it`` to ``iterations``, in epochs of ``epoch_steps`` env steps,
     with a progress bar when ``tqdm`` (the class) is given, and evaluations of the greedy policy
@@ -289,7 +384,9 @@ def _run_epochs(
     epoch's evaluation). A stop signal ends the loop after the iteration in progress: inside an
     epoch, with a checkpoint of that point (with ``save``) and then a report of the epoch so far
     (which a resumed run cuts away from ``metrics.jsonl``, to report the whole epoch); at an
-    epoch's end, after its evaluation, with a checkpoint.
+    epoch's end, after its evaluation, with a checkpoint. In a data-parallel run (``launch``) the
+    ranks agree on a stop at each epoch's end (:class:`~gper.dqn.parallel.GroupStop`), so a signal
+    stops it there, never inside an epoch.
     """
     n = cfg.num_envs
     epoch_its = max(1, cfg.epoch_steps // n)
@@ -317,10 +414,12 @@ def _run_epochs(
                     bar.update(64 * n)
                 if stop.requested and i + 1 < end:
                     # a consistent point: the episodes not reported yet are in the checkpoint's ring
-                    path = checkpoint.save(agent, i + 1, report, report.runlog) if cfg.save else None
+                    path = checkpoint.save(agent, i + 1, report, report.runlog, launch) if cfg.save else None
                     end, inside = i + 1, True
                     break
             host, now = _sync(cfg, agent, readback)
+            if launch is not None:
+                stop.agree()  # every rank stops after the same epoch
             episodes, lost = agent.episodes.drain(host)
             metrics = report.end_epoch(
                 host,
@@ -344,7 +443,7 @@ def _run_epochs(
                 report.end_evaluation(it * n, evaluator.run(agent.greedy), time.perf_counter())
             due = cfg.checkpoint_every > 0 and epoch % cfg.checkpoint_every == 0
             if it < iterations and (due or stop.requested):
-                path = checkpoint.save(agent, it, report, report.runlog) if cfg.save else None
+                path = checkpoint.save(agent, it, report, report.runlog, launch) if cfg.save else None
                 if stop.requested:
                     break
     finally:

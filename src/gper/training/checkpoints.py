@@ -103,27 +103,56 @@ def write_checkpoint(
     Returns:
         The complete checkpoint's directory.
     """
+    tmp = start_checkpoint(folder, step)
+    try:
+        write_files(tmp, files)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return finish_checkpoint(tmp, keep)
+
+
+def write_files(tmp: str | Path, files: Mapping[str, Callable[[Path], object]]) -> None:
+    """Write one file per entry of ``files`` into the temporary checkpoint directory ``tmp``, each
+    writer called with its file's path, each file fsynced once written."""
+    for name, write in files.items():
+        path = Path(tmp) / name
+        write(path)
+        fsync_path(path)
+        _pause()
+
+
+def start_checkpoint(folder: str | Path, step: int) -> Path:
+    """The empty temporary directory of the checkpoint at ``step`` in ``folder`` (what a killed
+    writer left there is deleted first). Write its files, each fsynced, then :func:`finish_checkpoint`;
+    :func:`write_checkpoint` does both. Several processes may write their own files into it."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    final = folder / checkpoint_name(step)
-    tmp = folder / f"{TEMP_PREFIX}{final.name}"
+    tmp = folder / f"{TEMP_PREFIX}{checkpoint_name(step)}"
     if tmp.exists():  # left by a writer that was killed
         shutil.rmtree(tmp)
     tmp.mkdir()
+    return tmp
+
+
+def finish_checkpoint(tmp: str | Path, keep: int | None = None) -> Path:
+    """Put the temporary directory ``tmp`` of :func:`start_checkpoint`, its files written and fsynced,
+    into place as a complete checkpoint (deleted if that fails); then, with ``keep``, :func:`prune`.
+
+    Returns:
+        The complete checkpoint's directory.
+    """
+    tmp = Path(tmp)
+    final = tmp.with_name(tmp.name[len(TEMP_PREFIX) :])
     try:
-        for name, write in files.items():
-            path = tmp / name
-            write(path)
-            fsync_path(path)
-            _pause()
         fsync_path(tmp)
         _rename_into_place(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    fsync_path(folder)
+    fsync_path(final.parent)
     if keep is not None:
-        prune(folder, keep, final)
+        prune(final.parent, keep, final)
     return final
 
 
