@@ -26,7 +26,7 @@ LAYERS: list[tuple[int, str]] = [
     (3, "gper"),  # the public face: gper/__init__.py re-exports the library
     (4, "gper.envs"),
     (4, "gper.training"),  # the RL runtime: no algorithm
-    (4, "gper.distributed"),  # the buffer sharded over a process group: below the trainer that will use it
+    (4, "gper.distributed"),  # the buffer sharded over a process group: below the trainer that uses it
     (5, "gper.dqn"),  # the application
     (5, "gper.integrations"),  # adapters to other RL libraries' replay APIs, beside the application
     (6, "gper.bench"),  # measurement: nothing in the package imports it

@@ -108,3 +108,43 @@ def test_another_world_size_is_refused(exact_run):
     assert out.returncode != 0
     assert "written by a run of 2 processes, this one has 1" in out.stderr, out.stderr[-2000:]
     assert not (runs / "one").exists()  # refused before anything was written
+
+
+TORCHRUN_ENV = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+
+
+def test_the_mode_follows_the_launch():
+    from gper.dqn.parallel import resolve_mode
+
+    assert resolve_mode("auto", {}) == "off" and resolve_mode("off", {}) == "off"
+    assert resolve_mode("auto", TORCHRUN_ENV) == "exact" and resolve_mode("local", TORCHRUN_ENV) == "local"
+    assert resolve_mode("auto", TORCHRUN_ENV | {"WORLD_SIZE": "1"}) == "off"
+    assert resolve_mode("exact", TORCHRUN_ENV | {"WORLD_SIZE": "1"}) == "exact"
+    with pytest.raises(ValueError, match="torchrun's environment"):
+        resolve_mode("exact", {})
+    with pytest.raises(ValueError, match="each would train alone"):
+        resolve_mode("off", TORCHRUN_ENV)
+    with pytest.raises(ValueError, match="must be one of"):
+        resolve_mode("global", TORCHRUN_ENV)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(n_step=3), "sharded trajectory replay is not built yet"),
+        (dict(replay="trajectory"), "sharded trajectory replay is not built yet"),
+        (dict(env="bitflip:8"), "sharded trajectory replay is not built yet"),
+        (dict(sampling="rank"), "sampling rank is not supported"),
+        (dict(buffer_size=1001), "not a multiple of the world size 2"),
+    ],
+)
+def test_settings_a_data_parallel_run_refuses(change, message):
+    import dataclasses
+
+    import gper.dqn
+    from gper.dqn.parallel import check_settings
+
+    cfg = gper.dqn.resolve(gper.dqn.Config(env="cartpole", buffer_size=1000), torch.device("cpu"))
+    check_settings(cfg, 2)
+    with pytest.raises(ValueError, match=message):
+        check_settings(dataclasses.replace(cfg, **change), 2)

@@ -11,7 +11,8 @@ The package, in reading order: :mod:`~gper.dqn.config` (``Config``, the per-envi
 ``PRESETS``), :mod:`~gper.dqn.network` (the Q-network, the replay's rows),
 :mod:`~gper.dqn.batch_source` (where a learn step's batch comes from), :mod:`~gper.dqn.agent`
 (the collect and learn steps), :mod:`~gper.dqn.loop` (``setup``, ``train``, the epochs),
-:mod:`~gper.dqn.evaluation` (the greedy policy's periodic evaluation), :mod:`~gper.dqn.report`
+:mod:`~gper.dqn.evaluation` (the greedy policy's periodic evaluation), :mod:`~gper.dqn.parallel`
+(data-parallel training under torchrun on the sharded replay), :mod:`~gper.dqn.report`
 (what an epoch and a run report), :mod:`~gper.dqn.run_folder` (which folder a run writes, what a
 resume continues there), :mod:`~gper.dqn.checkpoint` (what a checkpoint holds, the resume
 rules), :mod:`~gper.dqn.command` (``gper train``).

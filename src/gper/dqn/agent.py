@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch

@@ -103,7 +103,8 @@ ADDED = {
 
 
 def rank_files(rank: int) -> tuple[str, str]:
-    """The (trainer, replay) file names of rank ``rank`` in a checkpoint directory (rank 0: :data:`TRAINER`, :data:`REPLAY`)."""
+    """The (trainer, replay) file names of rank ``rank`` in a checkpoint directory (rank 0's:
+    :data:`TRAINER`, :data:`REPLAY`)."""
     if rank == 0:
         return TRAINER, REPLAY
     return f"trainer.rank{rank}.pt", f"replay.rank{rank}.safetensors"
@@ -224,7 +225,9 @@ def read(resume: str | Path, rank: int = 0, world_size: int | None = None) -> Ch
     if rank != 0:
         state = _read_trainer(ckpt, path / trainer_name)
         if state.get("rank") != rank:
-            raise ckpt.refuse(path / trainer_name, f"wrong content: it is rank {state.get('rank')}'s, not rank {rank}'s")
+            raise ckpt.refuse(
+                path / trainer_name, f"wrong content: it is rank {state.get('rank')}'s, not rank {rank}'s"
+            )
     if not (path / replay_name).is_file():
         raise ckpt.refuse(path / replay_name, "missing")
     ckpt.state = state
@@ -344,7 +347,9 @@ def restore(agent: Agent, ckpt: Checkpoint, launch: Launch | None = None) -> Non
     if launch is None:
         _restore(agent, ckpt, None)
         return
-    launch.agree(lambda: _restore_trainer(agent, ckpt, ckpt.path / rank_files(launch.rank)[0]), "restoring a checkpoint")
+    launch.agree(
+        lambda: _restore_trainer(agent, ckpt, ckpt.path / rank_files(launch.rank)[0]), "restoring a checkpoint"
+    )
     launch.agree(lambda: _restore_replay(agent, ckpt, launch), "restoring a checkpoint's replay")
 
 

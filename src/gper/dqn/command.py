@@ -5,6 +5,7 @@
     gper train --env market --total-steps 1000000
     gper train --env gym:LunarLander-v3 --seed 2
     gper train --resume runs/cartpole__s1__20261129-120000 --total-steps 400000
+    torchrun --nproc-per-node 8 -m gper train --env market   # data-parallel: docs/distributed.md
 
 With ``--resume``, the flags not given keep the checkpoint's settings
 (:func:`gper.dqn.checkpoint.stored_config`). After SIGINT the command writes a checkpoint and

@@ -19,8 +19,8 @@ from gper.dqn.agent import Agent
 from gper.dqn.checkpoint import Checkpoint
 from gper.dqn.config import Config, cpu_threads, pick_device, replay_kind, resolve, trajectory_capacity
 from gper.dqn.evaluation import Evaluator
-from gper.dqn.parallel import Launch
 from gper.dqn.network import GOAL_OBS_KEYS, goal_trajectory_spec, padded_width, replay_spec, trajectory_spec
+from gper.dqn.parallel import Launch
 from gper.dqn.report import Results, RunReport
 from gper.dqn.run_folder import open_run_folder
 from gper.envs import GoalEnv, VecEnv, is_goal_env, make_env
@@ -53,9 +53,7 @@ def plan_steps(cfg: Config) -> tuple[int, int]:
     return iterations, train_steps_before(cfg, iterations)
 
 
-def build_env(
-    cfg: Config, device: torch.device, split: str = "train", own_rng: bool = False, rank: int = 0
-) -> VecEnv:
+def build_env(cfg: Config, device: torch.device, split: str = "train", own_rng: bool = False, rank: int = 0) -> VecEnv:
     """The environment of ``cfg`` on ``device`` (market: its ``split``). The training one draws from
     torch's default generator (seeded in :func:`setup`), which a CUDA graph capture handles by
     itself, so replays draw fresh numbers; with ``own_rng`` it draws from a generator of its own
@@ -171,8 +169,8 @@ def setup(config: Config, log: Any = print, launch: Launch | None = None) -> tup
     if launch is not None:
         notes.append(
             f"data-parallel on {launch.world_size} process{'es' if launch.world_size > 1 else ''} ({launch.mode} "
-            f"sharded replay): global batch {launch.world_size * cfg.batch_size}, {cfg.buffer_size // launch.world_size} "
-            "replay slots a rank"
+            f"sharded replay): global batch {launch.world_size * cfg.batch_size}, "
+            f"{cfg.buffer_size // launch.world_size} replay slots a rank"
         )
     if rb.device != device:  # the replay did not fit on the GPU: everything moves to the CPU
         notes.append(
@@ -262,8 +260,10 @@ def _train_process(config: Config, log: Any, launch: Launch | None) -> Results:
         resume = launch.agree(
             lambda: checkpoint.read(config.resume, launch.rank, launch.world_size), "reading the checkpoint"
         )
-    cfg, agent, notes = setup(config, log, launch) if launch is None else launch.agree(
-        lambda: setup(config, log, launch), "setting up the run"
+    cfg, agent, notes = (
+        setup(config, log, launch)
+        if launch is None
+        else launch.agree(lambda: setup(config, log, launch), "setting up the run")
     )
     before = torch.get_num_threads()
     threads = None

@@ -172,7 +172,9 @@ def start(mode: str, device: str, environ: Mapping[str, str] = os.environ) -> La
         return None
     rank, world, local = (int(environ[name]) for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
     if device.startswith("cuda:"):
-        raise ValueError(f"device {device} under torchrun: each process takes the GPU of its LOCAL_RANK; use cuda or auto")
+        raise ValueError(
+            f"device {device} under torchrun: each process takes the GPU of its LOCAL_RANK; use cuda or auto"
+        )
     cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     if cuda:
         if local >= torch.cuda.device_count():
