@@ -262,16 +262,19 @@ class ShardedPrioritizedReplayBuffer:
         out["priorities"] = tree.leaves()[out["indices"]]
         return out
 
-    def _weights(self, p: torch.Tensor, beta: torch.Tensor, meta: torch.Tensor, drawn: bool = True) -> torch.Tensor:
+    def _weights(
+        self, p: torch.Tensor, beta: torch.Tensor, meta: torch.Tensor, drawn: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """IS weights ``(p / p_min) ** -beta``: p_min the smallest stored priority of every shard
-        (global) or of the group's whole batch (batch, one all-reduce; ``drawn`` False: this rank's
-        draws are none, an empty shard's); 1 in uniform mode."""
+        (global) or of the group's whole batch (batch, one all-reduce; ``drawn``, a 0-d bool device
+        tensor, False: this rank's draws are none, an empty shard's); 1 in uniform mode."""
         if self.sampling == "uniform":
             return torch.ones_like(p)
         if self.weight_norm == "global":
             pmin = meta[:, shards.META_MIN].amin().float()
         else:
-            local = torch.where(torch.as_tensor(drawn, device=p.device), p.amin(), torch.inf)
+            # no tensor from a host value here: on a GPU it would be a copy that a graph capture refuses
+            local = p.amin() if drawn is None else torch.where(drawn, p.amin(), torch.inf)
             pmin = self.group.all_reduce_min(local.reshape(1))[0]
         return reference.is_weights(p, pmin, beta)
 

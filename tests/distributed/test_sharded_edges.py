@@ -1,0 +1,11 @@
+"""Edge cases of ShardedPrioritizedReplayBuffer on 2 gloo processes of this host (CPU, torch back
+end): see tests/distributed/edge_workers.py."""
+
+from __future__ import annotations
+
+from edge_workers import no_host_data_in_a_step
+from spawn import run_ranks
+
+
+def test_a_step_makes_no_tensor_from_host_data():
+    run_ranks(no_host_data_in_a_step, 2, timeout=60)
