@@ -45,3 +45,35 @@ def no_host_data_in_a_step(rank: int, world: int) -> None:
                 batch = rb.sample(4)
                 rb.update_priorities(batch, torch.ones(4))
             assert seen.made == [], (mode, norm, seen.made)
+
+
+def _copy(state: dict) -> dict:
+    shard = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in state["shard"].items()}
+    return {"shard": shard, "distributed": dict(state["distributed"]), "shared_rng": state["shared_rng"].clone()}
+
+
+def a_shard_refused_on_one_rank_loads_nowhere(rank: int, world: int, folder: str) -> None:
+    """A state (or file) whose group part is right but whose shard the shard's own checks refuse,
+    on the last rank only: every rank refuses, and every rank keeps its state (no rank loads)."""
+    rb = build(world)
+    path = f"{folder}/rank{rank}.safetensors"
+    saved, group = _copy(rb.state_dict()), rb.save(path)
+    for _ in range(3):
+        rb.sample(4)
+    before = _copy(rb.state_dict())
+    bad = rank == world - 1
+    state = _copy(saved)
+    if bad:  # a damaged shard: a filled slot of generation 0
+        state["shard"]["gen"] = torch.zeros_like(state["shard"]["gen"])
+        torch.save({"not": "a buffer file"}, path)
+    for load in (lambda: rb.load_state_dict(state), lambda: rb.load(path, group)):
+        try:
+            load()
+            raise AssertionError("a state refused on one rank was loaded")
+        except ValueError:
+            pass
+        now = rb.state_dict()
+        assert torch.equal(now["shared_rng"], before["shared_rng"]), (rank, now["shared_rng"], before["shared_rng"])
+        assert all(torch.equal(now["shard"][k], v) for k, v in before["shard"].items() if isinstance(v, torch.Tensor))
+    batch = rb.sample(4)  # the group still draws as one: every row is its owner's
+    assert torch.equal(batch["who"], torch.stack([batch.owners, batch.indices], 1))

@@ -3,9 +3,13 @@ end): see tests/distributed/edge_workers.py."""
 
 from __future__ import annotations
 
-from edge_workers import no_host_data_in_a_step
+from edge_workers import a_shard_refused_on_one_rank_loads_nowhere, no_host_data_in_a_step
 from spawn import run_ranks
 
 
 def test_a_step_makes_no_tensor_from_host_data():
     run_ranks(no_host_data_in_a_step, 2, timeout=60)
+
+
+def test_a_shard_refused_on_one_rank_is_loaded_on_none(tmp_path):
+    run_ranks(a_shard_refused_on_one_rank_loads_nowhere, 2, str(tmp_path), timeout=60)

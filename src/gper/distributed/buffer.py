@@ -412,12 +412,11 @@ class ShardedPrioritizedReplayBuffer:
 
         Raises:
             ValueError: on every rank, if any rank's state comes from another world size, rank,
-                mode or seed, or the ranks' shared counters differ; the shard's own checks
-                (:meth:`gper.PrioritizedReplayBuffer.load_state_dict`) then run on each rank.
+                mode or seed, the ranks' shared counters differ, or the shard's own checks
+                (:meth:`gper.PrioritizedReplayBuffer.load_state_dict`) refuse any rank's shard;
+                then no rank changes.
         """
-        self._agree(self._state_problem(state), state, "load_state_dict()")
-        self.shard.load_state_dict(state["shard"])
-        self._restored(state["shared_rng"])
+        self._load_agreed(state, "load_state_dict()", lambda agree: self.shard._load_state_dict(state["shard"], agree))
 
     def save(self, path: str | os.PathLike) -> dict[str, Any]:
         """Write this rank's shard to the file ``path`` (:meth:`gper.PrioritizedReplayBuffer.save`:
@@ -440,8 +439,31 @@ class ShardedPrioritizedReplayBuffer:
         if isinstance(rng, int) and not isinstance(rng, bool):
             state["shared_rng"] = torch.tensor([rng], dtype=torch.int64)
         state["shard"] = path
-        self._agree(self._state_problem(state), state, "load()")
-        self.shard.load(path)
+        self._load_agreed(state, "load()", lambda agree: self.shard._load(path, agree))
+
+    def _load_agreed(self, state: Mapping[str, Any], what: str, load: Any) -> None:
+        """Load this rank's shard with ``load(agree)``, which checks it and calls ``agree()`` before
+        changing anything: the ranks agree there (one all-gather), so a state that this rank's own
+        checks refuse, or any rank's, is loaded on no rank (and no rank waits in the collective)."""
+        problem = self._state_problem(state)
+        if problem is not None:
+            self._agree(problem, state, what)  # raises on every rank
+        agreed = False
+
+        def agree() -> None:
+            nonlocal agreed
+            agreed = True
+            self._agree(None, state, what)
+
+        try:
+            load(agree)
+        except Exception as err:
+            if not agreed:  # the shard's checks refused it here: the other ranks wait to agree
+                try:
+                    self._agree(str(err), state, what)
+                except ValueError:
+                    pass
+            raise
         self._restored(state["shared_rng"])
 
     def _agree(self, problem: str | None, state: Mapping[str, Any], what: str) -> None:

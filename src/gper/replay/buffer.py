@@ -338,8 +338,13 @@ class PrioritizedReplayBuffer(BufferSettings):
             ValueError: the state comes from a buffer of another configuration, is incomplete,
                 or is corrupt (naming what is wrong); the buffer is then unchanged.
         """
+        self._load_state_dict(state)
+
+    def _load_state_dict(self, state: Mapping[str, Any], before_copy: Callable[[], object] | None = None) -> None:
+        """:meth:`load_state_dict`, calling ``before_copy()`` once every check has passed and before
+        anything changes (a sharded buffer's ranks agree there: one refusal stops every rank)."""
         state, held = widen_prefixes(state, self._tensors())
-        self._restore(state, lambda rows: rows.copy_(state["rows"]), rows_held=held)
+        self._restore(state, lambda rows: rows.copy_(state["rows"]), rows_held=held, before_copy=before_copy)
 
     def save(self, path: str | os.PathLike, progress: Callable[[int, int], None] | None = None) -> int:
         """Write the buffer's state to a safetensors file at ``path``, atomically and a chunk at a time.
@@ -377,6 +382,10 @@ class PrioritizedReplayBuffer(BufferSettings):
                 rows were being read: the buffer then holds part of it (the message says so). A
                 save that replaces the file meanwhile cannot do this: the open file is read.
         """
+        self._load(path)
+
+    def _load(self, path: str | os.PathLike, before_copy: Callable[[], object] | None = None) -> None:
+        """:meth:`load`, calling ``before_copy()`` once every check has passed and before anything changes."""
         with TensorFile(path) as f:
             meta = f.metadata
             state: dict[str, Any] = {"config": meta.get("config"), "seed": meta.get("seed"), "host": meta.get("host")}
@@ -401,7 +410,8 @@ class PrioritizedReplayBuffer(BufferSettings):
                     except (OSError, ValueError) as err:
                         raise ValueError(f"load(): {err}") from err
             n = held.get("rows", self.capacity)
-            self._restore(state, lambda rows: self._read_rows(f, rows, n, path), json_config=True, rows_held=n)
+            read = lambda rows: self._read_rows(f, rows, n, path)  # noqa: E731
+            self._restore(state, read, json_config=True, rows_held=n, before_copy=before_copy)
 
     def _read_rows(self, f: TensorFile, rows: torch.Tensor, n: int, path: str | os.PathLike) -> None:
         try:
@@ -421,12 +431,15 @@ class PrioritizedReplayBuffer(BufferSettings):
         copy_rows: Callable[[torch.Tensor], object],
         json_config: bool = False,
         rows_held: int | None = None,
+        before_copy: Callable[[], object] | None = None,
     ) -> None:
         config = json.loads(json.dumps(self._config())) if json_config else self._config()
         seed, host = check_state(state, config, self._tensors())
         size, invalid = check_contents(state, self.tree.layout, host["size"], self.device)
         if rows_held is not None and rows_held < size:
             raise ValueError(f"load_state_dict(): the state holds the rows of {rows_held} slots, but {size} are filled")
+        if before_copy is not None:
+            before_copy()
         with torch.no_grad():  # tensors that require grad must not pull the buffer into autograd
             copy_rows(self.rows.rows)
             self.tree.load_state_dict(state)
