@@ -77,3 +77,20 @@ def a_shard_refused_on_one_rank_loads_nowhere(rank: int, world: int, folder: str
         assert all(torch.equal(now["shard"][k], v) for k, v in before["shard"].items() if isinstance(v, torch.Tensor))
     batch = rb.sample(4)  # the group still draws as one: every row is its owner's
     assert torch.equal(batch["who"], torch.stack([batch.owners, batch.indices], 1))
+
+
+def new_items_enter_at_the_group_max_after_an_update(rank: int, world: int) -> None:
+    """Exact mode: after an update that raises the max priority on one shard, an item added on any
+    shard before the next draw enters at the group's max priority, as in one buffer."""
+    rb = build(world)
+    batch = rb.sample(8)
+    td = torch.ones(8)
+    if rank == 0:
+        td[0] = 1000.0  # every rank's batch holds draws of its own and others' shards: one large priority
+    rb.update_priorities(batch, td)
+    rb.add({"who": torch.full((1, 2), -1)})  # slot 8 of every shard
+    mine = rb.shard.tree.leaves()[8].reshape(1).clone()
+    every = [torch.zeros(1) for _ in range(world)]
+    dist.all_gather(every, mine)
+    want = float(torch.tensor(1000.0 + 1e-6))  # (|td| + eps) ** alpha, alpha 1, in float32
+    assert all(float(x) == want for x in every), every

@@ -3,7 +3,11 @@ end): see tests/distributed/edge_workers.py."""
 
 from __future__ import annotations
 
-from edge_workers import a_shard_refused_on_one_rank_loads_nowhere, no_host_data_in_a_step
+from edge_workers import (
+    a_shard_refused_on_one_rank_loads_nowhere,
+    new_items_enter_at_the_group_max_after_an_update,
+    no_host_data_in_a_step,
+)
 from spawn import run_ranks
 
 
@@ -13,3 +17,7 @@ def test_a_step_makes_no_tensor_from_host_data():
 
 def test_a_shard_refused_on_one_rank_is_loaded_on_none(tmp_path):
     run_ranks(a_shard_refused_on_one_rank_loads_nowhere, 2, str(tmp_path), timeout=60)
+
+
+def test_new_items_enter_at_the_group_max_after_an_update():
+    run_ranks(new_items_enter_at_the_group_max_after_an_update, 2, timeout=60)

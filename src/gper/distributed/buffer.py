@@ -324,7 +324,8 @@ class ShardedPrioritizedReplayBuffer:
     def update_priorities(self, batch: ShardedBatch, td_errors: torch.Tensor) -> None:
         """Set priorities ``(|td| + eps) ** alpha`` of a batch's slots on the shards that own them.
 
-        A collective in exact mode (one all-gather of 16 bytes a row): every rank calls it in
+        A collective in exact mode (one all-gather of 16 bytes a row, then a 4-byte all-reduce of
+        the max priority, so that new items enter at the group's): every rank calls it in
         lockstep. Entries whose slot was overwritten since sampling are ignored and counted
         (``stats()["stale_updates"]``), as is a whole batch drawn before a :meth:`load_state_dict`
         or by another buffer. For a slot drawn more than once the last entry wins, in the order
@@ -351,16 +352,18 @@ class ShardedPrioritizedReplayBuffer:
         every = self.group.all_gather(mine).view(-1, 4)  # rank-major: the order "last wins" follows
         if stale:
             tree.count_stale(batch.indices.numel())
-        if len(shard) == 0:
-            return
-        g = every[:, :2].contiguous().view(torch.int64).view(-1)
-        owned = (g >> _OWNER_SHIFT) == self.rank
-        slot = torch.where(owned, g & ((1 << _OWNER_SHIFT) - 1), 0)
-        # entries of other shards are made stale (a generation that cannot match) and uncounted after
-        expected = torch.where(owned, every[:, 2], ~tree.gen[slot])
-        td_all = torch.where(owned, every[:, 3].contiguous().view(torch.float32), 0.0)
-        shard.policy.update(tree, slot, td_all, expected, shard.alpha, shard.eps)
-        tree.count_stale(-(~owned).sum())
+        if len(shard) > 0:
+            g = every[:, :2].contiguous().view(torch.int64).view(-1)
+            owned = (g >> _OWNER_SHIFT) == self.rank
+            slot = torch.where(owned, g & ((1 << _OWNER_SHIFT) - 1), 0)
+            # entries of other shards are made stale (a generation that cannot match) and uncounted after
+            expected = torch.where(owned, every[:, 2], ~tree.gen[slot])
+            td_all = torch.where(owned, every[:, 3].contiguous().view(torch.float32), 0.0)
+            shard.policy.update(tree, slot, td_all, expected, shard.alpha, shard.eps)
+            tree.count_stale(-(~owned).sum())
+        # the max priority over every shard now, as one buffer's (4 bytes): items added before the
+        # next sample enter at it, not at this shard's own max
+        self.group.all_reduce_max(tree.max_priority().view(1))
 
     # ---------------------------------------------------------------- stats / checkpoints
 

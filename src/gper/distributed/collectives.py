@@ -52,3 +52,8 @@ class Group:
         """``x`` replaced in place by its minimum over ranks."""
         dist.all_reduce(x, op=dist.ReduceOp.MIN, group=self.group)
         return x
+
+    def all_reduce_max(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` replaced in place by its maximum over ranks."""
+        dist.all_reduce(x, op=dist.ReduceOp.MAX, group=self.group)
+        return x
