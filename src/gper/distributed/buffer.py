@@ -331,6 +331,10 @@ class ShardedPrioritizedReplayBuffer:
         or by another buffer. For a slot drawn more than once the last entry wins, in the order
         (rank, position in its batch).
 
+        The arguments are checked on each rank before the collective: a bad ``td_errors`` on one
+        rank only raises there and leaves the other ranks waiting in the all-gather (until the
+        process group's timeout), so pass every rank the same shapes.
+
         Args:
             batch: the :class:`ShardedBatch` this rank drew.
             td_errors: [b] floating, on this rank's device.
