@@ -24,3 +24,19 @@ def test_refused_without_a_process_group():
 
     with pytest.raises(RuntimeError, match="init_process_group"):
         ShardedPrioritizedReplayBuffer(8, {"x": ((1,), torch.float32)}, device="cpu", backend="torch")
+
+
+def test_two_launches_with_one_seed_draw_the_same_samples(tmp_path):
+    """Separate process groups (fresh processes, fresh ports) with the same seed draw the same
+    owners, slots and weights on every rank, in both modes."""
+    from workers import determinism_and_checkpoint
+
+    runs = [tmp_path / "first", tmp_path / "second"]
+    for out in runs:
+        out.mkdir()
+        run_ranks(determinism_and_checkpoint, 2, str(out), timeout=120)
+    for rank in range(2):
+        first, second = (torch.load(out / f"rank{rank}.pt") for out in runs)
+        for mode in ("exact", "local"):
+            for a, b in zip(first[mode], second[mode], strict=True):
+                assert all(torch.equal(u, v) for u, v in zip(a, b, strict=True)), (rank, mode)
