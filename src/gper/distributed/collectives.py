@@ -10,8 +10,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+# looked up without failing: a torch built without distributed support lacks both names, and
+# gper.dqn imports this module (the Group then refuses with its message)
+_all_gather_single = getattr(dist, "all_gather_single", None) or getattr(dist, "all_gather_into_tensor", None)
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or getattr(dist, "reduce_scatter_tensor", None)
 
 
 class Group:
