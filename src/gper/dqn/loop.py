@@ -237,13 +237,16 @@ def train(config: Config, log: Any = print) -> Results:
     mode = parallel.resolve_mode(config.distributed)
     config = dataclasses.replace(config, distributed=mode)
     launch = parallel.start(mode, config.device)
+    finished = False
     try:
         if launch is not None and not launch.main:  # quiet: rank 0 speaks for the group
             config = dataclasses.replace(config, progress=False)
             log = _quiet
-        return _train_process(config, log, launch)
+        results = _train_process(config, log, launch)
+        finished = True
+        return results
     finally:
-        parallel.stop(launch)
+        parallel.stop(launch, finished)
 
 
 def _quiet(line: str) -> None:

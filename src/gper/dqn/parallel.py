@@ -190,9 +190,16 @@ def start(mode: str, device: str, environ: Mapping[str, str] = os.environ) -> La
     return Launch(world_size=world, rank=rank, local_rank=local, mode=mode, device=where)
 
 
-def stop(launch: Launch | None) -> None:
-    """Leave the process group (after a run, or an error)."""
+def stop(launch: Launch | None, finished: bool = False) -> None:
+    """Leave the process group (after a run, or an error).
+
+    After a finished run every rank first waits for the others (rank 0 still writes the summary
+    and the plot when the others are done): a rank that tore down its gloo connections while a
+    peer still held them was seen to abort at exit ("terminate called without an active
+    exception"). After an error there is no wait, which could hang on a rank that is gone."""
     if launch is not None and dist.is_initialized():
+        if finished:
+            dist.barrier()
         dist.destroy_process_group()
 
 
