@@ -94,3 +94,19 @@ def new_items_enter_at_the_group_max_after_an_update(rank: int, world: int) -> N
     dist.all_gather(every, mine)
     want = float(torch.tensor(1000.0 + 1e-6))  # (|td| + eps) ** alpha, alpha 1, in float32
     assert all(float(x) == want for x in every), every
+
+
+def a_shard_that_fails_on_one_rank_fails_the_build_on_all(rank: int, world: int) -> None:
+    """A shard that cannot be built on one rank (here: a bad spec there) makes every rank raise,
+    none left waiting in the settings' all-gather: that rank its own error, the others one naming it."""
+    spec = SPEC if rank != world - 1 else {"who": ((2,), "not a dtype")}
+    try:
+        ShardedPrioritizedReplayBuffer(PER_RANK * world, spec, backend="torch", device="cpu", seed=7)
+    except RuntimeError as err:
+        assert rank != world - 1 and f"rank {world - 1} could not be built" in str(err), (rank, err)
+    except (TypeError, ValueError) as err:
+        assert rank == world - 1, (rank, err)
+    else:
+        raise AssertionError(f"rank {rank} built a buffer whose shard failed on rank {world - 1}")
+    # the group still works: every rank builds the next buffer alike
+    assert len(ShardedPrioritizedReplayBuffer(PER_RANK * world, SPEC, backend="torch", device="cpu", seed=7)) == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from edge_workers import (
     a_shard_refused_on_one_rank_loads_nowhere,
+    a_shard_that_fails_on_one_rank_fails_the_build_on_all,
     new_items_enter_at_the_group_max_after_an_update,
     no_host_data_in_a_step,
 )
@@ -21,3 +22,7 @@ def test_a_shard_refused_on_one_rank_is_loaded_on_none(tmp_path):
 
 def test_new_items_enter_at_the_group_max_after_an_update():
     run_ranks(new_items_enter_at_the_group_max_after_an_update, 2, timeout=60)
+
+
+def test_a_shard_that_fails_on_one_rank_fails_the_build_on_every_rank():
+    run_ranks(a_shard_that_fails_on_one_rank_fails_the_build_on_all, 2, timeout=60)

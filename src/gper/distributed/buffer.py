@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from gper._device import canonical_device
 from gper.distributed import shards
 from gper.distributed.batch import ShardedBatch
 from gper.distributed.collectives import Group
@@ -32,6 +33,8 @@ SAMPLING = ("proportional", "stratified", "uniform")
 #: int32 words each routed row carries after the packed row: slot (int64), generation, priority
 _ROUTE_EXTRA = 4
 _OWNER_SHIFT = 40
+#: the settings checksum a rank whose shard could not be built sends (a crc32 is never negative)
+_FAILED = -1
 
 
 class ShardedPrioritizedReplayBuffer:
@@ -101,23 +104,29 @@ class ShardedPrioritizedReplayBuffer:
         self.mode = mode
         self._seed = seed
         self._shared_key = shards.derive_key(seed, 0)
-        #: this rank's shard: a whole buffer of capacity / world_size slots (``add`` goes to it)
-        self.shard = PrioritizedReplayBuffer(
-            capacity // w if isinstance(capacity, int) else capacity,
-            spec,
-            alpha=alpha,
-            beta=beta,
-            eps=eps,
-            sampling=sampling,
-            weight_norm=weight_norm,
-            device=device,
-            backend=backend,
-            seed=shards.derive_key(seed, 1 + self.group.rank),
-            strict=strict,
-            cpu_fallback=False,  # a shard on another device than its peers' would break the collectives
-            arity=arity,
-            cuda_graphs=cuda_graphs,
-        )
+        try:
+            #: this rank's shard: a whole buffer of capacity / world_size slots (``add`` goes to it)
+            self.shard = PrioritizedReplayBuffer(
+                capacity // w if isinstance(capacity, int) else capacity,
+                spec,
+                alpha=alpha,
+                beta=beta,
+                eps=eps,
+                sampling=sampling,
+                weight_norm=weight_norm,
+                device=device,
+                backend=backend,
+                seed=shards.derive_key(seed, 1 + self.group.rank),
+                strict=strict,
+                cpu_fallback=False,  # a shard on another device than its peers' would break the collectives
+                arity=arity,
+                cuda_graphs=cuda_graphs,
+            )
+        except Exception:
+            # the other ranks wait in the settings' all-gather below: join it (as failed), so that
+            # they raise too instead of waiting, then raise this rank's own error
+            self._join_as_failed(device)
+            raise
         self.device = self.shard.device
         self.capacity = capacity
         #: [1] int64 counter of the draws every rank shares (advanced alike on every rank)
@@ -126,6 +135,14 @@ class ShardedPrioritizedReplayBuffer:
         self._seen_filled = False  # once any shard holds an item, the buffer never empties again
         self._epoch = object()
         self._check_same_settings()
+
+    def _join_as_failed(self, device: Any) -> None:
+        """This rank's part of :meth:`_check_same_settings` when its shard could not be built."""
+        try:
+            where = canonical_device(device)
+        except ValueError:
+            where = torch.device("cpu")
+        self.group.all_gather(torch.tensor([_FAILED], dtype=torch.int64, device=where))
 
     # ---------------------------------------------------------------- settings
 
@@ -171,6 +188,12 @@ class ShardedPrioritizedReplayBuffer:
         hang or mix shapes in the first collective."""
         crc = zlib.crc32(repr(sorted(self._settings().items())).encode())
         got = self.group.all_gather(torch.tensor([crc], dtype=torch.int64, device=self.device))
+        failed = (got.view(-1) == _FAILED).nonzero().view(-1).tolist()
+        if failed:
+            raise RuntimeError(
+                f"ShardedPrioritizedReplayBuffer: the shard of rank{'s' if len(failed) > 1 else ''} "
+                f"{', '.join(map(str, failed))} could not be built (that rank raised the cause)"
+            )
         if bool((got != crc).any()):
             raise ValueError(
                 "the ranks built ShardedPrioritizedReplayBuffer with different settings (checksums "
