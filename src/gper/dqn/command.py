@@ -19,20 +19,25 @@ import dataclasses
 import json
 import os
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from gper.dqn import parallel
 from gper.dqn._extra import MissingExtra, require
 from gper.dqn.checkpoint import stored_config
-from gper.dqn.config import Config, pick_device
+from gper.dqn.config import Config, pick_device, walk_spec
 from gper.dqn.help import command_config, from_config, presets_table, to_config
 from gper.dqn.loop import train
 from gper.dqn.parallel import PeerFailed
 
 
-def main(argv: list[str]) -> int:
-    """Parse ``argv`` (the flags after ``gper train``), train, print the summary; the exit status."""
+def main(argv: list[str], walk_forward: Callable[..., Any] | None = None) -> int:
+    """Parse ``argv`` (the flags after ``gper train``), train, print the summary; the exit status.
+
+    ``walk_forward(config, log)`` runs the walk-forward folds that the market's window flags ask
+    for (``gper train`` passes :func:`gper.walkforward.walk_forward`, from the layer above)."""
     try:
         tyro = require("tyro")
     except MissingExtra as err:
@@ -70,6 +75,13 @@ def main(argv: list[str]) -> int:
             print(err, file=sys.stderr)
             return 2
     try:
+        if walk_spec(config) is not None:
+            if walk_forward is None:
+                raise ValueError("walk-forward windows are run by the gper command (gper train), or gper.walkforward")
+            result = walk_forward(config, log=log)
+            print("gper train: done")
+            print(json.dumps({"folder": str(result.folder), "out_of_sample": result.report["out_of_sample"]}, indent=2))
+            return 0
         results = train(config, log=log)
     except PeerFailed as err:  # under torchrun: the rank that failed says why; rank 0 says where
         if os.environ.get("RANK", "0") == "0":

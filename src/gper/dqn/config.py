@@ -12,6 +12,7 @@ from typing import Any, Literal
 import torch
 
 from gper._device import canonical_device
+from gper.envs.folds import WalkSpec, spec_from
 
 
 @dataclass
@@ -146,6 +147,46 @@ class Config:
     """market, synthetic prices: bars of the held-out test series the greedy policy is scored on"""
     cost_bps: float = 1.0
     """market: transaction cost in basis points of the traded position"""
+    train_months: int | None = None
+    """market walk-forward (with val_months and test_months): each fold trains on this many calendar
+    months, keeps the checkpoint that scores best on the next val_months, scores it once on the
+    test_months after those, and the next fold starts step_months later (docs/training.md,
+    "Walk-forward"); the same in days (train_days ...) or bars (fold_train_bars ...)"""
+    val_months: int | None = None
+    """market walk-forward: calendar months of each fold's validation window (checkpoint choice)"""
+    test_months: int | None = None
+    """market walk-forward: calendar months of each fold's test window (scored once)"""
+    step_months: int | None = None
+    """market walk-forward: calendar months from one fold's start to the next's (default test_months;
+    at least test_months, so that test windows never overlap)"""
+    train_days: int | None = None
+    """market walk-forward in calendar days: the training window"""
+    val_days: int | None = None
+    """market walk-forward in calendar days: the validation window"""
+    test_days: int | None = None
+    """market walk-forward in calendar days: the test window"""
+    step_days: int | None = None
+    """market walk-forward in calendar days: from one fold's start to the next's (default test_days)"""
+    fold_train_bars: int | None = None
+    """market walk-forward in bars (intraday data): the training window"""
+    fold_val_bars: int | None = None
+    """market walk-forward in bars: the validation window"""
+    fold_test_bars: int | None = None
+    """market walk-forward in bars: the test window"""
+    fold_step_bars: int | None = None
+    """market walk-forward in bars: from one fold's start to the next's (default fold_test_bars)"""
+    select_metric: Literal["sharpe", "log_pnl"] = "sharpe"
+    """market walk-forward: the validation score that picks a fold's checkpoint: Sharpe after costs
+    or log P&L after costs"""
+    flat_fallback: bool = True
+    """market walk-forward: a fold whose best checkpoint does not beat flat on validation (a score
+    of 0 or less) stays flat over its test window"""
+    steps_per_bar: int | None = None
+    """market walk-forward: training env steps per bar of a fold's training window (total_steps, when
+    not given, is this times the window's bars)"""
+    validations: int = 10
+    """market walk-forward: times each fold's greedy policy is scored on its validation window,
+    evenly through training (the best one is kept)"""
     gym_autoreset: Literal["same-step", "next-step"] = "same-step"
     """gym:<ID>: when Gymnasium resets an ended copy: in the step that ended it (same-step), or in a reset
     step after it that belongs to no episode (next-step, Gymnasium's own default; the replay must then be
@@ -206,6 +247,29 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             bars=100_000,
             test_bars=20_000,
         ),
+    },
+    # market walk-forward (gper.walkforward): a fold trains on a window of a few hundred to a few
+    # thousand bars, so the network is small and training is counted in passes over the window
+    # (steps_per_bar), with validation picking the checkpoint; chosen on validation windows only
+    # (benchmarks/market_walk.py, docs/training.md "Walk-forward")
+    "market-walk": {
+        "cuda": dict(
+            steps_per_bar=100,
+            num_envs=64,
+            hidden=(64, 64),
+            buffer_size=2**17,
+            batch_size=256,
+            learning_rate=1e-4,
+            max_grad_norm=10.0,
+            tau=0.005,
+            target_every=1,
+            eps_end=0.05,
+            exploration_fraction=0.3,
+            learning_starts=5_000,
+            solve_return=None,
+            weight_norm="global",
+        ),
+        "cpu": dict(num_envs=16),
     },
     # the bit-flipping task: episodes of N steps, one update per collection step of 16 episodes
     "bitflip": {
@@ -322,6 +386,20 @@ def replay_kind(cfg: Config, autoreset: str) -> str:
     return "trajectory" if cfg.n_step > 1 or autoreset == "next-step" or goal else "flat"
 
 
+def walk_spec(config: Config) -> WalkSpec | None:
+    """The walk-forward windows ``config`` asks for (gper.walkforward), or None for a plain run.
+
+    Raises:
+        ValueError: windows in two units, or train, val or test missing.
+    """
+    c = config
+    return spec_from(
+        (c.train_months, c.val_months, c.test_months, c.step_months),
+        (c.train_days, c.val_days, c.test_days, c.step_days),
+        (c.fold_train_bars, c.fold_val_bars, c.fold_test_bars, c.fold_step_bars),
+    )
+
+
 def trajectory_capacity(cfg: Config) -> int:
     """The trajectory replay's capacity: ``buffer_size`` rounded down to a multiple of ``num_envs``
     (each environment gets a ring of ``buffer_size // num_envs`` steps)."""
@@ -341,9 +419,10 @@ def env_family(env: str) -> str:
     return env
 
 
-def resolve(config: Config, device: torch.device) -> Config:
-    """``config`` with every ``None`` replaced by the preset of its environment on ``device``."""
-    family = env_family(config.env)
+def resolve(config: Config, device: torch.device, family: str | None = None) -> Config:
+    """``config`` with every ``None`` replaced by the preset of its environment on ``device`` (or of
+    the preset ``family``: ``market-walk`` for walk-forward training on a few thousand bars)."""
+    family = family or env_family(config.env)
     if family not in PRESETS:
         raise ValueError(f"unknown environment {config.env!r}: expected cartpole, market, bitflip:<N> or gym:<ID>")
     preset = dict(PRESETS[family]["cuda"])

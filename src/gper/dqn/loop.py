@@ -17,7 +17,7 @@ from gper.dqn import checkpoint, evaluation, parallel
 from gper.dqn._extra import INSTALL, require
 from gper.dqn.agent import Agent
 from gper.dqn.checkpoint import Checkpoint
-from gper.dqn.config import Config, cpu_threads, pick_device, replay_kind, resolve, trajectory_capacity
+from gper.dqn.config import Config, cpu_threads, pick_device, replay_kind, resolve, trajectory_capacity, walk_spec
 from gper.dqn.evaluation import Evaluator
 from gper.dqn.network import GOAL_OBS_KEYS, goal_trajectory_spec, padded_width, replay_spec, trajectory_spec
 from gper.dqn.parallel import Launch
@@ -234,6 +234,11 @@ def train(config: Config, log: Any = print) -> Results:
         ValueError: bad settings, settings a resume may not change, or a damaged checkpoint
             (:class:`~gper.training.checkpoints.CheckpointError`); each a one-line message.
     """
+    if walk_spec(config) is not None:
+        raise ValueError(
+            "walk-forward windows (train/val/test months, days or bars) are run by gper.walkforward.walk_forward "
+            "or the gper train command, not gper.dqn.train"
+        )
     mode = parallel.resolve_mode(config.distributed)
     config = dataclasses.replace(config, distributed=mode)
     launch = parallel.start(mode, config.device)
@@ -411,7 +416,7 @@ def _run_epochs(
             end = min((it // epoch_its + 1) * epoch_its, iterations)
             inside = False
             for i in range(it, end):
-                if _step(cfg, agent, i, timer, train_steps):
+                if step_iteration(cfg, agent, i, timer, train_steps):
                     train_steps += 1
                 if bar is not None and (i + 1) % 64 == 0:
                     bar.update(64 * n)
@@ -455,11 +460,11 @@ def _run_epochs(
     return _Reached(it, train_steps, time.perf_counter() - report.t0, path)
 
 
-def _step(cfg: Config, agent: Agent, it: int, timer: PhaseTimer, train_steps: int) -> bool:
+def step_iteration(cfg: Config, agent: Agent, it: int, timer: PhaseTimer | None, train_steps: int) -> bool:
     """Collection iteration ``it``, and the training step after it when one is due (the target
     update after it too); every ``time_every``-th iteration phase by phase into ``timer``.
     Returns whether it trained."""
-    timed = timer if cfg.time_every > 0 and it % cfg.time_every == 0 else None
+    timed = timer if timer is not None and cfg.time_every > 0 and it % cfg.time_every == 0 else None
     agent.collect.run(timed)
     if not trains_at(cfg, it):
         return False

@@ -42,6 +42,7 @@ import torch
 from gper.envs._rng import EnvRng
 from gper.envs.base import Step, VecEnv, canonical_device
 from gper.envs.market_data import SYNTHETIC_KINDS, load_bars_csv, synthetic_prices
+from gper.envs.packaged import read_bars
 
 N_RETURNS = 40
 WINDOWS = (5, 10, 20, 40)
@@ -215,7 +216,7 @@ class MarketEnv(VecEnv):
             prices = train if split == "train" else synthetic_prices(n_test, test_seed, synthetic_kind)
         else:
             needed = math.ceil(MIN_BARS / (1 - test_fraction)) + 1
-            bars = load_bars_csv(data, min_rows=needed)
+            bars = read_bars(data, min_rows=needed).close
             n_train = len(bars) - max(1, round(len(bars) * test_fraction))
             if n_train < MIN_BARS:
                 raise ValueError(f"{data}: {len(bars)} bars leave {n_train} for training, at least {MIN_BARS} needed")
@@ -328,15 +329,7 @@ def evaluate(
     env = MarketEnv(prices, 1, device, episode_len=n_steps, cost_bps=cost_bps, random_start=False, sigma=sigma)
     if isinstance(source, MarketEnv):
         env.horizon = source.horizon  # feature 50 cycles as it did in training
-    pnl = torch.zeros(n_steps, dtype=torch.float64, device=device)
-    traded = torch.zeros(n_steps, dtype=torch.float64, device=device)
-    obs = env.reset()
-    with torch.no_grad():
-        for i in range(n_steps):
-            actions = policy(obs).reshape(1).to(torch.int64)
-            obs = env.step(actions).obs
-            pnl[i : i + 1].copy_(env.last_log_pnl)
-            traded[i : i + 1].copy_(env.last_traded)
+    pnl, traded = trade(policy, env)
     held = env.returns[WARMUP + 1 :].clone()
     held[0] -= env.cost
     return {
@@ -348,6 +341,26 @@ def evaluate(
         "sharpe_per_bar": _sharpe(pnl),
         "buy_and_hold_sharpe_per_bar": _sharpe(held),
     }
+
+
+def trade(policy: Callable[[torch.Tensor], torch.Tensor], env: MarketEnv) -> tuple[torch.Tensor, torch.Tensor]:
+    """Walk ``env`` (one copy, ``random_start=False``, an episode as long as its series) with
+    ``policy`` from its first usable bar to its end: float64 ``[steps]`` log P&L after costs and
+    ``|p' - p|`` of each step, on ``env``'s device (no host synchronisation of its own)."""
+    n_steps = env.n_bars - 1 - WARMUP
+    if env.num_envs != 1 or env.random_start or env.episode_len < n_steps:
+        raise ValueError("trade() walks one copy from the first usable bar to the end: num_envs 1, random_start "
+                         f"False, episode_len >= {n_steps}")
+    pnl = torch.zeros(n_steps, dtype=torch.float64, device=env.device)
+    traded = torch.zeros(n_steps, dtype=torch.float64, device=env.device)
+    obs = env.reset()
+    with torch.no_grad():
+        for i in range(n_steps):
+            actions = policy(obs).reshape(1).to(torch.int64)
+            obs = env.step(actions).obs
+            pnl[i : i + 1].copy_(env.last_log_pnl)
+            traded[i : i + 1].copy_(env.last_traded)
+    return pnl, traded
 
 
 def _sharpe(pnl: torch.Tensor) -> float:
@@ -367,4 +380,5 @@ __all__ = [
     "market_features",
     "return_std",
     "synthetic_prices",
+    "trade",
 ]

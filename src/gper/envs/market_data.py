@@ -101,6 +101,18 @@ def synthetic_prices(
     return start_price * torch.exp(log_prices)
 
 
+def business_days(n: int, first: str = "2000-01-03") -> torch.Tensor:
+    """int64 ``[n]`` nanoseconds of ``n`` consecutive weekdays from ``first`` (midnight UTC): the
+    calendar that synthetic daily bars are given for walk-forward folds by months or days."""
+    days = np.busday_offset(np.datetime64(first, "D"), np.arange(n), roll="forward")
+    return torch.from_numpy(days.astype("datetime64[ns]").astype(np.int64))
+
+
+def synthetic_bars(n_bars: int, seed: int, kind: str = "regime") -> Bars:
+    """:func:`synthetic_prices` as daily bars on weekdays from 2000-01-03 (:func:`business_days`)."""
+    return Bars(business_days(n_bars), synthetic_prices(n_bars, seed, kind))
+
+
 _ORDER = "bars must be oldest first, each after the one before"
 
 

@@ -1,0 +1,228 @@
+"""One walk-forward fold: train a DQN on the training window, keep the checkpoint that scores best
+on the validation window, score it once on the test window.
+
+What each stage may read, which is what keeps the test window out of training and selection:
+
+- **training**: the training window's bars only (its own return scale ``sigma``, its episodes);
+- **selection**: the validation window, walked whole by the greedy policy every
+  ``epoch_steps`` env steps (``total_steps / validations``); its environment reads the
+  :data:`~gper.envs.folds.HISTORY` bars before the window as features (the training window's last);
+- **test**: after training, once, with the chosen network (or flat, see ``flat_fallback``); its
+  environment reads the bars before it as features (the validation window's last).
+
+Validation and test are scaled by the training window's ``sigma`` and cost ``cost_bps`` per unit
+traded, as training. Everything is seeded from the run's seed and the fold's index.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from gper.dqn.agent import Agent
+from gper.dqn.config import Config, resolve
+from gper.dqn.loop import build_replay, collect_iterations, step_iteration, train_steps_before
+from gper.dqn.network import padded_width
+from gper.envs.folds import HISTORY, Fold
+from gper.envs.market import N_ACTIONS, WARMUP, MarketEnv, return_std, trade
+from gper.envs.market_data import Bars
+
+FLAT_ACTION = N_ACTIONS // 2
+"""The action whose target position is exactly 0."""
+
+
+def fold_seed(seed: int, index: int) -> int:
+    """The seed of fold ``index`` of a run of ``seed`` (independent streams per fold)."""
+    return int(np.random.SeedSequence([int(seed), 3, int(index)]).generate_state(1)[0] >> 1)
+
+
+def fold_config(config: Config, fold: Fold, device: torch.device) -> Config:
+    """``config`` resolved for ``fold`` on ``device`` with the ``market-walk`` preset: ``total_steps``
+    (when not given) ``steps_per_bar`` times the training window's bars, ``epoch_steps`` a
+    ``validations``-th of it, no phase timing, the fold's seed.
+
+    Raises:
+        ValueError: bad settings, or a fold too short to train (fewer steps than ``learning_starts``).
+    """
+    spb = config.steps_per_bar
+    if spb is None:
+        spb = resolve(dataclasses.replace(config, total_steps=1, epoch_steps=1), device, "market-walk").steps_per_bar
+    if not isinstance(spb, int) or isinstance(spb, bool) or spb < 1:
+        raise ValueError(f"steps_per_bar must be an integer >= 1, got {spb!r}")
+    if not isinstance(config.validations, int) or isinstance(config.validations, bool) or config.validations < 1:
+        raise ValueError(f"validations must be an integer >= 1, got {config.validations!r}")
+    total = config.total_steps if config.total_steps is not None else spb * fold.train.bars
+    epoch = config.epoch_steps if config.epoch_steps is not None else max(1, total // config.validations)
+    cfg = resolve(
+        dataclasses.replace(config, total_steps=total, epoch_steps=epoch, steps_per_bar=spb, time_every=0),
+        device,
+        "market-walk",
+    )
+    if cfg.learning_starts >= cfg.total_steps:
+        raise ValueError(
+            f"fold {fold.index}: {cfg.total_steps} training steps ({fold.train.bars} bars x {spb} steps_per_bar) "
+            f"do not pass learning_starts ({cfg.learning_starts}): raise steps_per_bar or lower learning_starts"
+        )
+    return dataclasses.replace(cfg, seed=fold_seed(config.seed, fold.index))
+
+
+def window_env(prices: torch.Tensor, start: int, end: int, like: MarketEnv) -> MarketEnv:
+    """One trader walking bars ``[start, end)`` whole, with :data:`HISTORY` bars before them as
+    features, the scale and cost of the training environment ``like``: its first decision, at bar
+    ``start - 1``, earns bar ``start``'s return."""
+    window = prices[start - HISTORY : end]
+    env = MarketEnv(
+        window,
+        1,
+        like.device,
+        episode_len=len(window) - 1 - WARMUP,
+        cost_bps=like.cost_bps,
+        random_start=False,
+        sigma=like.sigma,
+    )
+    env.horizon = like.horizon  # feature 50 cycles as in training
+    return env
+
+
+def score(pnl: torch.Tensor, metric: str) -> float:
+    """A validation score of per-bar log P&L after costs: Sharpe per bar, or the summed log P&L."""
+    if metric == "log_pnl":
+        return float(pnl.sum())
+    std = float(pnl.std(correction=0))
+    return float(pnl.mean()) / std if std > 0 else 0.0
+
+
+@dataclasses.dataclass
+class FoldRun:
+    """What :func:`run_fold` returns: the chosen network, the validation record, the test walk."""
+
+    cfg: Config
+    """the fold's resolved settings"""
+    chosen: dict[str, Any]
+    """epoch, env_step and validation score of the chosen checkpoint; ``flat``: True when it stays flat"""
+    validations: list[dict[str, float]]
+    """every validation: env_step, score, log P&L, Sharpe per bar, turnover"""
+    state: dict[str, torch.Tensor] | None
+    """the chosen network's parameters (on the CPU), None when no validation ran"""
+    test: dict[str, np.ndarray] | None
+    """the test walk (``time_ns``, ``policy_pnl``, ``policy_traded``, ``hold_pnl``, ``hold_traded``), None
+    when not scored"""
+    sigma: float
+    """the training window's return scale"""
+
+
+def run_fold(
+    config: Config,
+    bars: Bars,
+    fold: Fold,
+    device: torch.device,
+    progress: Callable[[int], None] | None = None,
+    score_test: bool = True,
+) -> FoldRun:
+    """Train, select and (with ``score_test``) test ``fold`` of ``bars`` (see the module docstring).
+
+    ``progress(n)`` is called with the env steps done since its last call.
+    """
+    cfg = fold_config(config, fold, device)
+    torch.manual_seed(cfg.seed)
+    if device.type == "cuda":
+        torch.cuda.manual_seed(cfg.seed)
+    prices = bars.close
+    train_prices = prices[fold.train.start : fold.train.end]
+    env = MarketEnv(
+        train_prices,
+        cfg.num_envs,
+        device,
+        seed=cfg.seed,
+        episode_len=cfg.episode_len,
+        cost_bps=cfg.cost_bps,
+        graph_safe_rng=True,
+        sigma=return_std(train_prices),
+    )
+    rb = build_replay(cfg, padded_width(env.obs_dim), device)
+    iterations = collect_iterations(cfg)
+    agent = Agent(cfg, env, rb, train_steps_before(cfg, iterations))
+    try:
+        val_env = window_env(prices, fold.val.start, fold.val.end, env)
+        record, best, best_state = _train_and_validate(cfg, agent, val_env, iterations, progress)
+        flat = best is None or (cfg.flat_fallback and best["score"] <= 0)
+        chosen = dict(best or {}) | {"flat": flat, "metric": cfg.select_metric}
+        test = None
+        if score_test:
+            test = _test_walk(prices, bars.time_ns, fold, env, agent, best_state, flat)
+        return FoldRun(cfg, chosen, record, best_state, test, env.sigma)
+    finally:
+        env.close()
+
+
+def _train_and_validate(cfg: Config, agent: Agent, val_env: MarketEnv, iterations: int, progress):
+    n = cfg.num_envs
+    epoch_its = max(1, cfg.epoch_steps // n)
+    record: list[dict[str, float]] = []
+    best: dict[str, Any] | None = None
+    best_state = None
+    train_steps, done = 0, 0
+    for it in range(iterations):
+        if step_iteration(cfg, agent, it, None, train_steps):
+            train_steps += 1
+        if (it + 1) % epoch_its and it + 1 < iterations:
+            continue
+        if progress is not None:
+            progress((it + 1) * n - done)
+            done = (it + 1) * n
+        if train_steps == 0:  # still collecting: nothing learnt to score
+            continue
+        pnl, traded = trade(agent.greedy, val_env)
+        value = score(pnl, cfg.select_metric)
+        if not math.isfinite(value):
+            raise ValueError(f"validation score {value} at env step {(it + 1) * n}: training diverged")
+        entry = {
+            "env_step": (it + 1) * n,
+            "epoch": len(record) + 1,
+            "score": value,
+            "log_pnl": float(pnl.sum()),
+            "turnover": float(traded.sum()),
+        }
+        record.append(entry)
+        if best is None or value > best["score"]:
+            best = dict(entry)
+            best_state = {k: v.detach().to("cpu", copy=True) for k, v in agent.qnet.state_dict().items()}
+    return record, best, best_state
+
+
+def _test_walk(prices, time_ns, fold: Fold, env: MarketEnv, agent: Agent, state, flat: bool) -> dict[str, np.ndarray]:
+    test_env = window_env(prices, fold.test.start, fold.test.end, env)
+    if flat:
+
+        def policy(obs: torch.Tensor) -> torch.Tensor:
+            return torch.full((obs.shape[0],), FLAT_ACTION, dtype=torch.int64, device=obs.device)
+
+    else:
+        net = copy.deepcopy(agent.qnet)
+        net.load_state_dict(state)
+
+        def policy(obs: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad():
+                return net(agent.pad(obs)).argmax(dim=1)
+
+    pnl, traded = trade(policy, test_env)
+    hold = test_env.returns[WARMUP + 1 :].clone()
+    hold[0] -= test_env.cost  # entering the position
+    hold_traded = torch.zeros_like(hold)
+    hold_traded[0] = 1.0
+    return {
+        "time_ns": time_ns[fold.test.start : fold.test.end].numpy().copy(),
+        "policy_pnl": pnl.cpu().numpy(),
+        "policy_traded": traded.cpu().numpy(),
+        "hold_pnl": hold.cpu().numpy(),
+        "hold_traded": hold_traded.cpu().numpy(),
+    }
+
+
+__all__ = ["FLAT_ACTION", "FoldRun", "fold_config", "fold_seed", "run_fold", "score", "window_env"]

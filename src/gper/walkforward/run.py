@@ -1,0 +1,218 @@
+"""``gper train --env market --train-months ...``: walk-forward training over calendar folds, one
+fold after another on one device, and its report.
+
+    gper train --env market --data arch:sp500 --train-months 36 --val-months 12 --test-months 12
+
+The run folder (``<run_dir>/<run_name>``, default ``market-walk__<series>__s<seed>__<time>``) holds
+``config.json`` (the settings, the windows and every fold's dates), ``folds/fold_<k>.json`` (the
+fold's validations, its chosen checkpoint and its test scores) and ``folds/fold_<k>.pt`` (the
+chosen network's weights), then ``report.json``, ``report.md`` and ``equity.png``
+(:mod:`gper.walkforward.report`).
+
+Folds run one after another: a fold's network and replay are small (the ``market-walk`` preset),
+so one fold does not fill a GPU, but folds of one run are cheap enough that running several
+processes (series, seeds, replay kinds) side by side on the GPU uses it better than batching the
+folds of one run together, and keeps each fold's run the same as it would be alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gper.dqn._extra import require
+from gper.dqn.config import Config, as_run, pick_device, walk_spec
+from gper.envs.folds import Fold, walk_forward_folds
+from gper.envs.market_data import Bars, synthetic_bars
+from gper.envs.packaged import read_bars
+from gper.walkforward import report as wf_report
+from gper.walkforward.fold import FoldRun, fold_config, run_fold
+from gper.walkforward.scores import pnl_scores
+
+SYNTHETIC_BARS = 5031
+"""Synthetic walk-forward series: as many weekday bars as the packaged daily series hold (1999-2018)."""
+SYNTHETIC_SEED = 0
+"""Seed of the synthetic walk-forward series: one series for every run seed, as a real series is."""
+
+
+def load_series(config: Config) -> tuple[str, Bars]:
+    """(name, bars) of the series ``config.data`` names: packaged bars, a CSV file, or synthetic ones."""
+    if config.data is None:
+        n = config.bars or SYNTHETIC_BARS
+        return "synthetic", synthetic_bars(n, SYNTHETIC_SEED)
+    name = str(config.data).removeprefix("arch:") if str(config.data).startswith("arch:") else Path(config.data).stem
+    return name, read_bars(config.data)
+
+
+@dataclasses.dataclass
+class WalkForwardResult:
+    """What :func:`walk_forward` returns."""
+
+    folder: Path
+    report: dict[str, Any]
+    folds: list[FoldRun]
+
+
+def _iso(time_ns: torch.Tensor, i: int) -> str:
+    return str(np.datetime64(int(time_ns[i]), "ns").astype("datetime64[s]")).replace("T00:00:00", "")
+
+
+def _window(time_ns: torch.Tensor, start: int, end: int) -> wf_report.Window:
+    return wf_report.Window(_iso(time_ns, start), _iso(time_ns, end - 1), end - start)
+
+
+def walk_forward(config: Config, log: Callable[[str], None] = print, score_test: bool = True) -> WalkForwardResult:
+    """Run the walk-forward folds ``config`` asks for (see the module docstring).
+
+    With ``score_test`` False the folds stop after choosing their checkpoints: nothing reads the
+    test windows (for choosing settings on validation scores alone); no report is written then.
+
+    Raises:
+        ValueError: bad settings or data, a fold too short, or no complete fold.
+    """
+    spec = walk_spec(config)
+    if spec is None:
+        raise ValueError("walk-forward needs windows: --train-months, --val-months and --test-months (or days, bars)")
+    if config.env != "market":
+        raise ValueError(f"walk-forward folds are for the market environment, not {config.env}")
+    if config.resume is not None:
+        raise ValueError("a walk-forward run cannot be resumed: start it again (each fold takes seconds to minutes)")
+    if config.distributed not in ("auto", "off"):
+        raise ValueError("walk-forward runs on one process: --distributed off")
+    tqdm = require("tqdm.auto", "the progress bar", "or progress=False").tqdm if config.progress else None
+    device = pick_device(config.device)
+    series, bars = load_series(config)
+    folds = walk_forward_folds(bars.time_ns.numpy(), spec)
+    cfgs = [fold_config(config, fold, device) for fold in folds]  # every fold's settings checked first
+    folder = _folder(config, series)
+    t = bars.time_ns
+    meta = {
+        "series": series,
+        "data": config.data,
+        "windows": dataclasses.asdict(spec),
+        "device": str(device),
+        "seed": config.seed,
+        "replay": "uniform" if config.sampling == "uniform" else f"prioritized ({config.sampling})",
+        "settings": as_run(cfgs[0], device, None) | {"total_steps": None, "seed": config.seed},
+        "folds": [
+            {
+                "index": f.index,
+                **{name: dataclasses.asdict(_window(t, w.start, w.end)) for name, w in _named(f)},
+                "total_steps": c.total_steps,
+            }
+            for f, c in zip(folds, cfgs, strict=True)
+        ],
+    }
+    _write_json(folder / "config.json", meta)
+    log(f"gper train: walk-forward on {series} ({len(bars.close)} bars): {len(folds)} folds of {spec.describe()}")
+    log(f"gper train: writing to {folder}")
+    bar = None
+    if tqdm is not None:
+        bar = tqdm(total=sum(c.total_steps for c in cfgs), unit="step", dynamic_ncols=True, desc="gper walk-forward")
+    runs, outcomes = [], []
+    t0 = time.perf_counter()
+    try:
+        for fold in folds:
+            run = run_fold(config, bars, fold, device, progress=None if bar is None else bar.update, score_test=score_test)
+            runs.append(run)
+            outcome = _record_fold(folder, bars, fold, run)
+            if outcome is not None:
+                outcomes.append(outcome)
+            log(_fold_line(fold, len(folds), run, outcome))
+    finally:
+        if bar is not None:
+            bar.close()
+    report: dict[str, Any] = {}
+    if score_test:
+        meta["seconds"] = round(time.perf_counter() - t0, 1)
+        report = wf_report.build_report(outcomes, meta)
+        title = f"{series}: walk-forward out of sample, {spec.describe()} (seed {config.seed}, {meta['replay']})"
+        paths = wf_report.write_report(folder, report, outcomes, title)
+        if paths.get("png") is None:
+            log("gper train: no equity.png: the plot needs matplotlib: pip install 'gper[train]'")
+        log(_summary_line(report))
+    return WalkForwardResult(folder, report, runs)
+
+
+def _named(fold: Fold):
+    return (("train", fold.train), ("val", fold.val), ("test", fold.test))
+
+
+def _folder(config: Config, series: str) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    folder = Path(config.run_dir) / (config.run_name or f"market-walk__{series}__s{config.seed}__{stamp}")
+    if (folder / "config.json").exists():
+        raise ValueError(f"{folder} already holds a run: pick another --run-name")
+    (folder / "folds").mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _write_json(path: Path, data: Any) -> None:
+    from gper._files import atomic_file
+
+    with atomic_file(path) as f:
+        f.write((json.dumps(data, indent=2, allow_nan=False) + "\n").encode())
+
+
+def _record_fold(folder: Path, bars: Bars, fold: Fold, run: FoldRun) -> wf_report.FoldOutcome | None:
+    """``folds/fold_<k>.json`` and ``.pt``; the fold's :class:`~gper.walkforward.report.FoldOutcome` when tested."""
+    name = folder / "folds" / f"fold_{fold.index:03d}"
+    if run.state is not None:
+        torch.save(run.state, name.with_suffix(".pt"))
+    t = bars.time_ns
+    record: dict[str, Any] = {
+        "index": fold.index,
+        **{k: dataclasses.asdict(_window(t, w.start, w.end)) for k, w in _named(fold)},
+        "total_steps": run.cfg.total_steps,
+        "seed": run.cfg.seed,
+        "sigma": run.sigma,
+        "chosen": run.chosen,
+        "validations": run.validations,
+    }
+    outcome = None
+    if run.test is not None:
+        outcome = wf_report.FoldOutcome(
+            index=fold.index,
+            train=_window(t, fold.train.start, fold.train.end),
+            val=_window(t, fold.val.start, fold.val.end),
+            test=_window(t, fold.test.start, fold.test.end),
+            chosen=run.chosen,
+            **run.test,
+        )
+        record["test"] = {
+            "policy": pnl_scores(run.test["policy_pnl"], run.test["policy_traded"]),
+            "buy_and_hold": pnl_scores(run.test["hold_pnl"], run.test["hold_traded"]),
+        }
+    _write_json(name.with_suffix(".json"), record)
+    return outcome
+
+
+def _fold_line(fold: Fold, n: int, run: FoldRun, outcome) -> str:
+    c = run.chosen
+    pick = "flat (no checkpoint beat flat on validation)" if c["flat"] else f"checkpoint {c.get('epoch')}"
+    line = f"fold {fold.index + 1}/{n}: {pick}, validation {c.get('metric')} {c.get('score', float('nan')):+.4f}"
+    if outcome is not None:
+        line += (
+            f"; test {outcome.test.start}..{outcome.test.end}: log P&L {outcome.policy_pnl.sum():+.4f} "
+            f"(buy-and-hold {outcome.hold_pnl.sum():+.4f}, flat +0.0000)"
+        )
+    return f"gper train: {line}"
+
+
+def _summary_line(report: dict[str, Any]) -> str:
+    oos = report["out_of_sample"]
+    return (
+        f"gper train: out of sample {oos['start']}..{oos['end']} ({oos['bars']} bars): log P&L "
+        f"{oos['policy']['log_pnl']:+.4f} (Sharpe/yr {oos['policy']['sharpe_annual']:+.2f}, max drawdown "
+        f"{oos['policy']['max_drawdown']:.4f}); buy-and-hold {oos['buy_and_hold']['log_pnl']:+.4f}; flat +0.0000"
+    )
+
+
+__all__ = ["SYNTHETIC_BARS", "WalkForwardResult", "load_series", "walk_forward"]
