@@ -30,6 +30,7 @@ LAYERS: list[tuple[int, str]] = [
     (5, "gper.dqn"),  # the application
     (5, "gper.integrations"),  # adapters to other RL libraries' replay APIs, beside the application
     (6, "gper.bench"),  # measurement: nothing in the package imports it
+    (6, "gper.walkforward"),  # walk-forward evaluation over calendar folds: trains with gper.dqn, scores, reports
     (7, "gper.cli"),  # the command line
     (8, "gper.__main__"),
 ]
@@ -160,7 +161,7 @@ def test_import_gper_loads_only_the_buffer_and_its_layers_below():
     (``gper.__getattr__``), not imports: ``import gper`` must not load them."""
     code = (
         "import sys, gper; upper = ('gper.dqn', 'gper.envs', 'gper.training', 'gper.integrations',"
-        " 'gper.distributed', 'gper.bench');"
+        " 'gper.distributed', 'gper.bench', 'gper.walkforward');"
         "print(sorted(m for m in sys.modules if m.startswith(upper)));"
         "gper.dqn.train; print('gper.dqn' in sys.modules, hasattr(gper, 'bench') and 'gper.bench' in sys.modules)"
     )

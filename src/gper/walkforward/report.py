@@ -1,0 +1,220 @@
+"""The report of a walk-forward evaluation: each fold's test scores and the out-of-sample whole.
+
+:func:`build_report` scores every fold (:class:`~gper.walkforward.folds.FoldOutcome`) and the test
+bars of all folds joined in time order, the out-of-sample period, for the policy, buy-and-hold and
+flat; :func:`write_report` writes it as ``report.json``, ``report.md`` and ``equity.png``.
+
+Each fold's policy starts flat and buy-and-hold enters on each fold's first test bar, so both pay
+an entry cost per fold: the comparison stays like for like.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gper._files import atomic_file
+from gper.walkforward.folds import ARRAYS, FoldOutcome, Window, in_time_order
+from gper.walkforward.plot import write_equity_png
+from gper.walkforward.scores import bars_per_year, pnl_scores
+
+#: the strategies every fold and the out-of-sample period are scored for, in table order
+STRATEGIES = ("policy", "buy_and_hold", "flat")
+LABELS = {"policy": "policy", "buy_and_hold": "buy-and-hold", "flat": "flat"}
+
+
+def build_report(folds: list[FoldOutcome], meta: dict[str, Any]) -> dict[str, Any]:
+    """Every fold's scores and those of the out-of-sample period, the folds' test bars joined.
+
+    Args:
+        folds: the folds, in any order (they are reported in time order); their test bars must not
+            overlap.
+        meta: what the run was (series, replay kind, seed, cost, ...), copied into the report.
+
+    Returns:
+        ``{"meta", "folds": [{"index", "train", "val", "test", "chosen", "policy", "buy_and_hold",
+        "flat"}], "out_of_sample": {"start", "end", "bars", "bars_per_year", "folds", "policy",
+        "buy_and_hold", "flat", "policy_vs_flat", "policy_vs_hold", "folds_beating_flat",
+        "folds_beating_hold"}}``, each strategy's entry its :func:`pnl_scores`. ``bars_per_year``
+        is estimated from the out-of-sample bars' times and annualises every Sharpe ratio, the
+        folds' too (a fold's own span is shorter and its estimate noisier).
+    """
+    if not isinstance(meta, dict):
+        raise ValueError(f"meta must be a dict, got {type(meta).__name__}")
+    ordered = in_time_order(folds)
+    time_ns = np.concatenate([f.time_ns for f in ordered])
+    per_year = bars_per_year(time_ns)
+    fold_rows = []
+    for fold in ordered:
+        row: dict[str, Any] = {"index": fold.index}
+        row.update({name: getattr(fold, name).to_dict() for name in ("train", "val", "test")})
+        row["chosen"] = fold.chosen
+        row.update(fold.scores(per_year))
+        fold_rows.append(row)
+    joined = {name: np.concatenate([getattr(f, name) for f in ordered]) for name in ARRAYS}
+    zeros = np.zeros(len(time_ns))
+    window = Window.of(time_ns)
+    oos: dict[str, Any] = {"start": window.start, "end": window.end, "bars": window.bars}
+    oos.update({"bars_per_year": per_year, "folds": len(ordered)})
+    oos["policy"] = pnl_scores(joined["policy_pnl"], joined["policy_traded"], per_year)
+    oos["buy_and_hold"] = pnl_scores(joined["hold_pnl"], joined["hold_traded"], per_year)
+    oos["flat"] = pnl_scores(zeros, zeros, per_year)
+    oos["policy_vs_flat"] = oos["policy"]["log_pnl"] - oos["flat"]["log_pnl"]
+    oos["policy_vs_hold"] = oos["policy"]["log_pnl"] - oos["buy_and_hold"]["log_pnl"]
+    oos["folds_beating_flat"] = sum(r["policy"]["log_pnl"] > r["flat"]["log_pnl"] for r in fold_rows)
+    oos["folds_beating_hold"] = sum(r["policy"]["log_pnl"] > r["buy_and_hold"]["log_pnl"] for r in fold_rows)
+    return {"meta": meta, "folds": fold_rows, "out_of_sample": oos}
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars and arrays as Python numbers and lists, for :func:`json.dumps`."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
+
+
+def report_json(report: dict[str, Any]) -> str:
+    """``report`` as indented JSON; ValueError if it holds a NaN or an infinity (JSON has neither)."""
+    try:
+        return json.dumps(report, indent=2, allow_nan=False, default=_plain) + "\n"
+    except ValueError as err:
+        raise ValueError(f"the report holds a NaN or an infinity, which JSON cannot hold: {err}") from None
+
+
+# -- Markdown --------------------------------------------------------------------------------------
+
+
+def fmt_pnl(x: float) -> str:
+    """A log P&L with its sign, to 4 decimals."""
+    return f"{x:+.4f}"
+
+
+def fmt_sharpe(x: float | None) -> str:
+    """A Sharpe ratio with its sign, to 2 decimals; "n/a" for None."""
+    return "n/a" if x is None else f"{x:+.2f}"
+
+
+def _score_cells(s: dict[str, Any]) -> list[str]:
+    return [fmt_pnl(s["log_pnl"]), fmt_sharpe(s["sharpe_annual"]), f"{s['max_drawdown']:.4f}", f"{s['turnover']:.2f}"]
+
+
+def _chosen(chosen: dict[str, Any]) -> str:
+    def cell(v: Any) -> str:
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    return ", ".join(f"{k} {cell(v)}" for k, v in chosen.items()) or "-"
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """The lines of a Markdown table (a ``|`` in a cell becomes ``/``)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    return lines + ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in rows]
+
+
+def comparison_sentence(report: dict[str, Any]) -> str:
+    """One sentence: how the policy's out-of-sample log P&L compares with flat's and buy-and-hold's."""
+    oos = report["out_of_sample"]
+    n = oos["folds"]
+    return (
+        f"The policy ended {fmt_pnl(oos['policy_vs_flat'])} in log P&L against flat (0) and "
+        f"{fmt_pnl(oos['policy_vs_hold'])} against buy-and-hold over {oos['start']} to {oos['end']}, "
+        f"beating flat in {oos['folds_beating_flat']} of {n} folds and buy-and-hold in {oos['folds_beating_hold']}."
+    )
+
+
+def report_markdown(report: dict[str, Any], title: str, equity_png: str | None = None) -> str:
+    """``report.md``: the run, the folds' windows, each fold's scores, the out-of-sample summary and
+    :func:`comparison_sentence`, then the equity plot ``equity_png`` when there is one."""
+    oos = report["out_of_sample"]
+    per_year = oos["bars_per_year"]
+    lines = [f"# {title}", ""]
+    for key, value in report["meta"].items():
+        lines.append(f"- {key}: {value if isinstance(value, str) else json.dumps(value, default=_plain)}")
+    scale = "not annualised: one bar" if per_year is None else f"annualised at {per_year:.1f} bars a year"
+    lines += [
+        "",
+        f"Log P&L after costs, in log units; max DD: the largest fall from a peak of cumulative log P&L; "
+        f"Sharpe ratio {scale} (estimated from the out-of-sample bars' times).",
+        "",
+        "## Folds",
+        "",
+    ]
+    lines += markdown_table(
+        ["fold", "train", "validation", "test"],
+        [
+            [str(f["index"])]
+            + [f"{f[w]['start']} to {f[w]['end']} ({f[w]['bars']} bars)" for w in ("train", "val", "test")]
+            for f in report["folds"]
+        ],
+    )
+    lines += ["", "## Test scores per fold", ""]
+    header = [
+        "fold",
+        "test window",
+        "strategy",
+        "log P&L",
+        "Sharpe (annual)",
+        "max DD",
+        "turnover",
+        "chosen checkpoint",
+    ]
+    rows = []
+    for f in report["folds"]:
+        window = f"{f['test']['start']} to {f['test']['end']}"
+        for s in STRATEGIES:
+            rows.append(
+                [str(f["index"]), window, LABELS[s]]
+                + _score_cells(f[s])
+                + [_chosen(f["chosen"]) if s == "policy" else ""]
+            )
+    lines += markdown_table(header, rows)
+    lines += ["", f"## Out of sample: {oos['start']} to {oos['end']}, {oos['bars']} bars, {oos['folds']} folds", ""]
+    lines += markdown_table(
+        ["strategy", "log P&L", "Sharpe (annual)", "max DD", "turnover"],
+        [[LABELS[s]] + _score_cells(oos[s]) for s in STRATEGIES],
+    )
+    lines += ["", comparison_sentence(report), ""]
+    if equity_png is not None:
+        lines += [f"![cumulative out-of-sample log P&L]({equity_png})", ""]
+    return "\n".join(lines)
+
+
+def write_report(folder: Path, report: dict[str, Any], folds: list[FoldOutcome], title: str) -> dict[str, Path | None]:
+    """Write ``report.json``, ``report.md`` and ``equity.png`` into ``folder`` (created if missing).
+
+    Each file appears whole or not at all (:func:`gper._files.atomic_file`), and a report that
+    cannot be written as JSON (a NaN, an infinity) raises before any file is written.
+
+    Args:
+        folder: where the files go.
+        report: :func:`build_report` of ``folds``.
+        folds: the folds the report was built from (the plot needs their per-bar arrays).
+        title: heads ``report.md`` and the plot.
+
+    Returns:
+        ``{"json": path, "markdown": path, "png": path or None}``: None when matplotlib (gper's
+        ``train`` extra) is missing, in which case ``report.md`` says so (and an ``equity.png``
+        left in ``folder`` by an earlier report is removed).
+    """
+    text = report_json(report)
+    indices = [f.index for f in in_time_order(folds)]
+    if indices != [f["index"] for f in report["folds"]]:
+        raise ValueError(f"the report's folds {[f['index'] for f in report['folds']]} are not these folds {indices}")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    png = write_equity_png(folder / "equity.png", folds, title)
+    markdown = report_markdown(report, title, png.name if png is not None else None)
+    if png is None:
+        # an equity.png of an earlier report in this folder would not be this report's
+        (folder / "equity.png").unlink(missing_ok=True)
+        markdown += "\nNo equity.png: the plot needs matplotlib: pip install 'gper[train]'\n"
+    paths: dict[str, Path | None] = {"json": folder / "report.json", "markdown": folder / "report.md", "png": png}
+    for key, content in (("markdown", markdown), ("json", text)):
+        with atomic_file(paths[key]) as f:
+            f.write(content.encode("utf-8"))
+    return paths
