@@ -74,10 +74,11 @@ def parse_settings(items: list[str]) -> dict:
 def worker(spec: dict) -> int:
     """One walk-forward run in this process (``--worker``): prints one JSON line with its result."""
     from gper.dqn import Config
-    from gper.walkforward import walk_forward
+    from gper.walkforward.run import walk_forward
 
     score_test = spec.pop("score_test")
     cfg = Config(env="market", progress=False, tensorboard=False, **spec)
+    torch.set_num_threads(1)
     result = walk_forward(cfg, log=lambda line: print(line, file=sys.stderr, flush=True), score_test=score_test)
     chosen = [run.chosen for run in result.folds]
     print(json.dumps({"folder": str(result.folder), "chosen": chosen, "report": result.report}))
@@ -120,7 +121,7 @@ def select(args, folder: Path, env: dict) -> dict:
     print(f"select: {len(candidates)} candidates x {len(args.select_series)} series, validation only", flush=True)
     results = run_all(specs, args.parallel, folder)
     rows = []
-    for c, settings in enumerate(candidates):
+    for c in range(len(candidates)):
         scores, status = [], "ok"
         for spec, out, _, st in results:
             if not spec["run_name"].startswith(f"c{c}-"):
@@ -130,17 +131,32 @@ def select(args, folder: Path, env: dict) -> dict:
                 continue
             scores += [0.0 if ch["flat"] else ch["score"] for ch in out["chosen"]]
         mean = sum(scores) / len(scores) if scores else float("nan")
-        rows.append({"candidate": c, "settings": args.candidates[c], "val_score": mean, "folds": len(scores), "status": status})
-    files = ResultFiles(Path(args.out), env, ["candidate", "settings", "val_score", "folds", "status"], prefix="market-walk-select")
+        rows.append(
+            {"candidate": c, "settings": args.candidates[c], "val_score": mean, "folds": len(scores), "status": status}
+        )
+    files = ResultFiles(
+        Path(args.out), env, ["candidate", "settings", "val_score", "folds", "status"], prefix="market-walk-select"
+    )
     files.append(rows)
     table = [[str(r["candidate"]), r["settings"], f"{r['val_score']:+.5f}", str(r["folds"]), r["status"]] for r in rows]
-    print_table(["candidate", "settings", "mean validation score", "folds", "status"], table, [True, False, True, True, False])
+    print_table(
+        ["candidate", "settings", "mean validation score", "folds", "status"], table, [True, False, True, True, False]
+    )
     ok = [r for r in rows if r["status"] == "ok"]
     if not ok:
         raise SystemExit("no candidate finished")
     best = max(ok, key=lambda r: r["val_score"])
     print(f"select: candidate {best['candidate']} ({best['settings']}) has the best validation score", flush=True)
-    return {"rows": rows, "best": best, "md": format_markdown(["candidate", "settings", "mean validation score", "folds", "status"], table, [True, False, True, True, False]), "csv": files.csv_path}
+    return {
+        "rows": rows,
+        "best": best,
+        "md": format_markdown(
+            ["candidate", "settings", "mean validation score", "folds", "status"],
+            table,
+            [True, False, True, True, False],
+        ),
+        "csv": files.csv_path,
+    }
 
 
 def final(args, folder: Path, settings_text: str) -> list[dict]:
@@ -187,7 +203,18 @@ def final(args, folder: Path, settings_text: str) -> list[dict]:
 
 def summary(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     """Mean (min .. max) over seeds per series and replay."""
-    headers = ["series", "replay", "runs", "policy log P&L", "policy Sharpe/yr", "max DD", "flat folds", "buy-and-hold", "flat", "vs flat"]
+    headers = [
+        "series",
+        "replay",
+        "runs",
+        "policy log P&L",
+        "policy Sharpe/yr",
+        "max DD",
+        "flat folds",
+        "buy-and-hold",
+        "flat",
+        "vs flat",
+    ]
     table = []
     for series in dict.fromkeys(r["series"] for r in rows):
         for replay in dict.fromkeys(r["replay"] for r in rows):
@@ -233,9 +260,18 @@ def plot(rows: list[dict], path: Path, title: str) -> Path | None:
             if r["series"] != s or r["status"] != "ok":
                 continue
             folds = r["report"]["folds"]
-            t = np.concatenate([np.asarray(f["curve"]["time_ns"], dtype=np.int64) for f in folds]).astype("datetime64[ns]")
+            t = np.concatenate([np.asarray(f["curve"]["time_ns"], dtype=np.int64) for f in folds]).astype(
+                "datetime64[ns]"
+            )
             pol = np.cumsum(np.concatenate([f["curve"]["policy_pnl"] for f in folds]))
-            ax.plot(t, pol, color=colors.get(r["replay"], "gray"), lw=0.8, alpha=0.8, label=f"{r['replay']}" if r["seed"] == rows[0]["seed"] else None)
+            ax.plot(
+                t,
+                pol,
+                color=colors.get(r["replay"], "gray"),
+                lw=0.8,
+                alpha=0.8,
+                label=f"{r['replay']}" if r["seed"] == rows[0]["seed"] else None,
+            )
             if not hold_done:
                 hold = np.cumsum(np.concatenate([f["curve"]["hold_pnl"] for f in folds]))
                 ax.plot(t, hold, color="black", lw=1.0, label="buy-and-hold")
@@ -257,9 +293,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--series", nargs="+", default=list(SERIES), choices=list(SERIES))
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     p.add_argument("--replay", nargs="+", default=["prioritized", "uniform"], choices=["prioritized", "uniform"])
-    p.add_argument("--candidates", nargs="*", default=[], help='settings to choose from, e.g. "steps_per_bar=30 hidden=64,64"')
+    p.add_argument(
+        "--candidates", nargs="*", default=[], help='settings to choose from, e.g. "steps_per_bar=30 hidden=64,64"'
+    )
     p.add_argument("--select-series", nargs="+", default=["sp500", "nasdaq"], choices=["sp500", "nasdaq"])
     p.add_argument("--select-seed", type=int, default=1)
+    p.add_argument("--select-only", action="store_true", help="stop after choosing the settings")
     p.add_argument("--settings", default="", help="the final runs' settings when there are no candidates")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--parallel", type=int, default=4)
@@ -271,9 +310,13 @@ def main(argv: list[str] | None = None) -> int:
     env = environment(torch.device(args.device))
     folder = Path(args.work or f"/tmp/market-walk-{time.strftime('%Y%m%d-%H%M%S')}")
     folder.mkdir(parents=True, exist_ok=True)
-    what = "walk-forward DQN on the market task, " + ", ".join(f"{k.split('_')[0]} {v} months" for k, v in WINDOWS.items())
+    what = "walk-forward DQN on the market task, " + ", ".join(
+        f"{k.split('_')[0]} {v} months" for k, v in WINDOWS.items()
+    )
     print(header_line(env, what), flush=True)
     chosen = select(args, folder, env) if args.candidates else None
+    if args.select_only:
+        return 0
     settings = chosen["best"]["settings"] if chosen else args.settings
     rows = final(args, folder, settings)
     files = ResultFiles(Path(args.out), env, COLUMNS, prefix="market-walk")
@@ -284,8 +327,16 @@ def main(argv: list[str] | None = None) -> int:
     parts = [f"# {what}", "", header_line(env, what), ""]
     if chosen:
         parts += ["## Settings chosen on validation windows", "", chosen["md"], "", f"Chosen: `{settings}`.", ""]
-    parts += ["## Out of sample, mean over seeds (min .. max)", "", format_markdown(headers, table, [False, False] + [True] * 8), ""]
-    runs = [[r["series"], r["replay"], str(r["seed"]), r["status"], *(str(r.get(k, "")) for k in COLUMNS[4:-1])] for r in rows]
+    parts += [
+        "## Out of sample, mean over seeds (min .. max)",
+        "",
+        format_markdown(headers, table, [False, False] + [True] * 8),
+        "",
+    ]
+    runs = [
+        [r["series"], r["replay"], str(r["seed"]), r["status"], *(str(r.get(k, "")) for k in COLUMNS[4:-1])]
+        for r in rows
+    ]
     parts += ["## Every run", "", format_markdown(COLUMNS[:-1], runs, [False] * 4 + [True] * (len(COLUMNS) - 5)), ""]
     if png is not None:
         parts += [f"![out-of-sample equity]({png.name})", ""]

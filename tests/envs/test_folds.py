@@ -38,7 +38,7 @@ def test_monthly_folds_hold_whole_calendar_months_and_roll_by_the_step():
     assert m[folds[-1].test.end - 1] + 2 > last_month
     # test windows never overlap and follow each other in time
     tests = [(f.test.start, f.test.end) for f in folds]
-    assert all(a[1] <= b[0] for a, b in zip(tests, tests[1:]))
+    assert all(a[1] <= b[0] for a, b in zip(tests, tests[1:], strict=False))
 
 
 def test_step_longer_than_test_leaves_gaps_between_test_windows():
@@ -46,7 +46,7 @@ def test_step_longer_than_test_leaves_gaps_between_test_windows():
     folds = walk_forward_folds(t, WalkSpec("months", 6, 1, 1, 3))
     m = months_of(t)
     starts = [m[f.test.start] for f in folds]
-    assert all(b - a == 3 for a, b in zip(starts, starts[1:]))
+    assert all(b - a == 3 for a, b in zip(starts, starts[1:], strict=False))
 
 
 def test_day_and_bar_units():

@@ -302,7 +302,7 @@ def test_aggregate_refuses_runs_that_do_not_match():
 
 #: what the report's modules may import: numpy and the standard library at the top, matplotlib
 #: only inside a function; a runner that trains (gper.dqn) lives beside them, not in them
-PURE = ("__init__", "scores", "folds", "report", "plot", "aggregate")
+PURE = ("__init__", "scores", "outcome", "report", "plot", "aggregate")
 ALLOWED = {"__future__", "dataclasses", "itertools", "json", "math", "pathlib", "typing", "numpy", "gper._files"}
 
 

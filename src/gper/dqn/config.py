@@ -269,7 +269,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             solve_return=None,
             weight_norm="global",
         ),
-        "cpu": dict(num_envs=16),
+        "cpu": {},  # small already: the same on the CPU
     },
     # the bit-flipping task: episodes of N steps, one update per collection step of 16 episodes
     "bitflip": {

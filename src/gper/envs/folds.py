@@ -112,9 +112,7 @@ def walk_forward_folds(time_ns: np.ndarray, spec: WalkSpec) -> list[Fold]:
         k += 1
     if not folds:
         have = last - first + 1
-        raise ValueError(
-            f"no complete fold: {spec.describe()} needs {span} {spec.unit} of data, the bars span {have}"
-        )
+        raise ValueError(f"no complete fold: {spec.describe()} needs {span} {spec.unit} of data, the bars span {have}")
     return folds
 
 
@@ -138,7 +136,9 @@ def spec_from(
     Raises:
         ValueError: windows given in two units, or train, val or test missing.
     """
-    given = [(unit, v) for unit, v in (("months", months), ("days", days), ("bars", bars)) if any(x is not None for x in v)]
+    given = [
+        (unit, v) for unit, v in (("months", months), ("days", days), ("bars", bars)) if any(x is not None for x in v)
+    ]
     if not given:
         return None
     if len(given) > 1:

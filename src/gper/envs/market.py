@@ -349,8 +349,10 @@ def trade(policy: Callable[[torch.Tensor], torch.Tensor], env: MarketEnv) -> tup
     ``|p' - p|`` of each step, on ``env``'s device (no host synchronisation of its own)."""
     n_steps = env.n_bars - 1 - WARMUP
     if env.num_envs != 1 or env.random_start or env.episode_len < n_steps:
-        raise ValueError("trade() walks one copy from the first usable bar to the end: num_envs 1, random_start "
-                         f"False, episode_len >= {n_steps}")
+        raise ValueError(
+            "trade() walks one copy from the first usable bar to the end: num_envs 1, random_start "
+            f"False, episode_len >= {n_steps}"
+        )
     pnl = torch.zeros(n_steps, dtype=torch.float64, device=env.device)
     traded = torch.zeros(n_steps, dtype=torch.float64, device=env.device)
     obs = env.reset()

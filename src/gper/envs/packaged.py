@@ -45,13 +45,17 @@ def packaged_path(name: str) -> Path:
         ImportError: ``arch`` is not installed (the message says how to install it).
     """
     if name not in PACKAGED:
-        raise ValueError(f"unknown packaged bars {PREFIX}{name}: expected one of {', '.join(PREFIX + n for n in PACKAGED)}")
+        raise ValueError(
+            f"unknown packaged bars {PREFIX}{name}: expected one of {', '.join(PREFIX + n for n in PACKAGED)}"
+        )
     spec = importlib.util.find_spec("arch")  # finds the package without importing it
     if spec is None or not spec.submodule_search_locations:
         raise ImportError(f"--data {PREFIX}{name} reads the bars that the arch package ships: pip install 'gper[data]'")
     path = Path(next(iter(spec.submodule_search_locations))) / PACKAGED[name][0]
     if not path.is_file():
-        raise ImportError(f"the installed arch package has no {PACKAGED[name][0]}: pip install 'gper[data]' (arch >= 5)")
+        raise ImportError(
+            f"the installed arch package has no {PACKAGED[name][0]}: pip install 'gper[data]' (arch >= 5)"
+        )
     return path
 
 

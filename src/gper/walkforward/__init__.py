@@ -6,7 +6,7 @@ loads nothing else.
 """
 
 from gper.walkforward.aggregate import aggregate, aggregate_markdown
-from gper.walkforward.folds import FoldOutcome, Window
+from gper.walkforward.outcome import FoldOutcome, Window
 from gper.walkforward.report import build_report, write_report
 from gper.walkforward.scores import bars_per_year, buy_and_hold, pnl_scores
 

@@ -32,6 +32,7 @@ from gper.dqn.network import padded_width
 from gper.envs.folds import HISTORY, Fold
 from gper.envs.market import N_ACTIONS, WARMUP, MarketEnv, return_std, trade
 from gper.envs.market_data import Bars
+from gper.walkforward.scores import buy_and_hold
 
 FLAT_ACTION = N_ACTIONS // 2
 """The action whose target position is exactly 0."""
@@ -212,16 +213,13 @@ def _test_walk(prices, time_ns, fold: Fold, env: MarketEnv, agent: Agent, state,
                 return net(agent.pad(obs)).argmax(dim=1)
 
     pnl, traded = trade(policy, test_env)
-    hold = test_env.returns[WARMUP + 1 :].clone()
-    hold[0] -= test_env.cost  # entering the position
-    hold_traded = torch.zeros_like(hold)
-    hold_traded[0] = 1.0
+    hold, hold_traded = buy_and_hold(test_env.returns[WARMUP + 1 :].cpu().numpy(), test_env.cost)
     return {
         "time_ns": time_ns[fold.test.start : fold.test.end].numpy().copy(),
         "policy_pnl": pnl.cpu().numpy(),
         "policy_traded": traded.cpu().numpy(),
-        "hold_pnl": hold.cpu().numpy(),
-        "hold_traded": hold_traded.cpu().numpy(),
+        "hold_pnl": hold,
+        "hold_traded": hold_traded,
     }
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from gper._files import atomic_file
-from gper.walkforward.folds import FoldOutcome, in_time_order
+from gper.walkforward.outcome import FoldOutcome, in_time_order
 
 
 def equity_figure(folds: list[FoldOutcome], title: str = "") -> Any:

@@ -1,6 +1,6 @@
 """The report of a walk-forward evaluation: each fold's test scores and the out-of-sample whole.
 
-:func:`build_report` scores every fold (:class:`~gper.walkforward.folds.FoldOutcome`) and the test
+:func:`build_report` scores every fold (:class:`~gper.walkforward.outcome.FoldOutcome`) and the test
 bars of all folds joined in time order, the out-of-sample period, for the policy, buy-and-hold and
 flat; :func:`write_report` writes it as ``report.json``, ``report.md`` and ``equity.png``.
 
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from gper._files import atomic_file
-from gper.walkforward.folds import ARRAYS, FoldOutcome, Window, in_time_order
+from gper.walkforward.outcome import ARRAYS, FoldOutcome, Window, in_time_order
 from gper.walkforward.plot import write_equity_png
 from gper.walkforward.scores import bars_per_year, pnl_scores
 

@@ -24,7 +24,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from gper.dqn._extra import require
@@ -34,6 +33,7 @@ from gper.envs.market_data import Bars, synthetic_bars
 from gper.envs.packaged import read_bars
 from gper.walkforward import report as wf_report
 from gper.walkforward.fold import FoldRun, fold_config, run_fold
+from gper.walkforward.outcome import FoldOutcome, Window
 from gper.walkforward.scores import pnl_scores
 
 SYNTHETIC_BARS = 5031
@@ -57,15 +57,15 @@ class WalkForwardResult:
 
     folder: Path
     report: dict[str, Any]
+    """the report (:func:`gper.walkforward.report.build_report`); empty without test scores"""
     folds: list[FoldRun]
+    """every fold's run: settings, validations, chosen checkpoint"""
+    outcomes: list[FoldOutcome]
+    """every fold's test walk (none without test scores)"""
 
 
-def _iso(time_ns: torch.Tensor, i: int) -> str:
-    return str(np.datetime64(int(time_ns[i]), "ns").astype("datetime64[s]")).replace("T00:00:00", "")
-
-
-def _window(time_ns: torch.Tensor, start: int, end: int) -> wf_report.Window:
-    return wf_report.Window(_iso(time_ns, start), _iso(time_ns, end - 1), end - start)
+def _window(time_ns: torch.Tensor, start: int, end: int) -> Window:
+    return Window.of(time_ns[start:end].numpy())
 
 
 def walk_forward(config: Config, log: Callable[[str], None] = print, score_test: bool = True) -> WalkForwardResult:
@@ -104,7 +104,7 @@ def walk_forward(config: Config, log: Callable[[str], None] = print, score_test:
         "folds": [
             {
                 "index": f.index,
-                **{name: dataclasses.asdict(_window(t, w.start, w.end)) for name, w in _named(f)},
+                **{name: _window(t, w.start, w.end).to_dict() for name, w in _named(f)},
                 "total_steps": c.total_steps,
             }
             for f, c in zip(folds, cfgs, strict=True)
@@ -120,7 +120,9 @@ def walk_forward(config: Config, log: Callable[[str], None] = print, score_test:
     t0 = time.perf_counter()
     try:
         for fold in folds:
-            run = run_fold(config, bars, fold, device, progress=None if bar is None else bar.update, score_test=score_test)
+            run = run_fold(
+                config, bars, fold, device, progress=None if bar is None else bar.update, score_test=score_test
+            )
             runs.append(run)
             outcome = _record_fold(folder, bars, fold, run)
             if outcome is not None:
@@ -138,7 +140,7 @@ def walk_forward(config: Config, log: Callable[[str], None] = print, score_test:
         if paths.get("png") is None:
             log("gper train: no equity.png: the plot needs matplotlib: pip install 'gper[train]'")
         log(_summary_line(report))
-    return WalkForwardResult(folder, report, runs)
+    return WalkForwardResult(folder, report, runs, outcomes)
 
 
 def _named(fold: Fold):
@@ -161,7 +163,7 @@ def _write_json(path: Path, data: Any) -> None:
         f.write((json.dumps(data, indent=2, allow_nan=False) + "\n").encode())
 
 
-def _record_fold(folder: Path, bars: Bars, fold: Fold, run: FoldRun) -> wf_report.FoldOutcome | None:
+def _record_fold(folder: Path, bars: Bars, fold: Fold, run: FoldRun) -> FoldOutcome | None:
     """``folds/fold_<k>.json`` and ``.pt``; the fold's :class:`~gper.walkforward.report.FoldOutcome` when tested."""
     name = folder / "folds" / f"fold_{fold.index:03d}"
     if run.state is not None:
@@ -169,7 +171,7 @@ def _record_fold(folder: Path, bars: Bars, fold: Fold, run: FoldRun) -> wf_repor
     t = bars.time_ns
     record: dict[str, Any] = {
         "index": fold.index,
-        **{k: dataclasses.asdict(_window(t, w.start, w.end)) for k, w in _named(fold)},
+        **{k: _window(t, w.start, w.end).to_dict() for k, w in _named(fold)},
         "total_steps": run.cfg.total_steps,
         "seed": run.cfg.seed,
         "sigma": run.sigma,
@@ -178,7 +180,7 @@ def _record_fold(folder: Path, bars: Bars, fold: Fold, run: FoldRun) -> wf_repor
     }
     outcome = None
     if run.test is not None:
-        outcome = wf_report.FoldOutcome(
+        outcome = FoldOutcome(
             index=fold.index,
             train=_window(t, fold.train.start, fold.train.end),
             val=_window(t, fold.val.start, fold.val.end),

@@ -1,0 +1,92 @@
+"""A fold's test window is never seen in training or model selection: shuffling its bars (or
+changing every bar after the validation window) leaves training, every validation score and the
+chosen network bit-identical; only the test score moves. Changing one validation bar does move
+the selection record, so the comparison can fail."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from gper.dqn import Config
+from gper.envs.folds import WalkSpec, walk_forward_folds
+from gper.envs.market_data import Bars, synthetic_bars
+from gper.walkforward.fold import run_fold
+
+TINY = dict(
+    env="market",
+    device="cpu",
+    backend="torch",
+    hidden=(16,),
+    num_envs=8,
+    batch_size=32,
+    buffer_size=4096,
+    learning_starts=256,
+    total_steps=1600,
+    validations=4,
+    episode_len=64,
+    progress=False,
+    tensorboard=False,
+    flat_fallback=False,  # the chosen network is scored even where it loses on validation
+)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    torch.set_num_threads(1)
+    bars = synthetic_bars(500, 4)
+    fold = walk_forward_folds(bars.time_ns.numpy(), WalkSpec("bars", 200, 60, 60, 60))[1]
+    return bars, fold
+
+
+def with_closes(bars: Bars, close: torch.Tensor) -> Bars:
+    return Bars(bars.time_ns, close)
+
+
+def run(bars, fold, **kw):
+    return run_fold(Config(**(TINY | kw)), bars, fold, torch.device("cpu"))
+
+
+def same_selection(a, b) -> bool:
+    return (
+        a.validations == b.validations
+        and a.chosen == b.chosen
+        and a.state.keys() == b.state.keys()
+        and all(torch.equal(a.state[k], b.state[k]) for k in a.state)
+    )
+
+
+def test_shuffled_test_bars_change_the_test_score_only(setup):
+    bars, fold = setup
+    base = run(bars, fold)
+    assert base.validations and not base.chosen["flat"]
+    close = bars.close.clone()
+    g = torch.Generator().manual_seed(0)
+    window = close[fold.test.start : fold.test.end]
+    close[fold.test.start : fold.test.end] = window[torch.randperm(len(window), generator=g)]
+    close[fold.test.end :] *= 1.5  # and every later bar: the future after the fold
+    shuffled = run(with_closes(bars, close), fold)
+    assert same_selection(base, shuffled)
+    assert base.test["policy_pnl"].shape == shuffled.test["policy_pnl"].shape
+    assert (base.test["hold_pnl"] != shuffled.test["hold_pnl"]).any()  # the test walk read the new bars
+
+
+def test_a_changed_validation_bar_changes_the_selection_record(setup):
+    bars, fold = setup
+    base = run(bars, fold)
+    close = bars.close.clone()
+    close[fold.val.start + 10 :] *= 1.03  # one bar's return in the validation window moves by +3%
+    moved = run(with_closes(bars, close), fold)
+    assert not same_selection(base, moved)
+    # training read none of it: the first validation differs in its score, not in its step
+    assert [v["env_step"] for v in base.validations] == [v["env_step"] for v in moved.validations]
+
+
+def test_a_fold_is_deterministic_and_seeded_per_fold(setup):
+    bars, fold = setup
+    a, b = run(bars, fold), run(bars, fold)
+    assert same_selection(a, b)
+    other = run(bars, dataclasses.replace(fold, index=fold.index + 1))
+    assert other.cfg.seed != a.cfg.seed

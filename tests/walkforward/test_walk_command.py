@@ -1,0 +1,73 @@
+"""``gper train`` with walk-forward windows: the run folder, the report, the summary, and the
+settings it refuses (each in one line, before anything is written)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from gper.cli import main
+from gper.dqn import Config, train
+
+SMALL = [
+    "--env", "market", "--device", "cpu", "--backend", "torch", "--bars", "700",
+    "--fold-train-bars", "200", "--fold-val-bars", "60", "--fold-test-bars", "80", "--fold-step-bars", "100",
+    "--hidden", "16", "--num-envs", "8", "--batch-size", "32", "--buffer-size", "4096",
+    "--learning-starts", "256", "--steps-per-bar", "6", "--validations", "3", "--episode-len", "64",
+    "--progress", "False", "--tensorboard", "False",
+]  # fmt: skip
+
+
+def test_walk_forward_from_the_command_line(tmp_path, capsys):
+    torch.set_num_threads(1)
+    assert main(["train", *SMALL, "--run-dir", str(tmp_path), "--run-name", "wf"]) == 0
+    out = capsys.readouterr().out
+    folder = tmp_path / "wf"
+    config = json.loads((folder / "config.json").read_text())
+    n = len(config["folds"])
+    assert n == 4 and config["windows"] == {"unit": "bars", "train": 200, "val": 60, "test": 80, "step": 100}
+    assert all(f["total_steps"] == 6 * 200 for f in config["folds"])
+    for k in range(n):
+        record = json.loads((folder / "folds" / f"fold_{k:03d}.json").read_text())
+        assert len(record["validations"]) == 3 and "policy" in record["test"]
+        assert (folder / "folds" / f"fold_{k:03d}.pt").exists()
+    report = json.loads((folder / "report.json").read_text())
+    oos = report["out_of_sample"]
+    assert oos["bars"] == 4 * 80 and len(report["folds"]) == n
+    assert oos["flat"]["log_pnl"] == 0.0
+    assert abs(oos["policy"]["log_pnl"] - sum(f["policy"]["log_pnl"] for f in report["folds"])) < 1e-9
+    assert "fold 4/4" in out and "out of sample" in out and '"out_of_sample"' in out
+    md = (folder / "report.md").read_text()
+    assert "against flat" in md and "buy-and-hold" in md
+    assert (folder / "equity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--env", "cartpole", "--train-months", "3", "--val-months", "1", "--test-months", "1"], "market environment"),
+        (["--env", "market", "--train-months", "3", "--val-days", "1", "--test-months", "1"], "one unit only"),
+        (["--env", "market", "--train-months", "3", "--test-months", "1"], "val missing"),
+        (
+            ["--env", "market", "--train-months", "3", "--val-months", "1", "--test-months", "2", "--step-months", "1"],
+            "overlap",
+        ),
+        (
+            ["--env", "market", "--bars", "300", "--train-months", "36", "--val-months", "1", "--test-months", "1"],
+            "no complete fold",
+        ),
+        (SMALL + ["--steps-per-bar", "1"], "learning_starts"),
+    ],
+)
+def test_bad_walk_forward_settings_are_refused_in_one_line(flags, message, tmp_path, capsys):
+    assert main(["train", *flags, "--device", "cpu", "--run-dir", str(tmp_path), "--progress", "False"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_the_plain_trainer_refuses_walk_forward_windows():
+    with pytest.raises(ValueError, match="gper.walkforward"):
+        train(Config(env="market", fold_train_bars=100, fold_val_bars=10, fold_test_bars=10, device="cpu"))
