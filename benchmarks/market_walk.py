@@ -316,6 +316,10 @@ def main(argv: list[str] | None = None) -> int:
     print(header_line(env, what), flush=True)
     chosen = select(args, folder, env) if args.candidates else None
     if args.select_only:
+        if chosen:
+            md = [f"# {what}: settings chosen on validation windows", "", header_line(env, what), "", chosen["md"], ""]
+            files = ResultFiles(Path(args.out), env, ["candidate"], prefix="market-walk-select")
+            files.write_markdown("\n".join(md + [f"Chosen: `{chosen['best']['settings']}`.", ""]))
         return 0
     settings = chosen["best"]["settings"] if chosen else args.settings
     rows = final(args, folder, settings)

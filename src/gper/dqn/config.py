@@ -254,9 +254,11 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # (benchmarks/market_walk.py, docs/training.md "Walk-forward")
     "market-walk": {
         "cuda": dict(
+            # the best of 4 candidates (steps_per_bar 30 / 100 x hidden 64-64 / 256-256) on the
+            # validation windows of arch:sp500 and arch:nasdaq, seed 1 (market-walk-select-cpu-20261201-215141)
             steps_per_bar=100,
             num_envs=64,
-            hidden=(64, 64),
+            hidden=(256, 256),
             buffer_size=2**17,
             batch_size=256,
             learning_rate=1e-4,

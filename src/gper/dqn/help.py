@@ -70,6 +70,11 @@ def presets_table() -> str:
             cells.append(f"{env} {_show(g)}" + ("" if c == g else f" / {_show(c)}"))
         if cells:
             lines.append(f"  {name.replace('_', '-')}: " + "; ".join(cells))
+    walk = PRESETS["market-walk"]["cuda"]
+    lines.append(
+        "  market walk-forward (--train-months/--val-months/--test-months, or days, or bars), on CUDA and the CPU: "
+        + ", ".join(f"{k.replace('_', '-')} {_show(v)}" for k, v in walk.items() if v is not None)
+    )
     lines.append("  solve-return for gym:<ID>: Gymnasium's reward_threshold for the id, if it has one")
     lines.append(
         "  threads (CPU only): 1 for a training step under 1 GFLOP (every preset's network), else the cores available"
