@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
+import textwrap
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -81,7 +82,10 @@ def worker(spec: dict) -> int:
     torch.set_num_threads(1)
     result = walk_forward(cfg, log=lambda line: print(line, file=sys.stderr, flush=True), score_test=score_test)
     chosen = [run.chosen for run in result.folds]
-    print(json.dumps({"folder": str(result.folder), "chosen": chosen, "report": result.report}))
+    curves = [
+        {k: v for k, v in o.to_dict().items() if k in ("time_ns", "policy_pnl", "hold_pnl")} for o in result.outcomes
+    ]
+    print(json.dumps({"folder": str(result.folder), "chosen": chosen, "report": result.report, "curves": curves}))
     return 0
 
 
@@ -196,6 +200,7 @@ def final(args, folder: Path, settings_text: str) -> list[dict]:
                 "folds_beating_flat": oos["folds_beating_flat"],
                 "folds_beating_hold": oos["folds_beating_hold"],
                 "report": rep,
+                "curves": out["curves"],
             }
         rows.append(row)
     return rows
@@ -259,11 +264,9 @@ def plot(rows: list[dict], path: Path, title: str) -> Path | None:
         for r in rows:
             if r["series"] != s or r["status"] != "ok":
                 continue
-            folds = r["report"]["folds"]
-            t = np.concatenate([np.asarray(f["curve"]["time_ns"], dtype=np.int64) for f in folds]).astype(
-                "datetime64[ns]"
-            )
-            pol = np.cumsum(np.concatenate([f["curve"]["policy_pnl"] for f in folds]))
+            folds = r["curves"]
+            t = np.concatenate([np.asarray(f["time_ns"], dtype=np.int64) for f in folds]).astype("datetime64[ns]")
+            pol = np.cumsum(np.concatenate([f["policy_pnl"] for f in folds]))
             ax.plot(
                 t,
                 pol,
@@ -273,14 +276,14 @@ def plot(rows: list[dict], path: Path, title: str) -> Path | None:
                 label=f"{r['replay']}" if r["seed"] == rows[0]["seed"] else None,
             )
             if not hold_done:
-                hold = np.cumsum(np.concatenate([f["curve"]["hold_pnl"] for f in folds]))
+                hold = np.cumsum(np.concatenate([f["hold_pnl"] for f in folds]))
                 ax.plot(t, hold, color="black", lw=1.0, label="buy-and-hold")
                 ax.axhline(0.0, color="gray", lw=0.8, ls="--", label="flat")
                 hold_done = True
         ax.set_title(s)
         ax.set_ylabel("cumulative log P&L, out of sample")
         ax.legend(fontsize=8)
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(textwrap.fill(title, 60 * len(series)), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
