@@ -23,8 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import textwrap
 import sys
+import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
