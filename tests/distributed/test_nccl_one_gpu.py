@@ -125,7 +125,9 @@ def test_eager_steps_never_sync(nccl_group, mode, weight_norm):
     try:
         for _ in range(5):
             step()
-            rb.add({"who": torch.zeros(8, 1, dtype=torch.int64, device="cuda"), "obs": torch.zeros(8, 51, device="cuda")})
+            rb.add(
+                {"who": torch.zeros(8, 1, dtype=torch.int64, device="cuda"), "obs": torch.zeros(8, 51, device="cuda")}
+            )
     finally:
         torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
