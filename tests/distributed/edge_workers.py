@@ -110,3 +110,48 @@ def a_shard_that_fails_on_one_rank_fails_the_build_on_all(rank: int, world: int)
         raise AssertionError(f"rank {rank} built a buffer whose shard failed on rank {world - 1}")
     # the group still works: every rank builds the next buffer alike
     assert len(ShardedPrioritizedReplayBuffer(PER_RANK * world, SPEC, backend="torch", device="cpu", seed=7)) == 0
+
+
+#: |td| + eps of these is a power of two in float32 (eps = 2^-126 is lost next to 1): the trees'
+#: sums are exact in any order and exp2(log2 p) = p, so shards of either back end hold the same bits
+DYADIC_TD = (0.0, 1.0, 2.0, 4.0, 8.0)
+
+
+def triton_shards_draw_as_torch_shards(rank: int, world: int) -> None:
+    """Exact mode on shards that run Triton (under the interpreter) draws, routes and updates as
+    on shards that run torch, bit for bit, in every sampling mode: owners, slots, rows,
+    generations, weights, then the priorities and stale counts after the updates (one batch
+    overwritten before its update); and a Triton step makes no tensor from host data."""
+    n = 5 + 6 * rank  # unequal shards
+    for sampling in ("proportional", "stratified", "uniform"):
+        bufs = {}
+        for backend in ("torch", "triton"):
+            kw = dict(alpha=1.0, beta=0.5, eps=2.0**-126, sampling=sampling, backend=backend, device="cpu", seed=7)
+            rb = ShardedPrioritizedReplayBuffer(PER_RANK * world, SPEC, **kw)
+            rb.add({"who": torch.stack([torch.full((n,), rank), torch.arange(n)], 1)})
+            rb.shard.update_priorities(torch.arange(n), torch.tensor([DYADIC_TD[(rank + 3 * j) % 5] for j in range(n)]))
+            bufs[backend] = rb
+        host = HostData()
+        for step in range(3):
+            got = {"torch": bufs["torch"].sample(8)}
+            with host:  # (the torch back end's CPU kernels make host tensors: they never run on a GPU)
+                got["triton"] = bufs["triton"].sample(8)
+            a, b = got["torch"], got["triton"]
+            for name in ("owners", "indices", "generations", "weights"):
+                assert torch.equal(getattr(a, name), getattr(b, name)), (sampling, step, name)
+            assert torch.equal(a["who"], b["who"]), (sampling, step)
+            if step < 2:  # (then every shard's rows are overwritten)
+                assert torch.equal(a["who"], torch.stack([a.owners, a.indices], 1)), (sampling, step)
+            if step == 1:  # every slot of this shard overwritten: its entries of the batch are stale
+                for rb in bufs.values():
+                    rb.add({"who": torch.full((PER_RANK, 2), -1)})
+            pick = (a.owners * 7 + a.indices * 3 + step) % 5
+            td = torch.tensor(DYADIC_TD)[pick]
+            bufs["torch"].update_priorities(got["torch"], td)
+            with host:
+                bufs["triton"].update_priorities(got["triton"], td)
+        ta, tb = bufs["torch"].shard.tree, bufs["triton"].shard.tree
+        assert torch.equal(ta.leaves(), tb.leaves()) and torch.equal(ta.max_priority(), tb.max_priority()), sampling
+        sa, sb = bufs["torch"].stats(), bufs["triton"].stats()
+        assert sa["stale_updates"] == sb["stale_updates"] > 0, (sampling, sa["stale_updates"], sb["stale_updates"])
+        assert not host.made, host.made

@@ -21,7 +21,7 @@ from gper._device import canonical_device
 from gper.distributed import shards
 from gper.distributed.batch import ShardedBatch
 from gper.distributed.collectives import Group
-from gper.ops import reference
+from gper.ops import reference, shard_module
 from gper.ops.layout import DEFAULT_ARITY
 from gper.ops.state import C_INVALID, C_NONFINITE, C_STALE
 from gper.replay import PrioritizedReplayBuffer
@@ -30,9 +30,6 @@ from gper.replay.sampling import BetaInput
 
 MODES = ("exact", "local")
 SAMPLING = ("proportional", "stratified", "uniform")
-#: int32 words each routed row carries after the packed row: slot (int64), generation, priority
-_ROUTE_EXTRA = 4
-_OWNER_SHIFT = 40
 #: the settings checksum a rank whose shard could not be built sends (a crc32 is never negative)
 _FAILED = -1
 
@@ -129,8 +126,13 @@ class ShardedPrioritizedReplayBuffer:
             raise
         self.device = self.shard.device
         self.capacity = capacity
+        # exact mode's draws and routing: in Triton where the shard runs Triton (bit for bit the
+        # torch reference's, so the back end changes no draw)
+        self._kernels = shard_module("triton" if self.shard.backend == "triton" else "torch")
         #: [1] int64 counter of the draws every rank shares (advanced alike on every rank)
         self._shared_rng = torch.zeros(1, dtype=torch.int64, device=self.device)
+        # [1] int64 scratch of the Triton draws' counter advance (0 between calls; not state)
+        self._draw_ticket = torch.zeros(1, dtype=torch.int64, device=self.device)
         self._beta = BetaInput(torch.zeros((), dtype=torch.float32, device=self.device))
         self._seen_filled = False  # once any shard holds an item, the buffer never empties again
         self._epoch = object()
@@ -223,8 +225,11 @@ class ShardedPrioritizedReplayBuffer:
 
     def _gather_meta(self) -> torch.Tensor:
         """[W, 4] float64 of every shard (:data:`shards.META_TOTAL` ...): one all-gather of 32 bytes a rank."""
-        tree = self.shard.tree
-        mine = torch.stack([tree.total(), tree.size.double(), tree.min().double(), tree.max_priority().double()])
+        tree, lay = self.shard.tree, self.shard.tree.layout
+        top = lay.offsets[0]
+        mine = self._kernels.shard_meta(
+            total=tree.total(), mintop=tree.mintree[top : top + lay.arity], size=tree.size, maxp=tree.max_priority()
+        )
         return self.group.all_gather(mine)
 
     def _check_filled(self, meta: torch.Tensor) -> None:
@@ -279,11 +284,9 @@ class ShardedPrioritizedReplayBuffer:
                 "weights": torch.empty(n, dtype=torch.float32, device=self.device),
             }
             tree.sample_into(shard.rows.words, shard.seed, shard.policy.kernel_mode, beta, out)
-        else:
-            node, _ = reference.descend_from(tree.tree, tree.layout, fractions, tree.size)
-            out = {"rows": shard.rows.words.index_select(0, node), "indices": node, "generations": tree.gen[node]}
-        out["priorities"] = tree.leaves()[out["indices"]]
-        return out
+            return out
+        node, _ = reference.descend_from(tree.tree, tree.layout, fractions, tree.size)
+        return {"rows": shard.rows.words.index_select(0, node), "indices": node, "generations": tree.gen[node]}
 
     def _weights(
         self, p: torch.Tensor, beta: torch.Tensor, meta: torch.Tensor, drawn: torch.Tensor | None = None
@@ -305,41 +308,48 @@ class ShardedPrioritizedReplayBuffer:
         w, r = self.world_size, self.rank
         n = w * b
         mass = shards.masses(meta, self.sampling == "uniform")
-        u = shards.shared_uniforms(self._shared_key, self._shared_rng, n)
-        t = shards.thresholds(mass, u, self.sampling == "stratified")
-        owner = shards.owners(mass, t)  # [n], the same on every rank
-        fractions = shards.local_fractions(mass, t, owner, r) if self.sampling == "stratified" else None
+        # one cumsum in rank order: every rank (and either back end) holds the same bits
+        _, owner, fractions = self._kernels.shared_draws(
+            cum=mass.cumsum(0),
+            mass=mass,
+            counter=self._shared_rng,
+            ticket=self._draw_ticket,
+            key=self._shared_key,
+            n=n,
+            stratified=self.sampling == "stratified",
+            rank=r,
+        )  # owner: [n], the same on every rank
         out = self._descend(n, beta, fractions)
-        words = out["rows"].shape[1]
-        packed = torch.cat(
-            [
-                out["rows"],
-                out["indices"].view(torch.int32).view(n, 2),
-                out["generations"].view(n, 1),
-                out["priorities"].view(torch.int32).view(n, 1),
-            ],
-            1,
+        # the draws of other shards are zero in what this rank sends, so the sum over ranks is each
+        # draw's owner's words, bit for bit; draw j * W + k goes to rank k (its rows span every stratum)
+        packed = self._kernels.pack_rows(
+            rows=out["rows"],
+            indices=out["indices"],
+            generations=out["generations"],
+            leaves=self.shard.tree.leaves(),
+            owner=owner,
+            rank=r,
+            world=w,
         )
-        # the draws of other shards are zero here, so the sum over ranks is each draw's owner's row,
-        # bit for bit; draw j * W + k goes to rank k (each rank's rows span every stratum)
-        packed = torch.where((owner == r)[:, None], packed, 0)
-        recv = self.group.reduce_scatter_sum(packed.view(b, w, -1).transpose(0, 1))
-        rows = recv[:, :words].contiguous()
-        indices = recv[:, words : words + 2].contiguous().view(torch.int64).view(b)
-        gens = recv[:, words + 2].contiguous()
-        p = recv[:, words + 3].contiguous().view(torch.float32)
+        recv = self.group.reduce_scatter_sum(packed)
+        rows, indices, gens, p, owners = self._kernels.unpack_rows(recv=recv, owner=owner, rank=r, world=w)
         weights = self._weights(p, beta, meta)
-        return ShardedBatch(self.shard.rows.layout, rows, indices, weights, gens, owner.view(b, w)[:, r].contiguous())
+        return ShardedBatch(self.shard.rows.layout, rows, indices, weights, gens, owners)
 
     def _sample_local(self, b: int, beta: torch.Tensor, meta: torch.Tensor) -> ShardedBatch:
         out = self._descend(b, beta, None)
-        ratio = shards.ratios(shards.masses(meta, self.sampling == "uniform"))[self.rank].float()
-        p = out["priorities"]
-        if self.sampling != "uniform":
-            # an empty shard draws slot 0 of priority 0: its ratio is 0, and so is its weight
-            p = torch.where(ratio > 0, p, 1.0)
-        weights = torch.where(ratio > 0, ratio * self._weights(p, beta, meta, drawn=ratio > 0), 0.0)
-        owners = torch.full((b,), self.rank, dtype=torch.int64, device=self.device)
+        mass = shards.masses(meta, self.sampling == "uniform")
+        # the ratio W T_k / S; an empty shard draws slot 0 of priority 0: its ratio is 0, and so is its weight
+        ratio, p, owners = self._kernels.local_priorities(
+            cum=mass.cumsum(0),
+            mass=mass,
+            leaves=self.shard.tree.leaves(),
+            indices=out["indices"],
+            rank=self.rank,
+            uniform=self.sampling == "uniform",
+        )
+        drawn = ratio > 0 if self.weight_norm == "batch" else None  # (global weights need no all-reduce)
+        weights = self._kernels.local_weights(ratio=ratio, weights=self._weights(p, beta, meta, drawn=drawn))
         return ShardedBatch(self.shard.rows.layout, out["rows"], out["indices"], weights, out["generations"], owners)
 
     # ---------------------------------------------------------------- priorities
@@ -373,21 +383,18 @@ class ShardedPrioritizedReplayBuffer:
             elif len(shard) > 0:  # an empty shard's draws carry weight 0 and own no slot
                 shard.policy.update(tree, batch.indices, td, batch.generations, shard.alpha, shard.eps)
             return
-        g = batch.global_indices if not stale else torch.full_like(batch.indices, -1)
-        gens = batch.generations.view(-1, 1)
-        mine = torch.cat([g.view(torch.int32).view(-1, 2), gens, td.view(torch.int32)[:, None]], 1)
+        mine = self._kernels.pack_updates(
+            owners=batch.owners, indices=batch.indices, generations=batch.generations, td=td, stale=stale
+        )
         every = self.group.all_gather(mine).view(-1, 4)  # rank-major: the order "last wins" follows
         if stale:
             tree.count_stale(batch.indices.numel())
         if len(shard) > 0:
-            g = every[:, :2].contiguous().view(torch.int64).view(-1)
-            owned = (g >> _OWNER_SHIFT) == self.rank
-            slot = torch.where(owned, g & ((1 << _OWNER_SHIFT) - 1), 0)
-            # entries of other shards are made stale (a generation that cannot match) and uncounted after
-            expected = torch.where(owned, every[:, 2], ~tree.gen[slot])
-            td_all = torch.where(owned, every[:, 3].contiguous().view(torch.float32), 0.0)
+            # entries of other shards are made stale (a generation that cannot match) and not counted
+            slot, expected, td_all = self._kernels.unpack_updates(
+                every=every, gen=tree.gen, counters=tree.counters, rank=self.rank
+            )
             shard.policy.update(tree, slot, td_all, expected, shard.alpha, shard.eps)
-            tree.count_stale(-(~owned).sum())
         # the max priority over every shard now, as one buffer's (4 bytes): items added before the
         # next sample enter at it, not at this shard's own max
         self.group.all_reduce_max(tree.max_priority().view(1))

@@ -15,19 +15,19 @@ priorities ``p_{k,j}`` with total ``T_k``; ``S = sum_k T_k``, ``C_k = sum_{j<k} 
 Uniform sampling is the same with every priority 1: masses ``n_k`` instead of ``T_k``.
 
 Every sum here is a float64 ``cumsum`` over the W gathered values in rank order, on tensors that
-are bit-identical on every rank, so every rank computes the same owners.
+are bit-identical on every rank, so every rank computes the same owners. The draws themselves
+(uniforms, thresholds, owners, fractions) are kernels of :mod:`gper.ops.shard_reference` (and
+:mod:`gper.ops.shard_triton`, bit for bit the same, where the shard runs Triton); this module holds
+the keys and the masses.
 """
 
 from __future__ import annotations
 
 import torch
 
-from gper.ops import philox
-
 #: the per-rank values all-gathered before every draw, by column of the ``[W, 4]`` float64 meta
 META_TOTAL, META_SIZE, META_MIN, META_MAX = range(4)
 _MASK64 = 0xFFFFFFFFFFFFFFFF
-_TWO_M32 = 2.0**-32
 
 
 def derive_key(seed: int, stream: int) -> int:
@@ -39,45 +39,6 @@ def derive_key(seed: int, stream: int) -> int:
     return (z ^ (z >> 31)) & (_MASK64 >> 1)
 
 
-def shared_uniforms(key: int, counter: torch.Tensor, n: int) -> torch.Tensor:
-    """``n`` float64 uniforms in ``[0, 1 - 2**-32]`` (32 random bits each, as one level of the
-    descent) from Philox counters ``counter .. counter + n - 1``; ``counter`` ([1] int64 on the
-    device) then moves on by ``n``, on the device (no host sync)."""
-    offs = counter + torch.arange(n, dtype=torch.int64, device=counter.device)
-    word = philox.randint4x(key, offs)[0]
-    counter += n
-    return word.double() * _TWO_M32
-
-
 def masses(meta: torch.Tensor, uniform: bool) -> torch.Tensor:
     """[W] float64: each shard's mass, its total priority (or its size in uniform mode)."""
     return meta[:, META_SIZE] if uniform else meta[:, META_TOTAL]
-
-
-def owners(mass: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    """[B] int64: the shard whose cumulative mass interval ``[C_k, C_{k+1})`` holds each threshold
-    ``t`` [B] float64 (in ``[0, S)``); a shard of mass 0 is never picked."""
-    cs = mass.cumsum(0)
-    return (cs[None, :] <= t[:, None]).sum(1).clamp_max(mass.numel() - 1)
-
-
-def thresholds(mass: torch.Tensor, u: torch.Tensor, stratified: bool) -> torch.Tensor:
-    """[B] float64 thresholds in ``[0, S)``: ``u S`` (independent) or ``(s + u) / B * S`` (stratified)."""
-    total = mass.cumsum(0)[-1]
-    if not stratified:
-        return u * total
-    b = u.numel()
-    return (torch.arange(b, dtype=torch.float64, device=u.device) + u) / b * total
-
-
-def local_fractions(mass: torch.Tensor, t: torch.Tensor, owner: torch.Tensor, rank: int) -> torch.Tensor:
-    """[B] float64: where each threshold this rank owns lies in its shard, as a fraction of ``T_rank``
-    in [0, 1) (0 for draws of other shards, whose descents are discarded)."""
-    below = mass.cumsum(0) - mass  # C_k
-    f = (t - below[rank]) / mass[rank]
-    return torch.where(owner == rank, f, 0.0).clamp(0.0, 1.0 - 2.0**-52)
-
-
-def ratios(mass: torch.Tensor) -> torch.Tensor:
-    """[W] float64 local mode's shard ratios ``r_k = W m_k / sum m`` (1 for equal shards)."""
-    return mass.numel() * mass / mass.cumsum(0)[-1]

@@ -235,3 +235,18 @@ def her_module(name: str) -> ModuleType:
 
         return her_triton
     raise ValueError(f"backend must be one of {BACKENDS[1:]}, got {name!r}")
+
+
+def shard_module(name: str) -> ModuleType:
+    """A sharded buffer's exact-mode kernels of back end ``name`` ("triton" or "torch"): the
+    functions of :mod:`gper.ops.shard_reference` (``shared_draws``, ``pack_rows``, ``unpack_rows``,
+    ``pack_updates``, ``unpack_updates``), with the same signatures."""
+    if name == "torch":
+        from gper.ops import shard_reference
+
+        return shard_reference
+    if name == "triton":
+        from gper.ops import shard_triton
+
+        return shard_triton
+    raise ValueError(f"backend must be one of {BACKENDS[1:]}, got {name!r}")
