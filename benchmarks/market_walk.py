@@ -163,6 +163,30 @@ def select(args, folder: Path, env: dict) -> dict:
     }
 
 
+def rescore(runs: Path, until: int) -> list[dict]:
+    """The candidates' validation scores of a select stage's runs (``<runs>/c<k>-<series>/fold_*.json``)
+    from the folds whose validation window ends in ``until`` or before only: the choice those
+    windows make leaves the test windows after ``until`` untouched."""
+    rows = []
+    for c in sorted({p.name.split("-")[0] for p in runs.iterdir() if p.is_dir()}, key=lambda n: int(n[1:])):
+        scores, settings = [], None
+        for fold_file in sorted(runs.glob(f"{c}-*/fold_*.json")):
+            record = json.loads(fold_file.read_text())
+            settings = settings or json.loads((fold_file.parent / "config.json").read_text())["settings"]
+            if int(record["val"]["end"][:4]) <= until:
+                scores.append(0.0 if record["chosen"]["flat"] else record["chosen"]["score"])
+        hidden = ",".join(str(h) for h in settings["hidden"])
+        rows.append(
+            {
+                "candidate": int(c[1:]),
+                "settings": f"steps_per_bar={settings['steps_per_bar']} hidden={hidden}",
+                "val_score": sum(scores) / len(scores),
+                "folds": len(scores),
+            }
+        )
+    return rows
+
+
 def final(args, folder: Path, settings_text: str) -> list[dict]:
     settings = parse_settings(settings_text.split())
     specs = []
@@ -302,6 +326,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--select-series", nargs="+", default=["sp500", "nasdaq"], choices=["sp500", "nasdaq"])
     p.add_argument("--select-seed", type=int, default=1)
     p.add_argument("--select-only", action="store_true", help="stop after choosing the settings")
+    p.add_argument("--rescore", default=None, help="a select stage's runs folder: rescore it (with --select-until)")
+    p.add_argument(
+        "--select-until", type=int, default=9999, help="use validation windows ending in this year or before"
+    )
     p.add_argument("--settings", default="", help="the final runs' settings when there are no candidates")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--parallel", type=int, default=4)
@@ -310,6 +338,37 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.worker:
         return worker(json.loads(args.worker))
+    if args.rescore:
+        rows = rescore(Path(args.rescore), args.select_until)
+        headers = [
+            "candidate",
+            "settings",
+            f"mean validation score, validation windows ending by {args.select_until}",
+            "folds",
+        ]
+        table = [[str(r["candidate"]), r["settings"], f"{r['val_score']:+.5f}", str(r["folds"])] for r in rows]
+        right = [True, False, True, True]
+        print_table(headers, table, right)
+        best = max(rows, key=lambda r: r["val_score"])
+        text = f"Best: candidate {best['candidate']} ({best['settings']})."
+        print(text)
+        out = Path(f"{args.rescore.rstrip('/').removesuffix('-runs')}-until{args.select_until}.md")
+        out.write_text(
+            "\n".join(
+                [
+                    f"# Candidates rescored on validation windows ending by {args.select_until}",
+                    "",
+                    f"From `{Path(args.rescore).name}/`.",
+                    "",
+                    format_markdown(headers, table, right),
+                    "",
+                    text,
+                    "",
+                ]
+            )
+        )
+        print(f"wrote {out}")
+        return 0
     env = environment(torch.device(args.device))
     folder = Path(args.work or f"/tmp/market-walk-{time.strftime('%Y%m%d-%H%M%S')}")
     folder.mkdir(parents=True, exist_ok=True)

@@ -66,7 +66,9 @@ def test_shuffled_test_bars_change_the_test_score_only(setup):
     g = torch.Generator().manual_seed(0)
     window = close[fold.test.start : fold.test.end]
     close[fold.test.start : fold.test.end] = window[torch.randperm(len(window), generator=g)]
-    close[fold.test.end :] *= 1.5  # and every later bar: the future after the fold
+    # and every later return: the future after the fold
+    later = torch.rand(len(close) - fold.test.end, generator=g, dtype=torch.float64)
+    close[fold.test.end :] *= torch.exp(0.05 * (later - 0.5)).cumprod(0)
     shuffled = run(with_closes(bars, close), fold)
     assert same_selection(base, shuffled)
     assert base.test["policy_pnl"].shape == shuffled.test["policy_pnl"].shape
@@ -90,3 +92,18 @@ def test_a_fold_is_deterministic_and_seeded_per_fold(setup):
     assert same_selection(a, b)
     other = run(bars, dataclasses.replace(fold, index=fold.index + 1))
     assert other.cfg.seed != a.cfg.seed
+
+
+def test_training_never_reads_the_validation_bars(setup):
+    """One validation, at the end of training: the network it scores is the trained one, and it is
+    bit-identical with every validation and later bar changed (only the score moves)."""
+    bars, fold = setup
+    base = run(bars, fold, validations=1)
+    close = bars.close.clone()
+    g = torch.Generator().manual_seed(1)
+    noise = torch.rand(len(close) - fold.val.start, generator=g, dtype=torch.float64)
+    close[fold.val.start :] *= torch.exp(0.05 * (noise - 0.5)).cumprod(0)
+    moved = run(with_closes(bars, close), fold, validations=1)
+    assert len(base.validations) == len(moved.validations) == 1
+    assert all(torch.equal(base.state[k], moved.state[k]) for k in base.state)
+    assert base.validations[0]["score"] != moved.validations[0]["score"]

@@ -20,6 +20,12 @@ SMALL = [
 ]  # fmt: skip
 
 
+CFG = dict(
+    env="market", device="cpu", backend="torch", bars=700, hidden=(16,), num_envs=8, batch_size=32, buffer_size=4096,
+    learning_starts=256, steps_per_bar=6, validations=3, episode_len=64, progress=False, tensorboard=False,
+)  # fmt: skip
+
+
 def test_walk_forward_from_the_command_line(tmp_path, capsys):
     torch.set_num_threads(1)
     assert main(["train", *SMALL, "--run-dir", str(tmp_path), "--run-name", "wf"]) == 0
@@ -59,6 +65,8 @@ def test_walk_forward_from_the_command_line(tmp_path, capsys):
             "no complete fold",
         ),
         (SMALL + ["--steps-per-bar", "1"], "learning_starts"),
+        (SMALL + ["--total-steps", "100"], "raise total_steps"),
+        (SMALL + ["--sampling", "rank"], "re-sort ranks"),
     ],
 )
 def test_bad_walk_forward_settings_are_refused_in_one_line(flags, message, tmp_path, capsys):
@@ -71,3 +79,32 @@ def test_bad_walk_forward_settings_are_refused_in_one_line(flags, message, tmp_p
 def test_the_plain_trainer_refuses_walk_forward_windows():
     with pytest.raises(ValueError, match="gper.walkforward"):
         train(Config(env="market", fold_train_bars=100, fold_val_bars=10, fold_test_bars=10, device="cpu"))
+
+
+@pytest.mark.parametrize(
+    "field, value", [("steps_per_bar", 10), ("validations", 3), ("select_metric", "log_pnl"), ("flat_fallback", False)]
+)
+def test_walk_forward_settings_without_windows_are_refused(field, value):
+    with pytest.raises(ValueError, match=f"{field} is a walk-forward setting"):
+        train(Config(env="market", device="cpu", **{field: value}))
+
+
+def test_annual_sharpe_counts_the_gaps_between_test_windows_as_time(tmp_path):
+    """With a step longer than the test window, bars per year come from every bar of the
+    out-of-sample span, not from the test bars alone (which would halve it here)."""
+    from gper.walkforward.run import walk_forward
+
+    flags = dict(fold_train_bars=200, fold_val_bars=60, fold_test_bars=60, fold_step_bars=120)
+    cfg = Config(**(CFG | flags | dict(run_dir=str(tmp_path), run_name="gaps")))
+    report = walk_forward(cfg, log=lambda line: None).report
+    per_year = report["out_of_sample"]["bars_per_year"]
+    assert 255 < per_year < 265  # weekday bars: 365.25 * 5 / 7 = 260.9
+
+
+def test_help_with_windows_shows_the_walk_forward_preset(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--env", "market", "--device", "cpu", "--train-months", "36", "--help"])
+    assert exit_info.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "walk-forward: 256 256" in out and "walk-forward: 64" in out

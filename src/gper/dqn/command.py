@@ -56,7 +56,8 @@ def main(argv: list[str], walk_forward: Callable[..., Any] | None = None) -> int
         device = pick_device(early.device or (default.device if default is not None else Config.device))
     except (ValueError, RuntimeError):  # a bad --device: the run's own check says so
         device = torch.device("cpu")
-    cls = command_config(env, device, default)
+    walk = any(a.split("=")[0] in WALK_FLAGS for a in argv)
+    cls = command_config(env, device, default, walk=walk)
     parsed = tyro.cli(
         cls,
         args=argv,
@@ -105,6 +106,14 @@ def main(argv: list[str], walk_forward: Callable[..., Any] | None = None) -> int
     print("gper train: done")
     print(json.dumps(summary, indent=2))
     return 0
+
+
+#: the flags that make a run walk-forward (their presence picks the market-walk preset's help hints)
+WALK_FLAGS = tuple(
+    f"--{unit_flag}"
+    for unit in ("months", "days")
+    for unit_flag in (f"train-{unit}", f"val-{unit}", f"test-{unit}", f"step-{unit}")
+) + ("--fold-train-bars", "--fold-val-bars", "--fold-test-bars", "--fold-step-bars")
 
 
 def _early_flags(argv: list[str]) -> argparse.Namespace:

@@ -185,8 +185,9 @@ class Config:
     """market walk-forward: training env steps per bar of a fold's training window (total_steps, when
     not given, is this times the window's bars)"""
     validations: int = 10
-    """market walk-forward: times each fold's greedy policy is scored on its validation window,
-    evenly through training (the best one is kept)"""
+    """market walk-forward: each fold's greedy policy is scored on its validation window every
+    total_steps / validations env steps, and once more at the end of training when that falls
+    after the last of them (the best one is kept)"""
     gym_autoreset: Literal["same-step", "next-step"] = "same-step"
     """gym:<ID>: when Gymnasium resets an ended copy: in the step that ended it (same-step), or in a reset
     step after it that belongs to no episode (next-step, Gymnasium's own default; the replay must then be
@@ -255,7 +256,9 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "market-walk": {
         "cuda": dict(
             # the best of 4 candidates (steps_per_bar 30 / 100 x hidden 64-64 / 256-256) on the
-            # validation windows of arch:sp500 and arch:nasdaq, seed 1 (market-walk-select-cpu-20261201-215141)
+            # validation windows of arch:sp500 and arch:nasdaq, seed 1 (market-walk-select-cpu-20261201-215141);
+            # those windows (2002-2017) are also the test windows of earlier folds, so only test years
+            # after the validation years used are free of the choice: docs/training.md, walk-forward results
             steps_per_bar=100,
             num_envs=64,
             hidden=(256, 256),

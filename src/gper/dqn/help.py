@@ -37,9 +37,10 @@ def field_docs() -> dict[str, str]:
     return docs
 
 
-def preset(env: str, device: torch.device) -> dict[str, Any]:
-    """The preset values that ``None`` stands for, for ``env`` on a device of ``device``'s type."""
-    family = env_family(env)
+def preset(env: str, device: torch.device, family: str | None = None) -> dict[str, Any]:
+    """The preset values that ``None`` stands for, for ``env`` (or the preset ``family``) on a device
+    of ``device``'s type."""
+    family = family or env_family(env)
     if family not in PRESETS:
         return {}
     values = dict(PRESETS[family]["cuda"])
@@ -82,18 +83,22 @@ def presets_table() -> str:
     return "\n".join(lines)
 
 
-def command_config(env: str, device: torch.device, default: Config | None = None) -> type:
+def command_config(env: str, device: torch.device, default: Config | None = None, walk: bool = False) -> type:
     """A dataclass with :class:`Config`'s fields, defaults and help, whose preset settings' help
     hints name the values that run for ``env`` on ``device``; :func:`to_config` converts its instances.
 
     With ``default`` (a resumed run's settings), only the settings it leaves ``None`` get a
-    preset's hint; tyro shows the others' values as their defaults."""
+    preset's hint; tyro shows the others' values as their defaults. With ``walk`` (walk-forward
+    windows among the flags), the hints are the ``market-walk`` preset's."""
     import tyro
 
     hints = typing.get_type_hints(Config, include_extras=True, localns=vars(config_module))
     docs = field_docs()
-    values = preset(env, device)
-    where = "the CPU" if device.type != "cuda" else "CUDA"
+    values = preset(env, device, "market-walk" if walk and env == "market" else None)
+    where = ("the CPU" if device.type != "cuda" else "CUDA") + (", walk-forward" if walk and env == "market" else "")
+    if walk and env == "market":
+        values["total_steps"] = "steps-per-bar x each fold's training bars"
+        values["epoch_steps"] = "total-steps / validations"
     fields = []
     for f in dataclasses.fields(Config):
         hint: str | None = None

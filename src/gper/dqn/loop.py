@@ -239,6 +239,13 @@ def train(config: Config, log: Any = print) -> Results:
             "walk-forward windows (train/val/test months, days or bars) are run by gper.walkforward.walk_forward "
             "or the gper train command, not gper.dqn.train"
         )
+    walk_only = {"steps_per_bar": None, "validations": 10, "select_metric": "sharpe", "flat_fallback": True}
+    for name, default in walk_only.items():
+        if getattr(config, name) != default:
+            raise ValueError(
+                f"{name} is a walk-forward setting: give the windows too (--train-months, --val-months, "
+                "--test-months, or days, or bars), or leave it out"
+            )
     mode = parallel.resolve_mode(config.distributed)
     config = dataclasses.replace(config, distributed=mode)
     launch = parallel.start(mode, config.device)

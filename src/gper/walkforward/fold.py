@@ -66,9 +66,11 @@ def fold_config(config: Config, fold: Fold, device: torch.device) -> Config:
         "market-walk",
     )
     if cfg.learning_starts >= cfg.total_steps:
+        given = "total_steps" if config.total_steps is not None else f"{fold.train.bars} bars x {spb} steps_per_bar"
+        more = "raise total_steps" if config.total_steps is not None else "raise steps_per_bar"
         raise ValueError(
-            f"fold {fold.index}: {cfg.total_steps} training steps ({fold.train.bars} bars x {spb} steps_per_bar) "
-            f"do not pass learning_starts ({cfg.learning_starts}): raise steps_per_bar or lower learning_starts"
+            f"fold {fold.index}: {cfg.total_steps} training steps ({given}) do not pass learning_starts "
+            f"({cfg.learning_starts}): {more} or lower learning_starts"
         )
     return dataclasses.replace(cfg, seed=fold_seed(config.seed, fold.index))
 

@@ -11,6 +11,7 @@ an entry cost per fold: the comparison stays like for like.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +27,16 @@ STRATEGIES = ("policy", "buy_and_hold", "flat")
 LABELS = {"policy": "policy", "buy_and_hold": "buy-and-hold", "flat": "flat"}
 
 
-def build_report(folds: list[FoldOutcome], meta: dict[str, Any]) -> dict[str, Any]:
+def build_report(folds: list[FoldOutcome], meta: dict[str, Any], per_year: float | None = None) -> dict[str, Any]:
     """Every fold's scores and those of the out-of-sample period, the folds' test bars joined.
 
     Args:
         folds: the folds, in any order (they are reported in time order); their test bars must not
             overlap.
         meta: what the run was (series, replay kind, seed, cost, ...), copied into the report.
+        per_year: bars per year to annualise with; default estimated from the test bars' times,
+            which counts the gaps between test windows as time: with a step longer than the test
+            window, pass the estimate from every bar of the out-of-sample span instead.
 
     Returns:
         ``{"meta", "folds": [{"index", "train", "val", "test", "chosen", "policy", "buy_and_hold",
@@ -46,7 +50,10 @@ def build_report(folds: list[FoldOutcome], meta: dict[str, Any]) -> dict[str, An
         raise ValueError(f"meta must be a dict, got {type(meta).__name__}")
     ordered = in_time_order(folds)
     time_ns = np.concatenate([f.time_ns for f in ordered])
-    per_year = bars_per_year(time_ns)
+    if per_year is None:
+        per_year = bars_per_year(time_ns)
+    elif not (isinstance(per_year, (int, float)) and math.isfinite(per_year) and per_year > 0):
+        raise ValueError(f"per_year must be a finite number > 0, got {per_year!r}")
     fold_rows = []
     for fold in ordered:
         row: dict[str, Any] = {"index": fold.index}

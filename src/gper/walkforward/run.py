@@ -26,15 +26,18 @@ from typing import Any
 
 import torch
 
+from gper.dqn import parallel
 from gper.dqn._extra import require
-from gper.dqn.config import Config, as_run, pick_device, walk_spec
+from gper.dqn.config import Config, as_run, cpu_threads, pick_device, walk_spec
+from gper.dqn.network import padded_width
 from gper.envs.folds import Fold, walk_forward_folds
+from gper.envs.market import N_ACTIONS, OBS_DIM
 from gper.envs.market_data import Bars, synthetic_bars
 from gper.envs.packaged import read_bars
 from gper.walkforward import report as wf_report
 from gper.walkforward.fold import FoldRun, fold_config, run_fold
 from gper.walkforward.outcome import FoldOutcome, Window
-from gper.walkforward.scores import pnl_scores
+from gper.walkforward.scores import bars_per_year, pnl_scores
 
 SYNTHETIC_BARS = 5031
 """Synthetic walk-forward series: as many weekday bars as the packaged daily series hold (1999-2018)."""
@@ -84,13 +87,20 @@ def walk_forward(config: Config, log: Callable[[str], None] = print, score_test:
         raise ValueError(f"walk-forward folds are for the market environment, not {config.env}")
     if config.resume is not None:
         raise ValueError("a walk-forward run cannot be resumed: start it again (each fold takes seconds to minutes)")
-    if config.distributed not in ("auto", "off"):
-        raise ValueError("walk-forward runs on one process: --distributed off")
+    if config.distributed not in ("auto", "off") or parallel.resolve_mode(config.distributed) != "off":
+        raise ValueError("walk-forward runs on one process: --distributed off, without torchrun's several processes")
+    if config.sampling == "rank":
+        raise ValueError(
+            "walk-forward folds do not re-sort ranks between steps: use --sampling proportional, stratified or uniform"
+        )
     tqdm = require("tqdm.auto", "the progress bar", "or progress=False").tqdm if config.progress else None
     device = pick_device(config.device)
     series, bars = load_series(config)
     folds = walk_forward_folds(bars.time_ns.numpy(), spec)
     cfgs = [fold_config(config, fold, device) for fold in folds]  # every fold's settings checked first
+    threads = None
+    if device.type == "cpu":  # as a plain run: one thread for a small network (cpu_threads), put back at the end
+        threads = cpu_threads(cfgs[0], padded_width(OBS_DIM), N_ACTIONS)
     folder = _folder(config, series)
     t = bars.time_ns
     meta = {
@@ -100,7 +110,7 @@ def walk_forward(config: Config, log: Callable[[str], None] = print, score_test:
         "device": str(device),
         "seed": config.seed,
         "replay": "uniform" if config.sampling == "uniform" else f"prioritized ({config.sampling})",
-        "settings": as_run(cfgs[0], device, None) | {"total_steps": None, "seed": config.seed},
+        "settings": as_run(cfgs[0], device, threads) | {"total_steps": None, "seed": config.seed},
         "folds": [
             {
                 "index": f.index,
@@ -118,6 +128,9 @@ def walk_forward(config: Config, log: Callable[[str], None] = print, score_test:
         bar = tqdm(total=sum(c.total_steps for c in cfgs), unit="step", dynamic_ncols=True, desc="gper walk-forward")
     runs, outcomes = [], []
     t0 = time.perf_counter()
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
     try:
         for fold in folds:
             run = run_fold(
@@ -129,12 +142,16 @@ def walk_forward(config: Config, log: Callable[[str], None] = print, score_test:
                 outcomes.append(outcome)
             log(_fold_line(fold, len(folds), run, outcome))
     finally:
+        torch.set_num_threads(before)
         if bar is not None:
             bar.close()
     report: dict[str, Any] = {}
     if score_test:
         meta["seconds"] = round(time.perf_counter() - t0, 1)
-        report = wf_report.build_report(outcomes, meta)
+        # every bar of the out-of-sample span counts, those between test windows too (a step
+        # longer than the test window leaves gaps that are time, not bars)
+        span = t[folds[0].test.start : folds[-1].test.end].numpy()
+        report = wf_report.build_report(outcomes, meta, per_year=bars_per_year(span))
         title = f"{series}: walk-forward out of sample, {spec.describe()} (seed {config.seed}, {meta['replay']})"
         paths = wf_report.write_report(folder, report, outcomes, title)
         if paths.get("png") is None:
