@@ -55,7 +55,7 @@ def _summary(folder) -> dict:
 
 def _stop_at(monkeypatch, sig: int, iteration: int) -> None:
     """Send ``sig`` to this process during collection iteration ``iteration``."""
-    step = loop._step
+    step = loop.step_iteration
 
     def step_then_signal(cfg, agent, it, timer, train_steps):
         trained = step(cfg, agent, it, timer, train_steps)
@@ -63,7 +63,7 @@ def _stop_at(monkeypatch, sig: int, iteration: int) -> None:
             signal.raise_signal(sig)
         return trained
 
-    monkeypatch.setattr(loop, "_step", step_then_signal)
+    monkeypatch.setattr(loop, "step_iteration", step_then_signal)
 
 
 @pytest.mark.parametrize("iteration", [329, 399], ids=["inside an epoch", "at an epoch's end"])
