@@ -108,3 +108,42 @@ def test_help_with_windows_shows_the_walk_forward_preset(capsys, monkeypatch):
     assert exit_info.value.code == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "walk-forward: 256 256" in out and "walk-forward: 64" in out
+
+
+def test_a_stopped_walk_forward_run_resumes_where_it_stopped_and_ends_as_the_whole_run(tmp_path, monkeypatch, capsys):
+    """Ctrl-C inside fold 3 of 4, then ``--resume``: the finished folds are read back, the rest
+    run, and the report is the uninterrupted run's, number for number (on the CPU runs are
+    deterministic)."""
+    import gper.walkforward.run as run_module
+
+    torch.set_num_threads(1)
+    assert main(["train", *SMALL, "--run-dir", str(tmp_path), "--run-name", "whole"]) == 0
+    real = run_module.run_fold
+    calls = []
+
+    def stop_in_the_third(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(run_module, "run_fold", stop_in_the_third)
+    assert main(["train", *SMALL, "--run-dir", str(tmp_path), "--run-name", "cut"]) == 130
+    assert "stopped after 2 of 4 folds; continue with --resume" in capsys.readouterr().out
+    assert not (tmp_path / "cut" / "report.json").exists()
+    monkeypatch.setattr(run_module, "run_fold", real)
+    assert main(["train", "--resume", str(tmp_path / "cut"), "--progress", "False"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("(done before)") == 2
+    whole, cut = (json.loads((tmp_path / n / "report.json").read_text()) for n in ("whole", "cut"))
+    assert whole["folds"] == cut["folds"]
+    assert whole["out_of_sample"] == cut["out_of_sample"]
+
+
+def test_a_resume_that_changes_what_a_fold_computes_is_refused(tmp_path, capsys):
+    torch.set_num_threads(1)
+    assert main(["train", *SMALL, "--run-dir", str(tmp_path), "--run-name", "a"]) == 0
+    capsys.readouterr()
+    assert main(["train", "--resume", str(tmp_path / "a"), "--learning-rate", "0.01"]) == 2
+    err = capsys.readouterr().err
+    assert "learning_rate was None, now 0.01" in err and "Traceback" not in err  # None: the preset's

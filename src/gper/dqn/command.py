@@ -33,11 +33,17 @@ from gper.dqn.loop import train
 from gper.dqn.parallel import PeerFailed
 
 
-def main(argv: list[str], walk_forward: Callable[..., Any] | None = None) -> int:
+def main(
+    argv: list[str],
+    walk_forward: Callable[..., Any] | None = None,
+    walk_resume: Callable[[str], Config | None] | None = None,
+) -> int:
     """Parse ``argv`` (the flags after ``gper train``), train, print the summary; the exit status.
 
     ``walk_forward(config, log)`` runs the walk-forward folds that the market's window flags ask
-    for (``gper train`` passes :func:`gper.walkforward.walk_forward`, from the layer above)."""
+    for, and ``walk_resume(path)`` gives the settings of a walk-forward run folder that ``--resume``
+    names (None for anything else); ``gper train`` passes :mod:`gper.walkforward.run`'s, from the
+    layer above."""
     try:
         tyro = require("tyro")
     except MissingExtra as err:
@@ -47,7 +53,8 @@ def main(argv: list[str], walk_forward: Callable[..., Any] | None = None) -> int
     early = _early_flags(argv)
     if early.resume is not None:  # the checkpoint's settings are the defaults; the flags given change them
         try:
-            default = stored_config(early.resume)
+            default = walk_resume(early.resume) if walk_resume is not None else None
+            default = default if default is not None else stored_config(early.resume)
         except ValueError as err:
             print(f"gper train: error: {err}", file=sys.stderr)
             return 2

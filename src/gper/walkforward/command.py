@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 from gper.dqn import command
-from gper.walkforward.run import walk_forward
+from gper.walkforward.run import resume_config, walk_forward
 
 
 def main(argv: list[str]) -> int:
     """``gper train`` with ``argv``: a training run, or walk-forward folds; the exit status."""
-    return command.main(argv, walk_forward=walk_forward)
+    return command.main(argv, walk_forward=walk_forward, walk_resume=resume_config)

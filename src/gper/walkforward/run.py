@@ -85,8 +85,6 @@ def walk_forward(config: Config, log: Callable[[str], None] = print, score_test:
         raise ValueError("walk-forward needs windows: --train-months, --val-months and --test-months (or days, bars)")
     if config.env != "market":
         raise ValueError(f"walk-forward folds are for the market environment, not {config.env}")
-    if config.resume is not None:
-        raise ValueError("a walk-forward run cannot be resumed: start it again (each fold takes seconds to minutes)")
     if config.distributed not in ("auto", "off") or parallel.resolve_mode(config.distributed) != "off":
         raise ValueError("walk-forward runs on one process: --distributed off, without torchrun's several processes")
     if config.sampling == "rank":
@@ -101,7 +99,8 @@ def walk_forward(config: Config, log: Callable[[str], None] = print, score_test:
     threads = None
     if device.type == "cpu":  # as a plain run: one thread for a small network (cpu_threads), put back at the end
         threads = cpu_threads(cfgs[0], padded_width(OBS_DIM), N_ACTIONS)
-    folder = _folder(config, series)
+    stored = _resumed(config) if config.resume is not None else None
+    folder = Path(config.resume) if config.resume is not None else _folder(config, series)
     t = bars.time_ns
     meta = {
         "series": series,
@@ -119,8 +118,10 @@ def walk_forward(config: Config, log: Callable[[str], None] = print, score_test:
             }
             for f, c in zip(folds, cfgs, strict=True)
         ],
+        "config": _asked(config),
     }
-    _write_json(folder / "config.json", meta)
+    if stored is None:
+        _write_json(folder / "config.json", meta)
     log(f"gper train: walk-forward on {series} ({len(bars.close)} bars): {len(folds)} folds of {spec.describe()}")
     log(f"gper train: writing to {folder}")
     bar = None
@@ -132,15 +133,24 @@ def walk_forward(config: Config, log: Callable[[str], None] = print, score_test:
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        for fold in folds:
-            run = run_fold(
-                config, bars, fold, device, progress=None if bar is None else bar.update, score_test=score_test
-            )
+        for fold, cfg in zip(folds, cfgs, strict=True):
+            done = _done_fold(folder, fold, cfg, score_test)
+            if done is not None:  # a resumed run: this fold finished before
+                run, outcome = done
+                if bar is not None:
+                    bar.update(cfg.total_steps)
+            else:
+                run = run_fold(
+                    config, bars, fold, device, progress=None if bar is None else bar.update, score_test=score_test
+                )
+                outcome = _record_fold(folder, bars, fold, run)
             runs.append(run)
-            outcome = _record_fold(folder, bars, fold, run)
             if outcome is not None:
                 outcomes.append(outcome)
-            log(_fold_line(fold, len(folds), run, outcome))
+            log(_fold_line(fold, len(folds), run, outcome) + (" (done before)" if done is not None else ""))
+    except KeyboardInterrupt:
+        log(f"gper train: stopped after {len(runs)} of {len(folds)} folds; continue with --resume {folder}")
+        raise
     finally:
         torch.set_num_threads(before)
         if bar is not None:
@@ -158,6 +168,71 @@ def walk_forward(config: Config, log: Callable[[str], None] = print, score_test:
             log("gper train: no equity.png: the plot needs matplotlib: pip install 'gper[train]'")
         log(_summary_line(report))
     return WalkForwardResult(folder, report, runs, outcomes)
+
+
+#: settings a resumed walk-forward run may change: they do not change what a fold computes
+RESUMABLE = ("resume", "progress", "tensorboard", "run_dir", "run_name", "device", "threads")
+
+
+def _asked(config: Config) -> dict[str, Any]:
+    """``config`` as asked (before presets), in JSON types: what a resume compares against."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items()}
+
+
+def resume_config(path: str | Path) -> Config | None:
+    """The settings a walk-forward run folder was started with (its ``config.json``), or None when
+    ``path`` is not a walk-forward run folder (a plain run's checkpoint, say)."""
+    stored = Path(path) / "config.json"
+    if not stored.is_file():
+        return None
+    try:
+        meta = json.loads(stored.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or "windows" not in meta or "config" not in meta:
+        return None
+    asked = dict(meta["config"])
+    if asked.get("hidden") is not None:
+        asked["hidden"] = tuple(asked["hidden"])
+    names = {f.name for f in dataclasses.fields(Config)}
+    return Config(**{k: v for k, v in asked.items() if k in names})
+
+
+def _resumed(config: Config) -> dict[str, Any]:
+    """The stored ``config.json`` of the run ``config.resume`` continues, checked against ``config``.
+
+    Raises:
+        ValueError: not a walk-forward run folder, or a setting that changes what a fold computes.
+    """
+    stored = resume_config(config.resume)
+    if stored is None:
+        raise ValueError(f"{config.resume} is not a walk-forward run folder (no config.json with windows)")
+    before, now = _asked(stored), _asked(config)
+    for name, value in now.items():
+        if name not in RESUMABLE and before.get(name) != value:
+            raise ValueError(
+                f"--resume {config.resume}: {name} was {before.get(name)!r}, now {value!r}; a resumed walk-forward "
+                f"run keeps its settings (it may change only {', '.join(RESUMABLE[1:])})"
+            )
+    return json.loads((Path(config.resume) / "config.json").read_text())
+
+
+def _done_fold(folder: Path, fold: Fold, cfg: Config, score_test: bool) -> tuple[FoldRun, FoldOutcome | None] | None:
+    """A fold an earlier segment of the run finished (its record and, when tested, its test walk), or None."""
+    name = folder / "folds" / f"fold_{fold.index:03d}"
+    try:
+        record = json.loads(name.with_suffix(".json").read_text())
+    except (OSError, ValueError):
+        return None
+    if score_test and record.get("outcome") is None:
+        return None
+    outcome = FoldOutcome.from_dict(record["outcome"]) if record.get("outcome") is not None else None
+    state = torch.load(name.with_suffix(".pt"), weights_only=True) if name.with_suffix(".pt").exists() else None
+    test = None
+    if outcome is not None:
+        test = {k: getattr(outcome, k) for k in ("time_ns", "policy_pnl", "policy_traded", "hold_pnl", "hold_traded")}
+    run = FoldRun(cfg, record["chosen"], record["validations"], state, test, record["sigma"])
+    return run, (outcome if score_test else None)
 
 
 def _named(fold: Fold):
@@ -205,6 +280,7 @@ def _record_fold(folder: Path, bars: Bars, fold: Fold, run: FoldRun) -> FoldOutc
             chosen=run.chosen,
             **run.test,
         )
+        record["outcome"] = outcome.to_dict()
         record["test"] = {
             "policy": pnl_scores(run.test["policy_pnl"], run.test["policy_traded"]),
             "buy_and_hold": pnl_scores(run.test["hold_pnl"], run.test["hold_traded"]),
@@ -234,4 +310,4 @@ def _summary_line(report: dict[str, Any]) -> str:
     )
 
 
-__all__ = ["SYNTHETIC_BARS", "WalkForwardResult", "load_series", "walk_forward"]
+__all__ = ["SYNTHETIC_BARS", "WalkForwardResult", "load_series", "resume_config", "walk_forward"]
