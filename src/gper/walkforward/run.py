@@ -161,7 +161,9 @@ def walk_forward(config: Config, log: Callable[[str], None] = print, score_test:
         # every bar of the out-of-sample span counts, those between test windows too (a step
         # longer than the test window leaves gaps that are time, not bars)
         span = t[folds[0].test.start : folds[-1].test.end].numpy()
-        report = wf_report.build_report(outcomes, meta, per_year=bars_per_year(span))
+        # the report's own tables list the folds; config.json keeps them, and the settings as asked
+        shown = {k: v for k, v in meta.items() if k not in ("folds", "config")}
+        report = wf_report.build_report(outcomes, shown, per_year=bars_per_year(span))
         title = f"{series}: walk-forward out of sample, {spec.describe()} (seed {config.seed}, {meta['replay']})"
         paths = wf_report.write_report(folder, report, outcomes, title)
         if paths.get("png") is None:
