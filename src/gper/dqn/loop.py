@@ -17,7 +17,15 @@ from gper.dqn import checkpoint, evaluation, parallel
 from gper.dqn._extra import INSTALL, require
 from gper.dqn.agent import Agent
 from gper.dqn.checkpoint import Checkpoint
-from gper.dqn.config import Config, cpu_threads, pick_device, replay_kind, resolve, trajectory_capacity, walk_spec
+from gper.dqn.config import (
+    Config,
+    check_plain_run,
+    cpu_threads,
+    pick_device,
+    replay_kind,
+    resolve,
+    trajectory_capacity,
+)
 from gper.dqn.evaluation import Evaluator
 from gper.dqn.network import GOAL_OBS_KEYS, goal_trajectory_spec, padded_width, replay_spec, trajectory_spec
 from gper.dqn.parallel import Launch
@@ -234,18 +242,7 @@ def train(config: Config, log: Any = print) -> Results:
         ValueError: bad settings, settings a resume may not change, or a damaged checkpoint
             (:class:`~gper.training.checkpoints.CheckpointError`); each a one-line message.
     """
-    if walk_spec(config) is not None:
-        raise ValueError(
-            "walk-forward windows (train/val/test months, days or bars) are run by gper.walkforward.walk_forward "
-            "or the gper train command, not gper.dqn.train"
-        )
-    walk_only = {"steps_per_bar": None, "validations": 10, "select_metric": "sharpe", "flat_fallback": True}
-    for name, default in walk_only.items():
-        if getattr(config, name) != default:
-            raise ValueError(
-                f"{name} is a walk-forward setting: give the windows too (--train-months, --val-months, "
-                "--test-months, or days, or bars), or leave it out"
-            )
+    check_plain_run(config)
     mode = parallel.resolve_mode(config.distributed)
     config = dataclasses.replace(config, distributed=mode)
     launch = parallel.start(mode, config.device)

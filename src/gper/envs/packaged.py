@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gper.envs.market_data import Bars, _bar_close
+from gper.envs.market_data import Bars, _bar_close, read_bars_csv
 from gper.envs.timestamps import NS_PER_DAY, _days
 
 PREFIX = "arch:"
@@ -109,8 +109,6 @@ def read_bars(source: str | Path, min_rows: int = 2) -> Bars:
         ValueError: a bad file or name, or fewer than ``min_rows`` bars.
         ImportError: packaged bars without ``arch`` installed.
     """
-    from gper.envs.market_data import read_bars_csv
-
     if not is_packaged(source):
         return read_bars_csv(source, min_rows)
     bars = packaged_bars(str(source)[len(PREFIX) :])

@@ -33,7 +33,7 @@ from gper.dqn.network import padded_width
 from gper.envs.folds import Fold, walk_forward_folds
 from gper.envs.market import N_ACTIONS, OBS_DIM
 from gper.envs.market_data import Bars, synthetic_bars
-from gper.envs.packaged import read_bars
+from gper.envs.packaged import PREFIX, is_packaged, read_bars
 from gper.walkforward import report as wf_report
 from gper.walkforward.fold import FoldRun, fold_config, run_fold
 from gper.walkforward.outcome import FoldOutcome, Window
@@ -50,7 +50,7 @@ def load_series(config: Config) -> tuple[str, Bars]:
     if config.data is None:
         n = config.bars or SYNTHETIC_BARS
         return "synthetic", synthetic_bars(n, SYNTHETIC_SEED)
-    name = str(config.data).removeprefix("arch:") if str(config.data).startswith("arch:") else Path(config.data).stem
+    name = str(config.data).removeprefix(PREFIX) if is_packaged(config.data) else Path(config.data).stem
     return name, read_bars(config.data)
 
 
