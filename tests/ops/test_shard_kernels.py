@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from gper._triton import HAS_TRITON
+from gper.bench import capture_graph
 from gper.ops import shard_reference
 from gper.ops.shard_reference import OWNER_SHIFT
 from gper.ops.state import C_STALE
@@ -344,15 +345,12 @@ def test_on_cuda_the_shared_counter_advances_exactly_under_many_programs(stratif
                 assert_bits(a, e, f"launch {i}, n={n}: {name}")
     n = 131072
     static = {}
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        tri.shared_draws(counter=counter, ticket=ticket, n=n, **kw)  # warm-up outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    want_counter += n
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+
+    def draw():
         static["out"] = tri.shared_draws(counter=counter, ticket=ticket, n=n, **kw)
+
+    graph = capture_graph(draw, warmup=1)  # the warm-up draws once, eagerly
+    want_counter += n
     for r in range(120):
         ref_counter = torch.tensor([want_counter], dtype=torch.int64, device=dev)
         graph.replay()
@@ -402,16 +400,9 @@ def test_on_cuda_the_stale_count_is_exact_under_many_programs():
             assert_bits(a, e, f"launch {i}: {name}")
     assert int(counters.count_nonzero()) == 1, "only the stale counter moves"
     every = entries()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        tri.unpack_updates(every=every, gen=gen, counters=counters, rank=0)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        tri.unpack_updates(every=every, gen=gen, counters=counters, rank=0)
+    graph = capture_graph(lambda: tri.unpack_updates(every=every, gen=gen, counters=counters, rank=0), warmup=1)
     per_launch = not_owned(every, 0)
-    want -= per_launch
+    want -= per_launch  # the warm-up's, run eagerly
     for r in range(100):
         graph.replay()
         want -= per_launch
