@@ -22,7 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("gper.walkforward.command", "train DQN on the GPU with prioritized replay (default: cartpole)"),
     "bench": (
         "gper.bench.command",
-        "benchmarks: replay (vs the O(N) baselines), peers (vs other replay libraries), exactness, train-step",
+        "benchmarks: replay (vs the O(N) baselines), peers (vs other replay libraries), exactness (the peers'"
+        " samplers), train-step, checkpoint (save and load), trajectory (the trajectory buffer)",
     ),
 }
 

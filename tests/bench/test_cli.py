@@ -6,6 +6,7 @@ Timings are not checked (benchmarks are not tests); the rows, columns and files 
 from __future__ import annotations
 
 import csv
+import re
 import time
 
 import pytest
@@ -206,6 +207,14 @@ def test_help(argv, flags, capsys):
     out = capsys.readouterr().out
     for flag in flags:
         assert flag in out, flag
+
+
+def test_gper_help_lists_every_bench_subcommand(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    (bench_line,) = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("bench ")]
+    for name in command.SUBCOMMANDS:
+        assert re.search(rf"\b{re.escape(name)}\b", bench_line), name
 
 
 def test_dispatcher(capsys):

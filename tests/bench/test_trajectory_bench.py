@@ -175,10 +175,10 @@ def test_flashbax_trajectory_buffer(tmp_path):
         traj=TrajectoryWorkload(num_envs=16),
     )
     if not ok:
-        assert why.endswith("not installed (pip install 'gper[peers]')")
+        assert why.endswith('not installed (pip install ".[peers]")')
         rows, info = run(cfg)
         assert rows == [] and info["absent"] == {"flashbax-traj": why}
-        with pytest.raises(Skip, match=r"gper\[peers\]"):
+        with pytest.raises(Skip, match=r"\.\[peers\]"):
             peers.load("flashbax-traj").build(("flashbax-traj",), 2**12, _setting())
         return
     rows, _ = run(cfg)
@@ -194,8 +194,8 @@ def test_missing_torchrl_skips_cleanly(name, library, monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == library else real(n, *a))
     ok, why = peers.status(name, CPU)
-    assert not ok and why == f"{library} not installed (pip install 'gper[peers]')"
-    with pytest.raises(Skip, match=r"gper\[peers\]"):
+    assert not ok and why == f'{library} not installed (pip install ".[peers]")'
+    with pytest.raises(Skip, match=r"\.\[peers\]"):
         peers.load(name).build((name,), 2**12, _setting())
 
 

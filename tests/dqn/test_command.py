@@ -46,7 +46,7 @@ def test_train_command_without_a_package_names_the_extra(package, tmp_path, caps
     monkeypatch.setitem(sys.modules, package, None)  # import <package> raises ImportError
     assert main(["train", "--device", "cpu", "--run-dir", str(tmp_path)]) == 2
     captured = capsys.readouterr()
-    assert captured.err == f"gper train needs {package}: pip install 'gper[train]'\n" and captured.out == ""
+    assert captured.err == f'gper train needs {package}: pip install ".[train]"\n' and captured.out == ""
     assert not any(tmp_path.iterdir())  # nothing ran
 
 
@@ -65,7 +65,7 @@ def test_train_command_without_gymnasium_says_so_in_one_line(tmp_path, capsys, m
     argv = ["train", "--device", "cpu", "--env", "gym:CartPole-v1", "--progress", "False", "--run-dir", str(tmp_path)]
     assert main(argv) == 2
     captured = capsys.readouterr()
-    assert captured.err == "gper train: error: gym:CartPole-v1 needs Gymnasium: pip install 'gper[gym]'\n"
+    assert captured.err == 'gper train: error: gym:CartPole-v1 needs Gymnasium: pip install ".[gym]"\n'
     assert "Traceback" not in captured.out + captured.err
 
 
@@ -78,6 +78,16 @@ def test_train_help_shows_the_values_that_run(capsys):
         assert "(default: None)" not in text and "(default for --env market on the CPU: " in text, text
     assert "(default for --env market on the CPU: 131072)" in out
     assert "market 2000000 / 300000" in out  # every environment's presets, CUDA / CPU
+
+
+def test_train_help_names_the_packaged_bars_and_the_data_extra(capsys):
+    from gper.envs.packaged import PACKAGED, PREFIX
+
+    with pytest.raises(SystemExit):
+        main(["train", "--env", "market", "--device", "cpu", "--help"])
+    out = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    data = re.split(r" --(?!env )", out.split(" --data ")[1])[0]
+    assert all(f"{PREFIX}{name}" in data for name in PACKAGED) and 'pip install ".[data]"' in data, data
 
 
 def test_train_help_after_a_resume_shows_the_checkpoint_settings(tmp_path, capsys):

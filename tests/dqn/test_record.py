@@ -123,19 +123,28 @@ def test_the_event_file_holds_what_metrics_jsonl_holds(run, tmp_path):
     assert [step for step, _ in scalars["eval/mean_return"]] == [800, 1600, 2400]
 
 
-def test_without_tensorboard_one_line_says_how_to_get_event_files(run, tmp_path, monkeypatch):
+def test_without_tensorboard_event_files_are_off_unless_asked_for(run, tmp_path, monkeypatch):
+    """Without the tensorboard package a run writes no event files and says nothing of them; one
+    that asks for them (--tensorboard True) gets one line saying how to get them or turn them off."""
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
     monkeypatch.setitem(sys.modules, "tensorboard", None)
+    assert Config().tensorboard is False
     lines = []
     results = train(Config(**{**run, "total_steps": 800}, run_name="a"), log=lines.append)
     assert results.env_steps == 800 and not event_files(tmp_path / "a")
-    assert [line for line in lines if "tensorboard" in line.lower()] == [
-        "gper train: no TensorBoard event files: they need tensorboard: pip install 'gper[tensorboard]', "
-        "or tensorboard=False"
-    ]
+    assert not [line for line in lines if "tensorboard" in line.lower()]
     lines.clear()
-    train(Config(**{**run, "total_steps": 800, "tensorboard": False}, run_name="b"), log=lines.append)
-    assert not [line for line in lines if "tensorboard" in line.lower()] and not event_files(tmp_path / "b")
+    train(Config(**{**run, "total_steps": 800, "tensorboard": True}, run_name="b"), log=lines.append)
+    assert not event_files(tmp_path / "b")
+    assert [line for line in lines if "tensorboard" in line.lower()] == [
+        'gper train: no TensorBoard event files: they need tensorboard: pip install ".[tensorboard]", '
+        "or --tensorboard False"
+    ]
+
+
+def test_event_files_are_on_by_default_where_tensorboard_is_installed():
+    pytest.importorskip("tensorboard")
+    assert Config().tensorboard is True
 
 
 def test_without_save_a_stop_still_writes_the_summary_and_plot(run, tmp_path, monkeypatch):

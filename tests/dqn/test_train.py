@@ -135,7 +135,7 @@ def test_gymnasium_env_trains(tmp_path, smoke):
 def test_progress_bar_without_tqdm_names_the_extra(tmp_path, smoke, monkeypatch):
     monkeypatch.setitem(sys.modules, "tqdm", None)
     monkeypatch.setitem(sys.modules, "tqdm.auto", None)
-    message = r"^the progress bar needs tqdm: pip install 'gper\[train\]', or progress=False$"
+    message = r'^the progress bar needs tqdm: pip install "\.\[train\]", or progress=False$'
     with pytest.raises(ImportError, match=message):
         train(Config(**{**smoke, "progress": True}, run_dir=str(tmp_path), run_name="p"), log=lambda _: None)
     assert not (tmp_path / "p").exists()  # checked before anything is built
@@ -148,7 +148,7 @@ def test_plot_without_matplotlib_is_skipped_with_one_line(tmp_path, smoke, monke
     assert results.env_steps == 300 and (tmp_path / "m" / "summary.json").exists()
     assert not (tmp_path / "m" / "plot.png").exists()
     assert [line for line in lines if "matplotlib" in line] == [
-        "gper train: no plot.png: the plot needs matplotlib: pip install 'gper[train]'"
+        'gper train: no plot.png: the plot needs matplotlib: pip install ".[train]"'
     ]
 
 

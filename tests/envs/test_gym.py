@@ -78,7 +78,7 @@ def test_unknown_id():
 
 def test_missing_gymnasium_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "gymnasium", None)
-    with pytest.raises(ImportError, match=r"gym:CartPole-v1 needs Gymnasium: pip install 'gper\[gym\]'"):
+    with pytest.raises(ImportError, match=r'gym:CartPole-v1 needs Gymnasium: pip install "\.\[gym\]"'):
         GymVecEnv("CartPole-v1", 1, "cpu")
 
 

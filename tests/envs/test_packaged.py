@@ -12,7 +12,7 @@ import torch
 from gper.envs.market import MarketEnv
 from gper.envs.packaged import PACKAGED, is_packaged, packaged_bars, read_bars
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("arch") is None, reason="needs pip install 'gper[data]'")
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("arch") is None, reason='needs pip install ".[data]"')
 
 
 @pytest.mark.parametrize("name", sorted(PACKAGED))

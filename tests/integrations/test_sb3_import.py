@@ -30,4 +30,4 @@ def test_without_sb3_the_adapter_names_the_extra():
     )
     out = _run(code)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == repr('gper.integrations.sb3 needs stable-baselines3: pip install "gper[sb3]"')
+    assert out.stdout.strip() == repr('gper.integrations.sb3 needs stable-baselines3: pip install ".[sb3]"')

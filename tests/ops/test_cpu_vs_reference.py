@@ -32,7 +32,7 @@ try:
 except ImportError:
     HAS_NUMBA = False
 
-needs_numba = pytest.mark.skipif(not HAS_NUMBA, reason="needs numba (gper[cpu])")
+needs_numba = pytest.mark.skipif(not HAS_NUMBA, reason="needs numba (the cpu extra)")
 #: the CPU back end's ways to run its loops: NumPy calls; compiled, with the children's sums in
 #: torch's order (where this machine's torch was found to sum that way) or by torch itself
 LOOPS = ["numpy", pytest.param("numba", marks=needs_numba), pytest.param("numba-torch-sums", marks=needs_numba)]
@@ -260,7 +260,7 @@ def test_the_loops_are_chosen_by_name_and_a_missing_numba_names_the_extra(monkey
         cpu.set_loops("auto")
         assert cpu.compiled() is None  # auto: the NumPy loops, silently
         cpu.set_loops("numba")
-        with pytest.raises(ImportError, match=r"pip install 'gper\[cpu\]'"):
+        with pytest.raises(ImportError, match=r'pip install "\.\[cpu\]"'):
             cpu.compiled()
         rb = gper.PrioritizedReplayBuffer(8, SPEC, device="cpu")
         rb.add(

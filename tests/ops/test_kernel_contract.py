@@ -110,7 +110,7 @@ def test_select_backend_triton_without_triton_is_an_import_error(monkeypatch):
     import gper._triton
 
     monkeypatch.setattr(gper._triton, "HAS_TRITON", False)
-    with pytest.raises(ImportError, match=r"pip install 'gper\[triton\]'"):
+    with pytest.raises(ImportError, match=r'pip install "\.\[triton\]"'):
         select_backend("triton", torch.device("cpu"))
     # auto falls back to the torch back end
     assert select_backend("auto", torch.device("cpu")) == ("torch", cpu)

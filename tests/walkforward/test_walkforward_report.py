@@ -249,7 +249,7 @@ def test_without_matplotlib_the_report_is_written_without_the_png(tmp_path, monk
     paths = write_report(tmp_path, build_report(folds, {}), folds, "t")
     assert paths["png"] is None and not (tmp_path / "equity.png").exists()
     md = paths["markdown"].read_text()
-    assert "No equity.png: the plot needs matplotlib: pip install 'gper[train]'" in md and "![" not in md
+    assert 'No equity.png: the plot needs matplotlib: pip install ".[train]"' in md and "![" not in md
     assert json.loads(paths["json"].read_text())["out_of_sample"]["bars"] == 5
 
 

@@ -253,7 +253,7 @@ def plot_steps(rows: list[Row], path: Path, title: str, log: Callable[[str], Non
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        log("no plot: it needs matplotlib (pip install 'gper[peers]')")
+        log('no plot: it needs matplotlib (pip install ".[peers]")')
         return False
     step = [r for r in rows if r.op == "step" and r.median_us is not None]
     batches = sorted({r.batch for r in step})

@@ -10,7 +10,7 @@ from types import ModuleType
 
 def install(extra: str) -> str:
     """The command that installs gper's optional dependencies ``extra``."""
-    return f"pip install 'gper[{extra}]'"
+    return f'pip install ".[{extra}]"'
 
 
 INSTALL = install("train")

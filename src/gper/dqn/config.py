@@ -15,6 +15,7 @@ import torch
 from gper._device import canonical_device
 from gper.dqn.presets import PRESETS  # the per-environment defaults (gper.dqn.config.PRESETS, as before)
 from gper.envs.folds import WalkSpec, spec_from
+from gper.training.tensorboard import installed as tensorboard_installed
 
 
 @dataclass
@@ -26,7 +27,9 @@ class Config:
     """environment: cartpole, market, bitflip:<N> (the bit-flipping task of hindsight replay, N bits), or
     gym:<ID> (a Gymnasium id with discrete actions, stepped on the CPU)"""
     data: str | None = None
-    """market: CSV of bars (timestamp, open, high, low, close, volume); default synthetic prices"""
+    """market: arch:sp500 or arch:nasdaq (the S&P 500's or the NASDAQ's daily bars, 1999-2018, from the arch
+    package: pip install ".[data]"), or a CSV of bars (timestamp, open, high, low, close, volume); default
+    synthetic prices"""
     seed: int = 1
     """seed of torch, the environments and the replay buffer"""
     total_steps: int | None = None
@@ -139,8 +142,9 @@ class Config:
     (market: the held-out test prices); 0: no evaluation"""
     eval_episodes: int = 10
     """episodes per evaluation (one on each copy of the evaluation environment)"""
-    tensorboard: bool = True
-    """also write the metrics as TensorBoard event files in the run folder (needs pip install 'gper[tensorboard]')"""
+    tensorboard: bool = dataclasses.field(default_factory=tensorboard_installed)
+    """also write the metrics as TensorBoard event files in the run folder; default: on when the tensorboard
+    package is installed (pip install ".[tensorboard]")"""
     episode_len: int = 256
     """market: bars per training episode"""
     bars: int | None = None

@@ -286,7 +286,7 @@ def td_loss(
     if backend != "triton":
         raise ValueError(f"backend must be auto, triton or torch, got {backend!r}")
     if not HAS_TRITON:
-        raise RuntimeError("backend='triton' needs triton: pip install 'gper[triton]'")
+        raise RuntimeError("backend='triton' needs triton: pip install \".[triton]\"")
     if sums is not None and (sums.shape != (3,) or sums.dtype != torch.float64):
         raise ValueError(f"sums must be [3] float64, got {tuple(sums.shape)} {sums.dtype}")
     return _TDLoss.apply(q, q_next_online, q_next_target, action, reward, discount, weights, gamma, sums)

@@ -74,7 +74,7 @@ def open_run_folder(
         try:
             runlog.open_events({"hyperparameters": table})
         except ImportError:
-            hint = f"{install('tensorboard')}, or tensorboard=False"
+            hint = f"{install('tensorboard')}, or --tensorboard False"
             log(f"gper train: no TensorBoard event files: they need tensorboard: {hint}")
     return runlog
 

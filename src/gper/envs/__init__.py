@@ -6,7 +6,7 @@
   in PyTorch on the training device (:mod:`gper.envs.bitflip`); goal-conditioned, with the
   :class:`~gper.envs.goals.GoalEnv` protocol that hindsight relabelling uses (:mod:`gper.envs.goals`).
 - ``gym:<ID>``: any Gymnasium environment with a discrete action space, stepped on the CPU through
-  Gymnasium's vector API (:mod:`gper.envs.gym`), with either autoreset mode; needs ``pip install gper[gym]``.
+  Gymnasium's vector API (:mod:`gper.envs.gym`), with either autoreset mode; needs ``pip install ".[gym]"``.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ def _import_gymnasium(env_id: str):
     try:
         import gymnasium
     except ImportError as e:
-        raise ImportError(f"gym:{env_id} needs Gymnasium: pip install 'gper[gym]'") from e
+        raise ImportError(f'gym:{env_id} needs Gymnasium: pip install ".[gym]"') from e
     return gymnasium
 
 

@@ -3,7 +3,7 @@
 ``--data arch:sp500`` and ``--data arch:nasdaq`` are the daily bars of the S&P 500 and NASDAQ
 Composite indices, 1999-01-04 to 2018-12-31 (5,031 bars each), that the ``arch`` package
 (Kevin Sheppard's ARCH models) ships as ``arch.data.sp500`` and ``arch.data.nasdaq``:
-``pip install 'gper[data]'``. The files are found where the package is installed and read with
+``pip install ".[data]"``. The files are found where the package is installed and read with
 gper's own checks (:func:`gper.envs.market_data.read_bars_csv`'s rules for prices and order);
 ``arch`` itself is not imported, so its own dependencies (SciPy, pandas, statsmodels) are not
 loaded either.
@@ -50,12 +50,10 @@ def packaged_path(name: str) -> Path:
         )
     spec = importlib.util.find_spec("arch")  # finds the package without importing it
     if spec is None or not spec.submodule_search_locations:
-        raise ImportError(f"--data {PREFIX}{name} reads the bars that the arch package ships: pip install 'gper[data]'")
+        raise ImportError(f'--data {PREFIX}{name} reads the bars that the arch package ships: pip install ".[data]"')
     path = Path(next(iter(spec.submodule_search_locations))) / PACKAGED[name][0]
     if not path.is_file():
-        raise ImportError(
-            f"the installed arch package has no {PACKAGED[name][0]}: pip install 'gper[data]' (arch >= 5)"
-        )
+        raise ImportError(f'the installed arch package has no {PACKAGED[name][0]}: pip install ".[data]" (arch >= 5)')
     return path
 
 

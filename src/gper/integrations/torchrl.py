@@ -13,7 +13,7 @@ Storage, sampling and updates are gper's (:class:`gper.PrioritizedReplayBuffer`,
 transition in one row on the device); TensorDict's nested keys are flattened to gper's fields
 (``("next", "observation")`` is the field ``"next.observation"``) and nested again on the way out.
 
-Needs ``tensordict`` (``pip install "gper[torchrl]"``, which brings TorchRL too); importing
+Needs ``tensordict`` (``pip install ".[torchrl]"``, which brings TorchRL too); importing
 :mod:`gper.integrations` does not import it.
 """
 
@@ -31,7 +31,7 @@ import torch
 try:
     from tensordict import NonTensorData, TensorDict, TensorDictBase
 except ImportError as err:
-    raise ImportError('gper.integrations.torchrl needs tensordict: pip install "gper[torchrl]"') from err
+    raise ImportError('gper.integrations.torchrl needs tensordict: pip install ".[torchrl]"') from err
 
 import gper
 from gper._device import canonical_device

@@ -181,7 +181,7 @@ def select_backend(request: str | ModuleType, device: torch.device) -> tuple[str
         name = "triton" if HAS_TRITON and device.type == "cuda" else "torch"
     elif request == "triton":
         if not HAS_TRITON:
-            raise ImportError("backend='triton' needs the triton package: pip install 'gper[triton]'")
+            raise ImportError("backend='triton' needs the triton package: pip install \".[triton]\"")
         if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError(f"backend='triton' runs on CUDA (or on CPU under TRITON_INTERPRET=1), not {device}")
     return name, backend_module(name, device)

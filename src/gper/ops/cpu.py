@@ -12,7 +12,7 @@ place) and the float32 sum of a node's children (a vectorised sum whose order fo
 vector width).
 
 The loops run compiled (:mod:`gper.ops.cpu_jit`, a pass over the batch each) when numba is
-installed (``pip install 'gper[cpu]'``), else as NumPy calls (:mod:`gper.ops.cpu_numpy`, a few
+installed (``pip install ".[cpu]"``), else as NumPy calls (:mod:`gper.ops.cpu_numpy`, a few
 per tree level); :func:`set_loops` (or the environment variable ``GPER_CPU_LOOPS``: ``auto``,
 ``numba``, ``numpy``) chooses. ``tests/ops/test_cpu_vs_reference.py`` checks both bit for bit
 against the reference on random trees, arities, batches, duplicates, stale and invalid entries,
@@ -83,7 +83,7 @@ def compiled() -> ModuleType | None:
                 module = importlib.import_module("gper.ops.cpu_jit")
             except ImportError as err:
                 if request == "numba":
-                    raise ImportError("the CPU back end's compiled loops need numba: pip install 'gper[cpu]'") from err
+                    raise ImportError('the CPU back end\'s compiled loops need numba: pip install ".[cpu]"') from err
         _loops["module"] = module
     return _loops["module"] or None
 

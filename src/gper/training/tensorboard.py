@@ -12,19 +12,29 @@ the record's own truth (:meth:`~gper.training.runlog.RunLog.open_events`): no st
 stretch run with event files off are there too, and nothing depends on the order TensorBoard
 reads several files of a folder in (by name, which starts with the second a file was made).
 
-Needs the ``tensorboard`` package (``pip install 'gper[tensorboard]'``); without it, opening an
-:class:`EventLog` raises ``ImportError``.
+Needs the ``tensorboard`` package (``pip install ".[tensorboard]"``); without it, opening an
+:class:`EventLog` raises ``ImportError``, and :func:`installed` (the trainer's default for writing
+event files) is False.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 #: the names TensorBoard's writers give event files
 EVENTS_PREFIX = "events.out.tfevents."
+
+
+def installed() -> bool:
+    """Whether the ``tensorboard`` package can be imported (found without importing it)."""
+    if "tensorboard" in sys.modules:
+        return sys.modules["tensorboard"] is not None
+    return importlib.util.find_spec("tensorboard") is not None
 
 
 def event_files(folder: str | Path) -> list[Path]:

@@ -219,7 +219,7 @@ def write_report(folder: Path, report: dict[str, Any], folds: list[FoldOutcome],
     if png is None:
         # an equity.png of an earlier report in this folder would not be this report's
         (folder / "equity.png").unlink(missing_ok=True)
-        markdown += "\nNo equity.png: the plot needs matplotlib: pip install 'gper[train]'\n"
+        markdown += '\nNo equity.png: the plot needs matplotlib: pip install ".[train]"\n'
     paths: dict[str, Path | None] = {"json": folder / "report.json", "markdown": folder / "report.md", "png": png}
     for key, content in (("markdown", markdown), ("json", text)):
         with atomic_file(paths[key]) as f:

@@ -167,7 +167,7 @@ def walk_forward(config: Config, log: Callable[[str], None] = print, score_test:
         title = f"{series}: walk-forward out of sample, {spec.describe()} (seed {config.seed}, {meta['replay']})"
         paths = wf_report.write_report(folder, report, outcomes, title)
         if paths.get("png") is None:
-            log("gper train: no equity.png: the plot needs matplotlib: pip install 'gper[train]'")
+            log('gper train: no equity.png: the plot needs matplotlib: pip install ".[train]"')
         log(_summary_line(report))
     return WalkForwardResult(folder, report, runs, outcomes)
 

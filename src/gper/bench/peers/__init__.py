@@ -4,7 +4,7 @@ Each module holds both of a peer's adapters: its timing adapter (for ``gper benc
 for gper and the baselines, ``gper bench replay``) and its exactness sampler (for
 ``gper bench exactness``); :mod:`gper.bench.peers.base` says what a module provides. Importing
 this package imports no peer library, and importing a peer's module imports none either:
-TorchRL, cpprb and flashbax (``pip install 'gper[peers]'``) are loaded only when used.
+TorchRL, cpprb and flashbax (``pip install ".[peers]"``) are loaded only when used.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ OPS = ("sample", "update", "step", "add", "step+add")
 #: batch ``num_envs`` only) and ``sample_sequences`` (timed at batch ``seq_batch`` only)
 TRAJ_OPS = ("sample-n1", "sample-n3", "step-n1", "step-n3", "add-envs", "sequences")
 #: how to install the peer libraries
-PEERS_EXTRA = "pip install 'gper[peers]'"
+PEERS_EXTRA = 'pip install ".[peers]"'
 
 
 class Skip(Exception):

@@ -3,7 +3,7 @@
 Timing: ``cpprb``, on the reference workload; on a GPU each call pays for moving its inputs to
 the host and its results to the device. Exactness: ``cpprb`` (stratified sampling).
 
-cpprb is imported only when used (``pip install 'gper[peers]'``).
+cpprb is imported only when used (``pip install ".[peers]"``).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ Each variant, and the trajectory buffer of :mod:`gper.bench.peers.flashbax_traj`
 runs in a worker process of its own (``python -m gper.bench.peers.flashbax``),
 because x64 is a process-wide switch and because JAX keeps the memory it took until its process
 ends; :func:`time_in_worker` and :func:`check_in_worker` start it and read back its results.
-JAX and flashbax are imported only there (``pip install 'gper[peers]'``).
+JAX and flashbax are imported only there (``pip install ".[peers]"``).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ lives where the installed wheel can put it: PyPI's wheels have only the C++ CPU 
 GPU the data is on the GPU and the tree on the host. Exactness: ``torchrl`` (float32 trees) and
 ``torchrl-fp64`` (the float64 trees it offers).
 
-TorchRL and tensordict are imported only when used (``pip install 'gper[peers]'``).
+TorchRL and tensordict are imported only when used (``pip install ".[peers]"``).
 """
 
 from __future__ import annotations

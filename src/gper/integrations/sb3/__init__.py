@@ -13,7 +13,7 @@
 try:
     import stable_baselines3  # noqa: F401
 except ImportError as err:  # one line that says how to get it
-    raise ImportError('gper.integrations.sb3 needs stable-baselines3: pip install "gper[sb3]"') from err
+    raise ImportError('gper.integrations.sb3 needs stable-baselines3: pip install ".[sb3]"') from err
 
 from gper.integrations.sb3.buffer import PrioritizedReplayBuffer, PrioritizedReplayBufferSamples
 from gper.integrations.sb3.dqn import PrioritizedDQN, weighted_huber_loss
