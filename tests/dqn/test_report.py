@@ -75,6 +75,31 @@ def test_epoch_report_windows_solve_point_and_loss_metrics(tmp_path, smoke):
     assert results.best_mean_return_last100 == report.best and results.phase_ms == {}
 
 
+def test_the_first_epoch_after_a_resume_inside_it_rates_only_its_own_steps(tmp_path, smoke):
+    """Resumed at 5 training steps inside an epoch that began at 2: the epoch's losses are the whole
+    epoch's (7 steps), its rates those of the 4 steps this run took in its 2 seconds."""
+    cfg = resolve(Config(**smoke), CPU)
+    before = RunReport(cfg, CPU, RunLog(tmp_path / "before"), [], lambda _: None)
+    before.start(t0=time.perf_counter(), sums=torch.zeros(N_SUMS, dtype=torch.float64), train_steps=2)
+    state = before.state_dict()  # the checkpoint inside the epoch: its start's sums and steps
+    before.runlog.close()
+    report = RunReport(cfg, CPU, RunLog(tmp_path / "run"), [], lambda _: None)
+    report.start(t0=0.0, sums=torch.zeros(N_SUMS, dtype=torch.float64), train_steps=5)
+    report.load_state_dict(state)
+    sums = torch.zeros(N_SUMS, dtype=torch.float64)
+    sums[SUM_LOSS] = 7.0
+    host = {"sums": sums, "beta": torch.tensor(0.5)}
+    common = dict(env_step=1200, iterations=300, epsilon=0.3, phases={})
+    metrics = report.end_epoch(host, [], 0, train_steps=9, now=2.0, **common)
+    assert metrics["losses/td_loss"] == 1.0
+    assert metrics["charts/train_steps_per_s"] == 4 / 2.0 and metrics["charts/SPS"] == 300 * cfg.num_envs / 2.0
+    sums = sums.clone()
+    sums[SUM_LOSS] = 10.0
+    later = report.end_epoch(host | {"sums": sums}, [], 0, train_steps=12, now=5.0, **common)
+    assert later["losses/td_loss"] == 1.0 and later["charts/train_steps_per_s"] == 3 / 3.0
+    report.runlog.close()
+
+
 def _evaluation(mean: float) -> dict[str, float]:
     return {"eval/mean_return": mean, "eval/std_return": 1.0, "eval/episodes": 10, "eval/seconds": 0.01}
 

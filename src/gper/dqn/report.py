@@ -104,9 +104,13 @@ class RunReport:
 
     def start(self, t0: float, sums: torch.Tensor, train_steps: int) -> None:
         """The loop starts at ``t0`` (``time.perf_counter``) from the host copy of the device
-        ``sums`` and ``train_steps`` training steps done: the first epoch's deltas start there."""
+        ``sums`` and ``train_steps`` training steps done: the first epoch's deltas start there, and
+        its rates count from there whatever :meth:`load_state_dict` restores."""
         self.t0 = self._t_epoch = t0
         self._sums, self._train_steps = sums, train_steps
+        # the training steps the epoch's rate counts from: a run resumed inside an epoch reports the
+        # whole epoch's losses, but only the steps it took itself over its own wall time
+        self._rate_train_steps = train_steps
 
     def state_dict(self) -> dict[str, object]:
         """What a resumed run needs to report as the uninterrupted run would: the best 100-episode
@@ -194,10 +198,11 @@ class RunReport:
         if phases:
             self.last_phase = {name: ms for name, (ms, _) in phases.items()}
         trained, self._train_steps = train_steps - self._train_steps, train_steps
-        metrics = self._metrics(host, iterations, trained, epsilon, phases, wall)
+        timed, self._rate_train_steps = train_steps - self._rate_train_steps, train_steps
+        metrics = self._metrics(host, iterations, trained, timed, epsilon, phases, wall)
         self.runlog.log(env_step, **metrics)
         self.runlog.flush()
-        busy = busy_fraction(phases, iterations, trained, wall, self.device.type == "cuda")
+        busy = busy_fraction(phases, iterations, timed, wall, self.device.type == "cuda")
         self.log(format_phase_line(phases, self.device))
         self.log(
             f"step {env_step:>9d}  return(last100) {metrics['charts/mean_return_last100']:8.2f}  "
@@ -264,15 +269,17 @@ class RunReport:
         host: dict[str, torch.Tensor],
         iterations: int,
         trained: int,
+        timed: int,
         epsilon: float,
         phases: dict[str, tuple[float, int]],
         wall: float,
     ) -> dict[str, float]:
+        # trained: the epoch's training steps (its losses' mean); timed: those within its wall time
         sums = host["sums"].clone()
         delta, self._sums = sums - self._sums, sums
         metrics = {
             "charts/SPS": iterations * self.cfg.num_envs / wall,
-            "charts/train_steps_per_s": trained / wall,
+            "charts/train_steps_per_s": timed / wall,
             "charts/epsilon": epsilon,
             "charts/beta": float(host["beta"]),
             "charts/mean_return_last100": mean_last100(self.returns),

@@ -294,7 +294,9 @@ def _record_fold(folder: Path, bars: Bars, fold: Fold, run: FoldRun) -> FoldOutc
 def _fold_line(fold: Fold, n: int, run: FoldRun, outcome) -> str:
     c = run.chosen
     pick = "flat (no checkpoint beat flat on validation)" if c["flat"] else f"checkpoint {c.get('epoch')}"
-    line = f"fold {fold.index + 1}/{n}: {pick}, validation {c.get('metric')} {c.get('score', float('nan')):+.4f}"
+    # numbered as folds/fold_<k>.json and the report's tables number it, from 0
+    line = f"fold {fold.index} (of 0..{n - 1}): {pick}, validation {c.get('metric')} "
+    line += f"{c.get('score', float('nan')):+.4f}"
     if outcome is not None:
         line += (
             f"; test {outcome.test.start}..{outcome.test.end}: log P&L {outcome.policy_pnl.sum():+.4f} "
