@@ -120,9 +120,16 @@ def test_market_smoke_training_evaluates_on_held_out_prices(tmp_path, smoke):
         },
         run_dir=str(tmp_path),
     )
-    results = train(cfg, log=lambda _: None)
+    lines: list[str] = []
+    results = train(cfg, log=lines.append)
     ev = results.evaluation
     assert ev is not None and {"total_log_pnl", "buy_and_hold_log_pnl", "flat_log_pnl"} <= set(ev)
+    # the two held-out numbers a market run prints, each saying what it is
+    (test_line,) = [line for line in lines if line.startswith("market test")]
+    assert test_line.startswith(f"market test, one walk over the whole held-out series ({ev['bars']} bars)")
+    assert test_line.endswith(
+        "(the eval lines: the mean return of 10 episodes of 32 bars of it, in the training reward's units)"
+    )
     assert ev["flat_log_pnl"] == 0.0 and ev["bars"] > 100
 
 

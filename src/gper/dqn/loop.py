@@ -506,10 +506,12 @@ def _evaluate(cfg: Config, agent: Agent, log: Any, stop: StopSignals) -> dict[st
         result = evaluate(greedy, test_env)
     except _EvaluationStopped:
         return None
+    # the eval lines' greedy return is another number: a mean over short episodes of the same series
     log(
-        f"market test on held-out prices ({result['bars']} bars): greedy policy log P&L "
+        f"market test, one walk over the whole held-out series ({result['bars']} bars): greedy policy log P&L "
         f"{result['total_log_pnl']:+.4f} (Sharpe/bar {result['sharpe_per_bar']:+.4f}), buy-and-hold "
-        f"{result['buy_and_hold_log_pnl']:+.4f}, flat {result['flat_log_pnl']:+.4f}"
+        f"{result['buy_and_hold_log_pnl']:+.4f}, flat {result['flat_log_pnl']:+.4f} (the eval lines: the mean "
+        f"return of {cfg.eval_episodes} episodes of {cfg.episode_len} bars of it, in the training reward's units)"
     )
     return result
 
