@@ -23,7 +23,7 @@ Two tables, in one run:
     python benchmarks/torchrl_dqn.py --quick    # tiny settings, any machine
 
 Writes ``benchmarks/results/torchrl-<device>-<stamp>.{md,csv}`` (``--out`` elsewhere).
-Needs ``pip install "gper[torchrl]" gymnasium``.
+Needs ``pip install ".[torchrl,gym]"`` (from the checkout).
 """
 
 from __future__ import annotations
