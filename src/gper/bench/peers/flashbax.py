@@ -38,7 +38,7 @@ import gper
 from gper.bench.checks import ExactConfig, run_checks
 from gper.bench.harness import Group, Probed, Row, Sweep, chunks, fill, first_line, make_log
 from gper.bench.peers import flashbax_traj
-from gper.bench.peers.base import OPS, ExactSampler, Peer, Setting, Skip, require, version
+from gper.bench.peers.base import OPS, ExactSampler, Peer, Setting, Skip, flashbax_status, require, version
 from gper.bench.timing import Timing, time_sync
 from gper.bench.workload import ALPHA, BETA, EPS, FILL_CHUNK, TD_LOG10_RANGE, TrajectoryWorkload, format_capacity
 
@@ -58,13 +58,8 @@ WHERE_TIME_GOES = {
 }
 
 
-def status(name: str, device: torch.device) -> tuple[bool, str]:
-    """Installed (checked without importing JAX: it runs in a worker process)."""
-    try:
-        require("jax", "flashbax")
-    except Skip as e:
-        return False, str(e)
-    return True, f"flashbax {version('flashbax')}, jax {version('jax')}, jaxlib {version('jaxlib')}"
+#: installed (checked without importing JAX: it runs in a worker process)
+status = flashbax_status
 
 
 def jax_versions(x64: bool) -> str:

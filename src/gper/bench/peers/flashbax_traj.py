@@ -25,10 +25,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
-
 from gper.bench.harness import chunks, fill
-from gper.bench.peers.base import Peer, Setting, Skip, require, trajectory_ops_at
+from gper.bench.peers.base import Peer, Setting, Skip, flashbax_status, require, trajectory_ops_at
 from gper.bench.timing import Timing, time_sync
 from gper.bench.workload import ALPHA, BETA, EPS, FILL_CHUNK, GAMMA, N_STEP, TD_LOG10_RANGE
 
@@ -262,7 +260,5 @@ def build(impls: tuple[str, ...], capacity: int, setting: Setting) -> FlashbaxTr
     return FlashbaxTrajPeer(capacity, setting)
 
 
-def status(name: str, device: torch.device) -> tuple[bool, str]:
-    from gper.bench.peers.flashbax import status as flashbax_status
-
-    return flashbax_status(name, device)
+#: installed (checked without importing JAX), as the flat buffer's peers
+status = flashbax_status
