@@ -58,3 +58,19 @@ def count(text: str) -> int:
 def add_sizes(p: argparse.ArgumentParser, capacities: str, batches: str) -> None:
     p.add_argument("--capacities", nargs="+", metavar="N", help=capacities)
     p.add_argument("--batches", nargs="+", metavar="B", help=batches)
+
+
+def add_timing(p: argparse.ArgumentParser) -> None:
+    """The flags of a timed sweep of buffer calls: device, back end, graphs, repeats, calls per repeat."""
+    p.add_argument("--device", help="cuda, cuda:1 or cpu (default: cuda when available)")
+    p.add_argument(
+        "--backend", choices=("auto", "triton", "torch"), default="auto", help="gper back end (default auto)"
+    )
+    p.add_argument(
+        "--graph",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also time each call as a replayed CUDA graph (default: on with CUDA)",
+    )
+    p.add_argument("--repeats", type=int, help="timed repeats per measurement; the median is reported (default 5)")
+    p.add_argument("--iters", type=int, help="calls per repeat (default: enough for a repeat of 10-20 ms)")

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from gper.bench.flags import OUT_HELP, add_sizes, device_of, sizes_of
+from gper.bench.flags import OUT_HELP, add_sizes, add_timing, device_of, sizes_of
 from gper.bench.peers import canonical_name
 from gper.bench.report import DEFAULT_OUT
 
@@ -27,18 +27,7 @@ def add_replay_arguments(p: argparse.ArgumentParser) -> None:
         "(default on CUDA: 16 18 20 22 24 25; on CPU: 10 14 16)",
         "batch sizes (default on CUDA: 256 4096 16384; on CPU: 256 4096)",
     )
-    p.add_argument("--device", help="cuda, cuda:1 or cpu (default: cuda when available)")
-    p.add_argument(
-        "--backend", choices=("auto", "triton", "torch"), default="auto", help="gper back end (default auto)"
-    )
-    p.add_argument(
-        "--graph",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="also time each call as a replayed CUDA graph (default: on with CUDA)",
-    )
-    p.add_argument("--repeats", type=int, help="timed repeats per measurement; the median is reported (default 5)")
-    p.add_argument("--iters", type=int, help="calls per repeat (default: enough for a repeat of 10-20 ms)")
+    add_timing(p)
     p.add_argument(
         "--impls",
         nargs="+",

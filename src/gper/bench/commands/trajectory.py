@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from gper.bench.flags import OUT_HELP, add_sizes, device_of, sizes_of
+from gper.bench.flags import OUT_HELP, add_sizes, add_timing, device_of, sizes_of
 from gper.bench.report import DEFAULT_OUT
 
 # trajectory: (capacities as log2, batches, repeats, ms per repeat) by device and --quick
@@ -30,18 +30,7 @@ def add_trajectory_arguments(p: argparse.ArgumentParser) -> None:
         "on CPU: 12 14); a size must hold num_envs streams of window + 2 rows",
         "batch sizes of the samples and steps (default on CUDA: 256 16384; on CPU: 256)",
     )
-    p.add_argument("--device", help="cuda, cuda:1 or cpu (default: cuda when available)")
-    p.add_argument(
-        "--backend", choices=("auto", "triton", "torch"), default="auto", help="gper back end (default auto)"
-    )
-    p.add_argument(
-        "--graph",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="also time each call as a replayed CUDA graph (default: on with CUDA)",
-    )
-    p.add_argument("--repeats", type=int, help="timed repeats per measurement; the median is reported (default 5)")
-    p.add_argument("--iters", type=int, help="calls per repeat (default: enough for a repeat of 10-20 ms)")
+    add_timing(p)
     p.add_argument("--ops", nargs="+", choices=TRAJ_OPS, default=list(TRAJ_OPS), help="trajectory calls to time")
     p.add_argument("--no-flat", action="store_true", help="do not time the flat buffer beside them")
     p.add_argument("--num-envs", type=int, help="streams (default CUDA 256, CPU 16); add-envs is timed at this batch")

@@ -40,7 +40,15 @@ from gper.bench.harness import Group, Probed, Row, Sweep, chunks, fill, first_li
 from gper.bench.peers import flashbax_traj
 from gper.bench.peers.base import OPS, ExactSampler, Peer, Setting, Skip, flashbax_status, require, version
 from gper.bench.timing import Timing, time_sync
-from gper.bench.workload import ALPHA, BETA, EPS, FILL_CHUNK, TD_LOG10_RANGE, TrajectoryWorkload, format_capacity
+from gper.bench.workload import (
+    ALPHA,
+    BETA,
+    EPS,
+    FILL_CHUNK,
+    TrajectoryWorkload,
+    format_capacity,
+    jax_td_errors,
+)
 
 NAMES = ("flashbax", "flashbax-x64")
 #: every variant the worker process times (the flat buffer's two, and the trajectory buffer)
@@ -124,7 +132,7 @@ class FlashbaxPeer(Peer):
         buffer = self.make(min(batches))
         self.key = jax.random.PRNGKey(setting.seed)
         self.gen_data = jax.jit(self._random_transitions, static_argnums=1)
-        self.gen_td = jax.jit(self._random_td, static_argnums=1)
+        self.gen_td = jax.jit(partial(jax_td_errors, jax), static_argnums=1)
         self.state = buffer.init(example)
         add = jax.jit(buffer.add, donate_argnums=0)
         per_add = min(FILL_CHUNK, capacity) // a
@@ -151,13 +159,6 @@ class FlashbaxPeer(Peer):
             "next_obs": jax.random.normal(k[3], (a, t, 51), jnp.float32),
             "done": jax.random.uniform(k[4], (a, t)) < 0.05,
         }
-
-    def _random_td(self, key, n: int):
-        jax, jnp = self.jax, self.jnp
-        lo, hi = TD_LOG10_RANGE
-        k1, k2 = jax.random.split(key)
-        mag = jnp.power(10.0, lo + (hi - lo) * jax.random.uniform(k1, (n,), jnp.float32))
-        return mag * jnp.where(jax.random.bernoulli(k2, 0.5, (n,)), 1.0, -1.0).astype(jnp.float32)
 
     def randomize_priorities(self) -> None:
         jnp = self.jnp
