@@ -15,7 +15,11 @@ import torch
 import gper
 from gper.bench import command
 from gper.bench.buffer_sweep import COLUMNS, OPS
-from gper.bench.command import parse_sizes
+from gper.bench.commands import exactness as exactness_cmd
+from gper.bench.commands import peers as peers_cmd
+from gper.bench.commands import replay as replay_cmd
+from gper.bench.commands import train_step as train_step_cmd
+from gper.bench.flags import parse_sizes
 from gper.cli import main
 
 
@@ -117,14 +121,14 @@ def test_aliases(argv, resolved):
 def test_bench_is_bench_replay():
     """``gper bench [flags]`` and ``gper bench replay [flags]`` make the same sweep."""
     flags = ["--device", "cpu", "--capacities", "10,12", "--batches", "32", "--impls", "gper", "seeds", "--quick"]
-    a, b = command.replay_config(_parse(flags)), command.replay_config(_parse(["replay", *flags]))
+    a, b = replay_cmd.replay_config(_parse(flags)), replay_cmd.replay_config(_parse(["replay", *flags]))
     assert a == b
     assert (a.capacities, a.batches, a.impls) == ([2**10, 2**12], [32], ["gper", "cumsum"])
     assert (a.repeats, a.graph) == (2, False)
 
 
 def test_replay_defaults_on_the_cpu():
-    cfg = command.replay_config(_parse(["--device", "cpu"]))
+    cfg = replay_cmd.replay_config(_parse(["--device", "cpu"]))
     assert (cfg.capacities, cfg.batches, cfg.repeats, cfg.target_ms) == ([2**10, 2**14, 2**16], [256, 4096], 5, 10.0)
     assert (cfg.impls, cfg.ops, cfg.backend, str(cfg.out)) == (
         ["gper", "cumsum", "multinomial"],
@@ -150,16 +154,16 @@ def test_train_alias_builds_the_same_config(monkeypatch):
     # --quick: fewer repeats and the first precision only; explicit --steps still win
     assert (quick.steps, quick.repeats, quick.precisions) == (3, 2, ("fp32",))
     assert (a.precisions, a.device.type, str(a.out)) == (("fp32",), "cpu", "x")
-    cpu = command.train_config(_parse(["--train", "--device", "cpu"]))
+    cpu = train_step_cmd.train_config(_parse(["--train", "--device", "cpu"]))
     assert (cpu.capacity, cpu.batch, cpu.hidden, cpu.steps, cpu.repeats) == (2**14, 256, (64, 64), 10, 3)
     assert (
         cpu.fused_step
-        and not command.train_config(_parse(["train-step", "--device", "cpu", "--no-fused-step"])).fused_step
+        and not train_step_cmd.train_config(_parse(["train-step", "--device", "cpu", "--no-fused-step"])).fused_step
     )
     with pytest.raises(SystemExit, match="need CUDA"):
-        command.train_config(_parse(["train-step", "--device", "cpu", "--precisions", "tf32"]))
+        train_step_cmd.train_config(_parse(["train-step", "--device", "cpu", "--precisions", "tf32"]))
     with pytest.raises(SystemExit, match="larger than the replay"):
-        command.train_config(_parse(["train-step", "--device", "cpu", "--capacities", "5", "--batches", "64"]))
+        train_step_cmd.train_config(_parse(["train-step", "--device", "cpu", "--capacities", "5", "--batches", "64"]))
 
 
 def test_peers_flags(tmp_path):
@@ -168,19 +172,19 @@ def test_peers_flags(tmp_path):
     argv += ["--repeats", "5", "--target-ms", "10", "--max-cell-s", "3", "--max-fill-s", "125", "--deadline-s", "370"]
     argv += ["--peers", "gper", "seeds", "flashbax", "--no-plot", "--out", str(tmp_path)]
     t0 = time.monotonic()
-    cfg = command.peers_config(_parse(argv))
+    cfg = peers_cmd.peers_config(_parse(argv))
     assert cfg.capacities == [2**16, 2**20, 2**24, 2**25] and cfg.batches == [256, 16384]
     assert (cfg.repeats, cfg.target_ms, cfg.max_cell_s, cfg.max_fill_s, cfg.plot) == (5, 10.0, 3.0, 125.0, False)
     assert cfg.peers == ["gper", "cumsum", "flashbax"] and cfg.out == tmp_path
     assert t0 + 369 < cfg.deadline < time.monotonic() + 371
-    quick = command.peers_config(_parse(["peers", "--device", "cpu", "--quick"]))
+    quick = peers_cmd.peers_config(_parse(["peers", "--device", "cpu", "--quick"]))
     assert (quick.capacities, quick.batches, quick.repeats, quick.deadline) == ([2**12, 2**16], [256], 2, None)
     assert (quick.warmup, quick.max_call_s, quick.worker_timeout_s, quick.seed) == (3, 2.0, 1500.0, 0)
 
 
 def test_exactness_flags():
     argv = ["exactness", "--device", "cpu", "--peers", "gper", "gper-stratified", "seeds", "multinomial"]
-    cfg = command.exactness_config(_parse([*argv, "--budget-s", "6", "--tiny-draws", "2^20", "--checks", "tiny"]))
+    cfg = exactness_cmd.exactness_config(_parse([*argv, "--budget-s", "6", "--tiny-draws", "2^20", "--checks", "tiny"]))
     assert cfg.peers == ["gper", "gper-stratified", "cumsum", "multinomial"]
     assert (cfg.budget_s, cfg.tiny_draws, cfg.checks, cfg.reach_log2, cfg.batch) == (6.0, 2**20, ("tiny",), 22, 2**20)
     assert (cfg.distinct_draws, cfg.deadline) == (2**24, None)

@@ -15,6 +15,8 @@ import torch
 
 import gper
 from gper.bench import command, peers
+from gper.bench.commands import peers as peers_cmd
+from gper.bench.commands import trajectory as trajectory_cmd
 from gper.bench.peers import gper_traj, torchrl_nstep
 from gper.bench.peers.base import TRAJ_OPS, Setting, Skip
 from gper.bench.peers_sweep import PeersConfig, run
@@ -64,16 +66,18 @@ def test_trajectory_sweep_rows_ratios_and_files(tmp_path, capsys):
 
 def test_trajectory_flags():
     parse = command.build_parser().parse_args
-    cpu = command.trajectory_config(parse(["trajectory", "--device", "cpu"]))
+    cpu = trajectory_cmd.trajectory_config(parse(["trajectory", "--device", "cpu"]))
     assert (cpu.capacities, cpu.batches, cpu.repeats, cpu.graph, cpu.flat) == ([2**12, 2**14], [256], 3, False, True)
     assert cpu.traj == TrajectoryWorkload(num_envs=16, seq_batch=32) and cpu.ops == list(TRAJ_OPS)
     argv = ["trajectory", "--device", "cpu", "--capacities", "16", "--num-envs", "8", "--window", "20"]
-    cfg = command.trajectory_config(parse([*argv, "--seq-length", "20", "--ops", "step-n3", "sample-n1", "--no-flat"]))
+    cfg = trajectory_cmd.trajectory_config(
+        parse([*argv, "--seq-length", "20", "--ops", "step-n3", "sample-n1", "--no-flat"])
+    )
     assert (cfg.capacities, cfg.ops, cfg.flat) == ([2**16], ["sample-n1", "step-n3"], False)
     assert (cfg.traj.num_envs, cfg.traj.window, cfg.traj.seq_length, cfg.traj.burn_in) == (8, 20, 20, 40)
     with pytest.raises(SystemExit, match="longer than --window"):
-        command.trajectory_config(parse(["trajectory", "--device", "cpu", "--window", "10"]))
-    peers_cfg = command.peers_config(parse(["peers", "--device", "cpu", "--peers", "gper-traj", "--num-envs", "32"]))
+        trajectory_cmd.trajectory_config(parse(["trajectory", "--device", "cpu", "--window", "10"]))
+    peers_cfg = peers_cmd.peers_config(parse(["peers", "--device", "cpu", "--peers", "gper-traj", "--num-envs", "32"]))
     assert peers_cfg.traj.num_envs == 32 and "sample-n3" in peers_cfg.ops and "sequences" not in peers_cfg.ops
 
 

@@ -12,7 +12,7 @@
 * :mod:`gper.bench.buffer_sweep` (``gper bench replay``), :mod:`gper.bench.peers_sweep`
   (``gper bench peers``), :mod:`gper.bench.exactness` (``gper bench exactness``),
   :mod:`gper.bench.train_step` (``gper bench train-step``), :mod:`gper.bench.trajectory_sweep`
-  (``gper bench trajectory``); :mod:`gper.bench.command` holds their flags.
+  (``gper bench trajectory``); :mod:`gper.bench.command` dispatches them, :mod:`gper.bench.commands` holds their flags.
 * :mod:`gper.bench.report`: the header line (device, versions, commit), tables, result files.
 """
 

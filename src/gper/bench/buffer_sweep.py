@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from gper.bench.harness import Calibrated, Group, Row, Sweep, make_log
+from gper.bench.harness import Calibrated, Group, Row, Sweep, TimedSweep, make_log
 from gper.bench.peers import baselines, canonical_name
 from gper.bench.peers import gper as gper_peer
 from gper.bench.peers.base import Setting
@@ -38,18 +38,9 @@ _log = make_log("gper bench")
 
 
 @dataclass
-class BenchConfig:
+class BenchConfig(TimedSweep):
     """What to sweep and how to time it (``gper bench replay --help`` documents each field)."""
 
-    capacities: list[int]
-    batches: list[int]
-    device: torch.device
-    backend: str = "auto"
-    graph: bool = True
-    repeats: int = 5
-    iters: int | None = None
-    warmup: int = 5
-    target_ms: float = 20.0
     impls: list[str] = field(default_factory=lambda: list(IMPLS))
     ops: list[str] = field(default_factory=lambda: list(OPS))
     out: Path | None = DEFAULT_OUT

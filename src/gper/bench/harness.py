@@ -38,6 +38,22 @@ OURS = "gper"
 
 
 @dataclass
+class TimedSweep:
+    """What every timed sweep of buffer calls is given: the sizes, the device and back end, and how
+    to time each call (graphs or not, repeats, calls per repeat, warm-up calls, ms per repeat)."""
+
+    capacities: list[int]
+    batches: list[int]
+    device: torch.device
+    backend: str = "auto"
+    graph: bool = True
+    repeats: int = 5
+    iters: int | None = None
+    warmup: int = 5
+    target_ms: float = 20.0
+
+
+@dataclass
 class Row:
     """One timing, or why there is none (``status``: ``skipped``, ``oom``, ``n/a`` or ``error``, with a ``note``).
 

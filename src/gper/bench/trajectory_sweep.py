@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from gper.bench.harness import Calibrated, Group, Row, Sweep, make_log
+from gper.bench.harness import Calibrated, Group, Row, Sweep, TimedSweep, make_log
 from gper.bench.peers import gper as gper_peer
 from gper.bench.peers import gper_traj
 from gper.bench.peers.base import TRAJ_OPS, Setting
@@ -50,18 +50,9 @@ _log = make_log("gper bench trajectory")
 
 
 @dataclass
-class TrajectoryBenchConfig:
+class TrajectoryBenchConfig(TimedSweep):
     """What to sweep and how to time it (``gper bench trajectory --help`` documents each field)."""
 
-    capacities: list[int]
-    batches: list[int]
-    device: torch.device
-    backend: str = "auto"
-    graph: bool = True
-    repeats: int = 5
-    iters: int | None = None
-    warmup: int = 5
-    target_ms: float = 20.0
     ops: list[str] = field(default_factory=lambda: list(TRAJ_OPS))
     flat: bool = True
     traj: TrajectoryWorkload = field(default_factory=TrajectoryWorkload)

@@ -151,3 +151,12 @@ def continuing_step(num_envs: int, device: torch.device, generator: torch.Genera
         "terminated": torch.zeros(num_envs, dtype=torch.bool, device=device),
         "truncated": torch.zeros(num_envs, dtype=torch.bool, device=device),
     }
+
+
+def jax_td_errors(jax, key, n: int):
+    """The TD errors of :func:`random_td` drawn in JAX (for the JAX peers, which jit it with ``n`` static)."""
+    jnp = jax.numpy
+    lo, hi = TD_LOG10_RANGE
+    k1, k2 = jax.random.split(key)
+    mag = jnp.power(10.0, lo + (hi - lo) * jax.random.uniform(k1, (n,), jnp.float32))
+    return mag * jnp.where(jax.random.bernoulli(k2, 0.5, (n,)), 1.0, -1.0).astype(jnp.float32)

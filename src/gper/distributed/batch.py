@@ -27,8 +27,3 @@ class ShardedBatch(SampledBatch):
     ) -> None:
         super().__init__(layout, rows, indices, weights, generations)
         self.owners = owners
-
-    @property
-    def global_indices(self) -> torch.Tensor:
-        """[b] int64 ``owner * 2**40 + slot``: one number per slot of the whole sharded buffer."""
-        return self.owners * 2**40 + self.indices

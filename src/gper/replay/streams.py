@@ -9,7 +9,7 @@ plus an internal 4-byte *flags* word (terminated, truncated, kind: ``docs/trajec
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -102,12 +102,6 @@ class StreamLayout:
 
     def spec(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         return {n: v for n, v in self.row.spec().items() if n != FLAGS}
-
-    def with_offset(self, name_of: dict[str, str], offset: int) -> tuple[Field, ...]:
-        """The row's fields renamed by ``name_of`` and moved ``offset`` bytes on (a second row in a batch)."""
-        return tuple(
-            replace(f, name=name_of[f.name], offset=f.offset + offset) for f in self.row.fields if f.name in name_of
-        )
 
     # ---------------------------------------------------------------- add
 

@@ -214,3 +214,13 @@ class TorchCounts(ExactSampler):
 
     def finish(self, counts) -> np.ndarray:
         return counts.cpu().numpy()
+
+
+def flashbax_status(name: str, device: torch.device) -> tuple[bool, str]:
+    """Whether flashbax and JAX are installed, and their versions (checked without importing JAX:
+    the flashbax peers run it in a worker process)."""
+    try:
+        require("jax", "flashbax")
+    except Skip as e:
+        return False, str(e)
+    return True, f"flashbax {version('flashbax')}, jax {version('jax')}, jaxlib {version('jaxlib')}"

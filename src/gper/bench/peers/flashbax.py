@@ -38,9 +38,17 @@ import gper
 from gper.bench.checks import ExactConfig, run_checks
 from gper.bench.harness import Group, Probed, Row, Sweep, chunks, fill, first_line, make_log
 from gper.bench.peers import flashbax_traj
-from gper.bench.peers.base import OPS, ExactSampler, Peer, Setting, Skip, require, version
+from gper.bench.peers.base import OPS, ExactSampler, Peer, Setting, Skip, flashbax_status, require, version
 from gper.bench.timing import Timing, time_sync
-from gper.bench.workload import ALPHA, BETA, EPS, FILL_CHUNK, TD_LOG10_RANGE, TrajectoryWorkload, format_capacity
+from gper.bench.workload import (
+    ALPHA,
+    BETA,
+    EPS,
+    FILL_CHUNK,
+    TrajectoryWorkload,
+    format_capacity,
+    jax_td_errors,
+)
 
 NAMES = ("flashbax", "flashbax-x64")
 #: every variant the worker process times (the flat buffer's two, and the trajectory buffer)
@@ -58,13 +66,8 @@ WHERE_TIME_GOES = {
 }
 
 
-def status(name: str, device: torch.device) -> tuple[bool, str]:
-    """Installed (checked without importing JAX: it runs in a worker process)."""
-    try:
-        require("jax", "flashbax")
-    except Skip as e:
-        return False, str(e)
-    return True, f"flashbax {version('flashbax')}, jax {version('jax')}, jaxlib {version('jaxlib')}"
+#: installed (checked without importing JAX: it runs in a worker process)
+status = flashbax_status
 
 
 def jax_versions(x64: bool) -> str:
@@ -129,7 +132,7 @@ class FlashbaxPeer(Peer):
         buffer = self.make(min(batches))
         self.key = jax.random.PRNGKey(setting.seed)
         self.gen_data = jax.jit(self._random_transitions, static_argnums=1)
-        self.gen_td = jax.jit(self._random_td, static_argnums=1)
+        self.gen_td = jax.jit(partial(jax_td_errors, jax), static_argnums=1)
         self.state = buffer.init(example)
         add = jax.jit(buffer.add, donate_argnums=0)
         per_add = min(FILL_CHUNK, capacity) // a
@@ -156,13 +159,6 @@ class FlashbaxPeer(Peer):
             "next_obs": jax.random.normal(k[3], (a, t, 51), jnp.float32),
             "done": jax.random.uniform(k[4], (a, t)) < 0.05,
         }
-
-    def _random_td(self, key, n: int):
-        jax, jnp = self.jax, self.jnp
-        lo, hi = TD_LOG10_RANGE
-        k1, k2 = jax.random.split(key)
-        mag = jnp.power(10.0, lo + (hi - lo) * jax.random.uniform(k1, (n,), jnp.float32))
-        return mag * jnp.where(jax.random.bernoulli(k2, 0.5, (n,)), 1.0, -1.0).astype(jnp.float32)
 
     def randomize_priorities(self) -> None:
         jnp = self.jnp

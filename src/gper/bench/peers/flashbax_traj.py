@@ -24,13 +24,12 @@ worker process only (:mod:`gper.bench.peers.flashbax`).
 from __future__ import annotations
 
 from collections.abc import Callable
-
-import torch
+from functools import partial
 
 from gper.bench.harness import chunks, fill
-from gper.bench.peers.base import Peer, Setting, Skip, require, trajectory_ops_at
+from gper.bench.peers.base import Peer, Setting, Skip, flashbax_status, require, trajectory_ops_at
 from gper.bench.timing import Timing, time_sync
-from gper.bench.workload import ALPHA, BETA, EPS, FILL_CHUNK, GAMMA, N_STEP, TD_LOG10_RANGE
+from gper.bench.workload import ALPHA, BETA, EPS, FILL_CHUNK, GAMMA, N_STEP, jax_td_errors
 
 NAMES = ("flashbax-traj",)
 #: the ops it is timed on (no sequences: their length is fixed when the buffer is made)
@@ -120,7 +119,7 @@ class FlashbaxTrajPeer(Peer):
         self.adder = self.make(min(setting.batches), N_STEP)  # keeps the validity of the longest sequences
         self.key = jax.random.PRNGKey(setting.seed)
         self.gen_steps = jax.jit(self._random_steps, static_argnums=1)
-        self.gen_td = jax.jit(self._random_td, static_argnums=1)
+        self.gen_td = jax.jit(partial(jax_td_errors, jax), static_argnums=1)
         self.state = self.adder.init(example)
         add = jax.jit(self.adder.add, donate_argnums=0)
         per_add = min(FILL_CHUNK // w.num_envs, self.rows)
@@ -150,13 +149,6 @@ class FlashbaxTrajPeer(Peer):
             "terminated": u < p / 2,
             "truncated": (u >= p / 2) & (u < p),
         }
-
-    def _random_td(self, key, n: int):
-        jax, jnp = self.jax, self.jnp
-        lo, hi = TD_LOG10_RANGE
-        k1, k2 = jax.random.split(key)
-        mag = jnp.power(10.0, lo + (hi - lo) * jax.random.uniform(k1, (n,), jnp.float32))
-        return mag * jnp.where(jax.random.bernoulli(k2, 0.5, (n,)), 1.0, -1.0).astype(jnp.float32)
 
     def randomize_priorities(self) -> None:
         """Every start at the priority of a random TD error, then the starts whose 4 steps cross the write head at 0."""
@@ -262,7 +254,5 @@ def build(impls: tuple[str, ...], capacity: int, setting: Setting) -> FlashbaxTr
     return FlashbaxTrajPeer(capacity, setting)
 
 
-def status(name: str, device: torch.device) -> tuple[bool, str]:
-    from gper.bench.peers.flashbax import status as flashbax_status
-
-    return flashbax_status(name, device)
+#: installed (checked without importing JAX), as the flat buffer's peers
+status = flashbax_status
