@@ -31,8 +31,9 @@ LAYERS: list[tuple[int, str]] = [
     (5, "gper.integrations"),  # adapters to other RL libraries' replay APIs, beside the application
     (6, "gper.bench"),  # measurement: nothing in the package imports it
     (6, "gper.walkforward"),  # walk-forward evaluation over calendar folds: trains with gper.dqn, scores, reports
-    (7, "gper.cli"),  # the command line
-    (8, "gper.__main__"),
+    (7, "gper.commands"),  # the trainer's command line: a plain run (gper.dqn) or walk-forward folds
+    (8, "gper.cli"),  # the gper command: subcommands by name
+    (9, "gper.__main__"),
 ]
 
 

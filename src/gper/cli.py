@@ -19,7 +19,7 @@ import gper
 
 #: name -> (module with ``main(argv) -> int``, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("gper.walkforward.command", "train DQN on the GPU with prioritized replay (default: cartpole)"),
+    "train": ("gper.commands.train", "train DQN on the GPU with prioritized replay (default: cartpole)"),
     "bench": (
         "gper.bench.command",
         "benchmarks: replay (vs the O(N) baselines), peers (vs other replay libraries), exactness (the peers'"

@@ -114,6 +114,6 @@ def test_train_command_shows_a_real_import_error_with_its_traceback(monkeypatch)
     def broken(*args, **kwargs):
         raise ImportError("cannot import name 'x' from 'y'")
 
-    monkeypatch.setattr("gper.dqn.command.train", broken)
+    monkeypatch.setattr("gper.commands.train.train", broken)
     with pytest.raises(ImportError, match="cannot import name"):
         main(["train", "--device", "cpu", "--progress", "False"])

@@ -15,7 +15,7 @@ The package, in reading order: :mod:`~gper.dqn.config` (``Config``, the per-envi
 (data-parallel training under torchrun on the sharded replay), :mod:`~gper.dqn.report`
 (what an epoch and a run report), :mod:`~gper.dqn.run_folder` (which folder a run writes, what a
 resume continues there), :mod:`~gper.dqn.checkpoint` (what a checkpoint holds, the resume
-rules), :mod:`~gper.dqn.command` (``gper train``).
+rules); ``gper train`` is :mod:`gper.commands.train`, above it.
 
 What runs where, on a GPU:
 

@@ -1,10 +1,12 @@
-"""``gper train``: the command line of :func:`gper.dqn.train`, made by tyro from :class:`gper.dqn.Config`
-(each field's docstring is its ``--help`` text).
+"""``gper train``: the command line of :func:`gper.dqn.train` and of walk-forward runs
+(:func:`gper.walkforward.walk_forward`, for the market's window flags ``--train-months`` ...), made
+by tyro from :class:`gper.dqn.Config` (each field's docstring is its ``--help`` text).
 
     gper train                                  # cartpole, GPU if there is one
     gper train --env market --total-steps 1000000
     gper train --env gym:LunarLander-v3 --seed 2
     gper train --resume runs/cartpole__s1__20261129-120000 --total-steps 400000
+    gper train --env market --data arch:sp500 --train-months 36 --val-months 12 --test-months 12
     torchrun --nproc-per-node 8 -m gper train --env market   # data-parallel: docs/distributed.md
 
 With ``--resume``, the flags not given keep the checkpoint's settings
@@ -19,8 +21,6 @@ import dataclasses
 import json
 import os
 import sys
-from collections.abc import Callable
-from typing import Any
 
 import torch
 
@@ -31,19 +31,13 @@ from gper.dqn.config import Config, pick_device, walk_spec
 from gper.dqn.help import command_config, from_config, presets_table, to_config
 from gper.dqn.loop import train
 from gper.dqn.parallel import PeerFailed
+from gper.walkforward.run import resume_config, walk_forward
 
 
-def main(
-    argv: list[str],
-    walk_forward: Callable[..., Any] | None = None,
-    walk_resume: Callable[[str], Config | None] | None = None,
-) -> int:
-    """Parse ``argv`` (the flags after ``gper train``), train, print the summary; the exit status.
-
-    ``walk_forward(config, log)`` runs the walk-forward folds that the market's window flags ask
-    for, and ``walk_resume(path)`` gives the settings of a walk-forward run folder that ``--resume``
-    names (None for anything else); ``gper train`` passes :mod:`gper.walkforward.run`'s, from the
-    layer above."""
+def main(argv: list[str]) -> int:
+    """Parse ``argv`` (the flags after ``gper train``), run a plain training run (:func:`gper.dqn.train`)
+    or, when the market's window flags are given, walk-forward folds (:func:`gper.walkforward.walk_forward`),
+    print the summary; the exit status."""
     try:
         tyro = require("tyro")
     except MissingExtra as err:
@@ -53,7 +47,7 @@ def main(
     early = _early_flags(argv)
     if early.resume is not None:  # the checkpoint's settings are the defaults; the flags given change them
         try:
-            default = walk_resume(early.resume) if walk_resume is not None else None
+            default = resume_config(early.resume)  # a walk-forward run folder, or None
             default = default if default is not None else stored_config(early.resume)
         except ValueError as err:
             print(f"gper train: error: {err}", file=sys.stderr)
@@ -84,8 +78,6 @@ def main(
             return 2
     try:
         if walk_spec(config) is not None:
-            if walk_forward is None:
-                raise ValueError("walk-forward windows are run by the gper command (gper train), or gper.walkforward")
             result = walk_forward(config, log=log)
             print("gper train: done")
             print(json.dumps({"folder": str(result.folder), "out_of_sample": result.report["out_of_sample"]}, indent=2))
