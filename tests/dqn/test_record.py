@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from gper.dqn import Config, loop, train
+from gper.dqn import Config, epochs, train
 from gper.training.checkpoints import list_checkpoints, step_of
 from gper.training.tensorboard import event_files
 from helpers import assert_same_training, computed_records, event_scalars, jsonl_scalars, run_checkpoint
@@ -55,7 +55,7 @@ def _summary(folder) -> dict:
 
 def _stop_at(monkeypatch, sig: int, iteration: int) -> None:
     """Send ``sig`` to this process during collection iteration ``iteration``."""
-    step = loop.step_iteration
+    step = epochs.step_iteration
 
     def step_then_signal(cfg, agent, it, timer, train_steps):
         trained = step(cfg, agent, it, timer, train_steps)
@@ -63,7 +63,7 @@ def _stop_at(monkeypatch, sig: int, iteration: int) -> None:
             signal.raise_signal(sig)
         return trained
 
-    monkeypatch.setattr(loop, "step_iteration", step_then_signal)
+    monkeypatch.setattr(epochs, "step_iteration", step_then_signal)
 
 
 @pytest.mark.parametrize("iteration", [329, 399], ids=["inside an epoch", "at an epoch's end"])

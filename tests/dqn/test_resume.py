@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from gper.cli import main
-from gper.dqn import Config, loop, setup, train
+from gper.dqn import Config, epochs, setup, train
 from gper.dqn.checkpoint import fixed_settings, stored_config
 from gper.training.checkpoints import CheckpointError, list_checkpoints, step_of
 from gper.training.runlog import read_metrics
@@ -97,7 +97,7 @@ def test_a_signal_inside_an_epoch_checkpoints_that_iteration(run, tmp_path, monk
     checkpoint at env step 524 whose episode ring still holds the epoch's unreported episodes;
     resumed, the run ends where the whole run does."""
     train(Config(**run, run_name="whole"), **QUIET)
-    step = loop.step_iteration
+    step = epochs.step_iteration
 
     def step_then_signal(cfg, agent, it, timer, train_steps):
         trained = step(cfg, agent, it, timer, train_steps)
@@ -105,7 +105,7 @@ def test_a_signal_inside_an_epoch_checkpoints_that_iteration(run, tmp_path, monk
             signal.raise_signal(sig)
         return trained
 
-    monkeypatch.setattr(loop, "step_iteration", step_then_signal)
+    monkeypatch.setattr(epochs, "step_iteration", step_then_signal)
     lines = []
     with pytest.raises(raised):
         train(Config(**run, run_name="stopped"), log=lines.append)

@@ -10,7 +10,8 @@
 The package, in reading order: :mod:`~gper.dqn.config` (``Config``, the per-environment
 ``PRESETS``), :mod:`~gper.dqn.network` (the Q-network, the replay's rows),
 :mod:`~gper.dqn.batch_source` (where a learn step's batch comes from), :mod:`~gper.dqn.agent`
-(the collect and learn steps), :mod:`~gper.dqn.loop` (``setup``, ``train``, the epochs),
+(the collect and learn steps), :mod:`~gper.dqn.loop` (``setup``, ``train``),
+:mod:`~gper.dqn.epochs` (the schedule and the epochs),
 :mod:`~gper.dqn.evaluation` (the greedy policy's periodic evaluation), :mod:`~gper.dqn.parallel`
 (data-parallel training under torchrun on the sharded replay), :mod:`~gper.dqn.report`
 (what an epoch and a run report), :mod:`~gper.dqn.run_folder` (which folder a run writes, what a
@@ -43,7 +44,8 @@ eagerly and the phase times are host times.
 from gper.dqn.agent import Agent, LearnState
 from gper.dqn.batch_source import Batch, BatchSource, FixedBatch
 from gper.dqn.config import PRESETS, Config, pick_device, resolve
-from gper.dqn.loop import build_env, build_replay, plan_steps, setup, train, trains_at
+from gper.dqn.epochs import plan_steps, trains_at
+from gper.dqn.loop import build_env, build_replay, setup, train
 from gper.dqn.network import QNetwork, padded_width, replay_spec, trajectory_spec
 from gper.dqn.report import Results
 

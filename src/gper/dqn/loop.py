@@ -1,19 +1,18 @@
-"""The training run: :func:`setup` builds the agent, :func:`train` runs the epochs and writes the run folder."""
+"""The training run: :func:`setup` builds the agent, :func:`train` runs its epochs
+(:class:`~gper.dqn.epochs.EpochLoop`) and writes the run folder."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import math
-import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
 import gper
 from gper.distributed import ShardedPrioritizedReplayBuffer
-from gper.dqn import checkpoint, evaluation, parallel
+from gper.dqn import checkpoint, parallel
 from gper.dqn._extra import INSTALL, require
 from gper.dqn.agent import Agent
 from gper.dqn.checkpoint import Checkpoint
@@ -26,6 +25,7 @@ from gper.dqn.config import (
     resolve,
     trajectory_capacity,
 )
+from gper.dqn.epochs import EpochLoop, collect_iterations, train_steps_before
 from gper.dqn.evaluation import Evaluator
 from gper.dqn.network import GOAL_OBS_KEYS, goal_trajectory_spec, padded_width, replay_spec, trajectory_spec
 from gper.dqn.parallel import Launch
@@ -33,32 +33,8 @@ from gper.dqn.report import Results, RunReport
 from gper.dqn.run_folder import open_run_folder
 from gper.envs import GoalEnv, VecEnv, is_goal_env, make_env
 from gper.training.plot import plot_run
-from gper.training.readback import AsyncReadback
 from gper.training.runlog import RunLog
 from gper.training.signals import StopSignals
-from gper.training.timing import PhaseTimer
-
-
-def trains_at(cfg: Config, iteration: int) -> bool:
-    """Whether collection iteration ``iteration`` (0-based) is followed by a training step."""
-    start = math.ceil(cfg.learning_starts / cfg.num_envs)
-    return iteration >= start and (iteration - start) % cfg.train_every == 0
-
-
-def collect_iterations(cfg: Config) -> int:
-    """Collection iterations of a run (each steps every environment once)."""
-    return math.ceil(cfg.total_steps / cfg.num_envs)
-
-
-def train_steps_before(cfg: Config, iteration: int) -> int:
-    """Training steps done before collection iteration ``iteration`` (0-based)."""
-    return sum(trains_at(cfg, it) for it in range(iteration))
-
-
-def plan_steps(cfg: Config) -> tuple[int, int]:
-    """(collection iterations, training steps) of a run: the host knows both without asking the GPU."""
-    iterations = collect_iterations(cfg)
-    return iterations, train_steps_before(cfg, iterations)
 
 
 def build_env(cfg: Config, device: torch.device, split: str = "train", own_rng: bool = False, rank: int = 0) -> VecEnv:
@@ -321,7 +297,7 @@ def _train(
         report_state = None if resume is None else resume.state["report"]
         with StopSignals() as signals:
             stop = signals if launch is None else parallel.GroupStop(signals, launch)
-            run = _run_epochs(cfg, agent, report, start_it, iterations, tqdm, stop, report_state, evaluator, launch)
+            run = EpochLoop(cfg, agent, report, stop, evaluator, launch, tqdm).run(start_it, iterations, report_state)
             # the end of the run: checkpoint, market evaluation (a signal stops it too), summary.json, plot
             path = run.checkpoint
             if cfg.save and run.iteration == iterations:
@@ -360,135 +336,6 @@ def _write_record(cfg: Config, results: Results, runlog: RunLog, log: Any, stopp
     title = cfg.env + (f" (stopped at env step {results.env_steps:,})" if stopped else "")
     if plot_run(runlog.metrics_path, runlog.folder / "plot.png", title=title, solve_return=cfg.solve_return) is None:
         log(f"gper train: no plot.png: the plot needs matplotlib: {INSTALL}")
-
-
-class _Reached(NamedTuple):
-    """Where :func:`_run_epochs` stopped."""
-
-    iteration: int
-    """collection iterations done"""
-    train_steps: int
-    wall: float
-    """wall seconds of the run so far (all its segments)"""
-    checkpoint: Path | None
-    """the checkpoint a stop signal made it write, if any"""
-
-
-def _run_epochs(
-    cfg: Config,
-    agent: Agent,
-    report: RunReport,
-    start_it: int,
-    iterations: int,
-    tqdm: Any,
-    stop: StopSignals,
-    report_state: dict[str, Any] | None,
-    evaluator: Evaluator | None,
-    launch: Launch | None = None,
-) -> _Reached:
-    """Collection iterations ``start_it`` to ``iterations``, in epochs of ``epoch_steps`` env steps,
-    with a progress bar when ``tqdm`` (the class) is given, and evaluations of the greedy policy
-    after the epochs :func:`gper.dqn.evaluation.due` names.
-
-    Epochs end at multiples of ``epoch_steps`` counted from the run's start, so a run resumed from
-    any iteration ends its epochs (and re-sorts ranks, and evaluates) where the uninterrupted run
-    does. With ``save``, checkpoints are written every ``checkpoint_every`` epochs (after the
-    epoch's evaluation). A stop signal ends the loop after the iteration in progress: inside an
-    epoch, with a checkpoint of that point (with ``save``) and then a report of the epoch so far
-    (which a resumed run cuts away from ``metrics.jsonl``, to report the whole epoch); at an
-    epoch's end, after its evaluation, with a checkpoint. In a data-parallel run (``launch``) the
-    ranks agree on a stop at each epoch's end (:class:`~gper.dqn.parallel.GroupStop`), so a signal
-    stops it there, never inside an epoch.
-    """
-    n = cfg.num_envs
-    epoch_its = max(1, cfg.epoch_steps // n)
-    timer = PhaseTimer(agent.device)
-    readback = AsyncReadback({"sums": agent.sums, "beta": agent.beta_t, **agent.episodes.snapshot()})
-    bar = None
-    if tqdm is not None:
-        desc = f"gper train {cfg.env}"
-        bar = tqdm(total=iterations * n, initial=start_it * n, unit="step", dynamic_ncols=True, desc=desc)
-    t0 = time.perf_counter()
-    train_steps = train_steps_before(cfg, start_it)
-    # a copy: on the CPU .cpu() would return the live tensor, and the first epoch would read 0 losses
-    report.start(t0, agent.sums.to("cpu", copy=True), train_steps)
-    if report_state is not None:
-        report.load_state_dict(report_state)
-    it, path = start_it, None
-    try:
-        while it < iterations:
-            end = min((it // epoch_its + 1) * epoch_its, iterations)
-            inside = False
-            for i in range(it, end):
-                if step_iteration(cfg, agent, i, timer, train_steps):
-                    train_steps += 1
-                if bar is not None and (i + 1) % 64 == 0:
-                    bar.update(64 * n)
-                if stop.requested and i + 1 < end:
-                    # a consistent point: the episodes not reported yet are in the checkpoint's ring
-                    path = checkpoint.save(agent, i + 1, report, report.runlog, launch) if cfg.save else None
-                    end, inside = i + 1, True
-                    break
-            host, now = _sync(cfg, agent, readback)
-            if launch is not None:
-                stop.agree()  # every rank stops after the same epoch
-            episodes, lost = agent.episodes.drain(host)
-            metrics = report.end_epoch(
-                host,
-                episodes,
-                lost,
-                env_step=end * n,
-                iterations=end - it,
-                train_steps=train_steps,
-                epsilon=float(agent.epsilon(end * n)),
-                phases=timer.summary(),
-                now=now,
-            )
-            if bar is not None:
-                bar.update(end * n - bar.n)
-                bar.set_postfix(ret=f"{metrics['charts/mean_return_last100']:.1f}", sps=f"{metrics['charts/SPS']:.0f}")
-            it = end
-            if inside:
-                break
-            epoch = -(-it // epoch_its)  # from 1; the last one may be shorter
-            if evaluator is not None and evaluation.due(cfg, epoch, last=it == iterations):
-                report.end_evaluation(it * n, evaluator.run(agent.greedy), time.perf_counter())
-            due = cfg.checkpoint_every > 0 and epoch % cfg.checkpoint_every == 0
-            if it < iterations and (due or stop.requested):
-                path = checkpoint.save(agent, it, report, report.runlog, launch) if cfg.save else None
-                if stop.requested:
-                    break
-    finally:
-        if bar is not None:
-            bar.close()
-    return _Reached(it, train_steps, time.perf_counter() - report.t0, path)
-
-
-def step_iteration(cfg: Config, agent: Agent, it: int, timer: PhaseTimer | None, train_steps: int) -> bool:
-    """Collection iteration ``it``, and the training step after it when one is due (the target
-    update after it too); every ``time_every``-th iteration phase by phase into ``timer``.
-    Returns whether it trained."""
-    timed = timer if timer is not None and cfg.time_every > 0 and it % cfg.time_every == 0 else None
-    agent.collect.run(timed)
-    if not trains_at(cfg, it):
-        return False
-    agent.learn.run(timed)
-    agent.update_target(train_steps + 1)
-    return True
-
-
-def _sync(cfg: Config, agent: Agent, readback: AsyncReadback) -> tuple[dict[str, torch.Tensor], float]:
-    """The epoch's end, its only synchronisation with the device: the host copy of the sums, beta
-    and episode ring, and the time it arrived."""
-    readback.start()
-    host = readback.wait()
-    now = time.perf_counter()
-    if cfg.sampling == "rank":
-        # ranks are re-sorted here, at the epoch's sync: the buffer's own schedule counts host
-        # calls, which graph replays are not; stats() refreshes its count of stored items
-        agent.rb.stats()
-        agent.rb.refresh_ranks()
-    return host, now
 
 
 def _evaluate(cfg: Config, agent: Agent, log: Any, stop: StopSignals) -> dict[str, float] | None:

@@ -27,7 +27,8 @@ import torch
 
 from gper.dqn.agent import Agent
 from gper.dqn.config import Config, resolve
-from gper.dqn.loop import build_replay, collect_iterations, step_iteration, train_steps_before
+from gper.dqn.epochs import collect_iterations, step_iteration, train_steps_before
+from gper.dqn.loop import build_replay
 from gper.dqn.network import padded_width
 from gper.envs.folds import HISTORY, Fold
 from gper.envs.market import N_ACTIONS, WARMUP, MarketEnv, return_std, trade

@@ -30,7 +30,7 @@ from gper.dqn import parallel
 from gper.dqn._extra import require
 from gper.dqn.config import Config, as_run, cpu_threads, pick_device, walk_spec
 from gper.dqn.network import padded_width
-from gper.envs.folds import Fold, walk_forward_folds
+from gper.envs.folds import Fold, WalkSpec, walk_forward_folds
 from gper.envs.market import N_ACTIONS, OBS_DIM
 from gper.envs.market_data import Bars, synthetic_bars
 from gper.envs.packaged import PREFIX, is_packaged, read_bars
@@ -80,17 +80,7 @@ def walk_forward(config: Config, log: Callable[[str], None] = print, score_test:
     Raises:
         ValueError: bad settings or data, a fold too short, or no complete fold.
     """
-    spec = walk_spec(config)
-    if spec is None:
-        raise ValueError("walk-forward needs windows: --train-months, --val-months and --test-months (or days, bars)")
-    if config.env != "market":
-        raise ValueError(f"walk-forward folds are for the market environment, not {config.env}")
-    if config.distributed not in ("auto", "off") or parallel.resolve_mode(config.distributed) != "off":
-        raise ValueError("walk-forward runs on one process: --distributed off, without torchrun's several processes")
-    if config.sampling == "rank":
-        raise ValueError(
-            "walk-forward folds do not re-sort ranks between steps: use --sampling proportional, stratified or uniform"
-        )
+    spec = _check_walk(config)
     tqdm = require("tqdm.auto", "the progress bar", "or progress=False").tqdm if config.progress else None
     device = pick_device(config.device)
     series, bars = load_series(config)
@@ -102,24 +92,7 @@ def walk_forward(config: Config, log: Callable[[str], None] = print, score_test:
     stored = _resumed(config) if config.resume is not None else None
     folder = Path(config.resume) if config.resume is not None else _folder(config, series)
     t = bars.time_ns
-    meta = {
-        "series": series,
-        "data": config.data,
-        "windows": dataclasses.asdict(spec),
-        "device": str(device),
-        "seed": config.seed,
-        "replay": "uniform" if config.sampling == "uniform" else f"prioritized ({config.sampling})",
-        "settings": as_run(cfgs[0], device, threads) | {"total_steps": None, "seed": config.seed},
-        "folds": [
-            {
-                "index": f.index,
-                **{name: _window(t, w.start, w.end).to_dict() for name, w in _named(f)},
-                "total_steps": c.total_steps,
-            }
-            for f, c in zip(folds, cfgs, strict=True)
-        ],
-        "config": _asked(config),
-    }
+    meta = _meta(config, series, spec, device, threads, t, folds, cfgs)
     if stored is None:
         _write_json(folder / "config.json", meta)
     log(f"gper train: walk-forward on {series} ({len(bars.close)} bars): {len(folds)} folds of {spec.describe()}")
@@ -158,18 +131,86 @@ def walk_forward(config: Config, log: Callable[[str], None] = print, score_test:
     report: dict[str, Any] = {}
     if score_test:
         meta["seconds"] = round(time.perf_counter() - t0, 1)
-        # every bar of the out-of-sample span counts, those between test windows too (a step
-        # longer than the test window leaves gaps that are time, not bars)
-        span = t[folds[0].test.start : folds[-1].test.end].numpy()
-        # the report's own tables list the folds; config.json keeps them, and the settings as asked
-        shown = {k: v for k, v in meta.items() if k not in ("folds", "config")}
-        report = wf_report.build_report(outcomes, shown, per_year=bars_per_year(span))
-        title = f"{series}: walk-forward out of sample, {spec.describe()} (seed {config.seed}, {meta['replay']})"
-        paths = wf_report.write_report(folder, report, outcomes, title)
-        if paths.get("png") is None:
-            log('gper train: no equity.png: the plot needs matplotlib: pip install ".[train]"')
-        log(_summary_line(report))
+        report = _write_report(
+            folder,
+            meta,
+            outcomes,
+            t,
+            folds,
+            f"{series}: walk-forward out of sample, {spec.describe()} (seed {config.seed}, {meta['replay']})",
+            log,
+        )
     return WalkForwardResult(folder, report, runs, outcomes)
+
+
+def _check_walk(config: Config) -> WalkSpec:
+    """The windows of a walk-forward run, after the checks of what it cannot do."""
+    spec = walk_spec(config)
+    if spec is None:
+        raise ValueError("walk-forward needs windows: --train-months, --val-months and --test-months (or days, bars)")
+    if config.env != "market":
+        raise ValueError(f"walk-forward folds are for the market environment, not {config.env}")
+    if config.distributed not in ("auto", "off") or parallel.resolve_mode(config.distributed) != "off":
+        raise ValueError("walk-forward runs on one process: --distributed off, without torchrun's several processes")
+    if config.sampling == "rank":
+        raise ValueError(
+            "walk-forward folds do not re-sort ranks between steps: use --sampling proportional, stratified or uniform"
+        )
+    return spec
+
+
+def _meta(
+    config: Config,
+    series: str,
+    spec: WalkSpec,
+    device: torch.device,
+    threads: int | None,
+    t: torch.Tensor,
+    folds: list[Fold],
+    cfgs: list[Config],
+) -> dict[str, Any]:
+    """What ``config.json`` says of the run: the series, windows, settings and every fold."""
+    return {
+        "series": series,
+        "data": config.data,
+        "windows": dataclasses.asdict(spec),
+        "device": str(device),
+        "seed": config.seed,
+        "replay": "uniform" if config.sampling == "uniform" else f"prioritized ({config.sampling})",
+        "settings": as_run(cfgs[0], device, threads) | {"total_steps": None, "seed": config.seed},
+        "folds": [
+            {
+                "index": f.index,
+                **{name: _window(t, w.start, w.end).to_dict() for name, w in _named(f)},
+                "total_steps": c.total_steps,
+            }
+            for f, c in zip(folds, cfgs, strict=True)
+        ],
+        "config": _asked(config),
+    }
+
+
+def _write_report(
+    folder: Path,
+    meta: dict[str, Any],
+    outcomes: list[FoldOutcome],
+    t: torch.Tensor,
+    folds: list[Fold],
+    title: str,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    """The run's report from the folds' outcomes, written to ``folder``; its summary line logged."""
+    # every bar of the out-of-sample span counts, those between test windows too (a step
+    # longer than the test window leaves gaps that are time, not bars)
+    span = t[folds[0].test.start : folds[-1].test.end].numpy()
+    # the report's own tables list the folds; config.json keeps them, and the settings as asked
+    shown = {k: v for k, v in meta.items() if k not in ("folds", "config")}
+    report = wf_report.build_report(outcomes, shown, per_year=bars_per_year(span))
+    paths = wf_report.write_report(folder, report, outcomes, title)
+    if paths.get("png") is None:
+        log('gper train: no equity.png: the plot needs matplotlib: pip install ".[train]"')
+    log(_summary_line(report))
+    return report
 
 
 #: settings a resumed walk-forward run may change: they do not change what a fold computes
