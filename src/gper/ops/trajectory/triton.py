@@ -58,6 +58,11 @@ def _gather_step(plan, e, s0, s1, s2, s3, s4, s5, t0, t1, t2, t3, t4, t5, N_SRC:
     return words
 
 
+# One body of about 170 lines, kept whole: its phases (the step's case, the rows, the starts made
+# drawable, the stream state, the leaf parents) share a dozen values loaded up front in two
+# dependent rounds (so the program waits on memory twice) and the [HP] tiles of the starts; split
+# into @triton.jit helpers they would pass those through every call, and a split of this kernel has
+# not been checked on a GPU for the same registers and the same bits (the golden tests hold it).
 @triton.jit
 def _stream_add(
     tree,

@@ -2,8 +2,8 @@
 child to arrive at a node recomputes it and carries on upwards.
 
 The level-by-level repair (one launch per level, ``triton_update._recompute_level``) is race-free
-because a launch boundary separates the levels, and its time is that chain of launches (about
-4 µs each on an H200, ``docs/performance.md``). Here the levels are separated by counters instead:
+because a launch boundary separates the levels, and its time is that chain of launches
+(``docs/performance.md`` has the figures). Here the levels are separated by counters instead:
 
 * ``arrive``: one int64 per inner node (indexed like the tree, by level offset), 0 between calls.
   The high 32 bits count the arrivals a node waits for (its *need*), the low 32 bits the
