@@ -300,8 +300,13 @@ def _set_priorities_compiled(jit, tree, mintree, layout, claims, gen, c, sc, idx
     c[C_INVALID] += counts[0]
     c[C_STALE] += counts[1]
     c[C_NONFINITE] += counts[2]
-    if keys_only:
-        return
+    if not keys_only:
+        _repair_compiled(jit, tree, mintree, layout, idx, valid)
+
+
+def _repair_compiled(jit, tree, mintree, layout, idx, valid) -> None:
+    """The trees above the ``valid`` leaves ``idx`` recomputed with the loops of :mod:`gper.ops.tree.cpu_jit`."""
+    b = idx.size
     lanes = torch_sum_lanes(jit, layout.arity)
     if lanes:  # the whole repair in one pass, each sum in torch's order
         sizes = np.array(layout.sizes, dtype=np.int64)
