@@ -1,6 +1,6 @@
 """Where does the time of a sample or an update go? Times them with parts of them removed.
 
-Developer tool. Each variant is a copy of ``gper.ops.triton_ops`` with one part cut out of its
+Developer tool. Each variant is a copy of ``gper.ops.tree.triton`` with one part cut out of its
 source (the trees it leaves are wrong: these are timings, not implementations). A buffer at 2^25
 is built on each variant (``PrioritizedReplayBuffer(..., backend=variant)``), filled, and its
 update or sample timed as one CUDA graph; each buffer is freed before the next.
@@ -22,7 +22,7 @@ import torch
 
 import gper
 from gper.bench.timing import time_graph
-from gper.ops import triton_ops
+from gper.ops.tree import triton as tree_triton
 
 CUTS = {
     "no event counts in the claim": [
@@ -65,7 +65,7 @@ SAMPLE_CUTS = {
 
 
 def variant(name, cuts):
-    src = open(triton_ops.__file__).read()
+    src = open(tree_triton.__file__).read()
     for old, new in cuts:
         assert old in src, (name, old)
         src = src.replace(old, new)
@@ -106,7 +106,7 @@ def main():
     cap, b = 1 << 25, 16384
     td = torch.rand(b, device="cuda")
     lines = [f"# ablation, {torch.cuda.get_device_name()}, capacity 2^25, B={b}, graph replay medians (us)"]
-    variants = {"baseline": triton_ops} | {k: variant(k, v) for k, v in CUTS.items()}
+    variants = {"baseline": tree_triton} | {k: variant(k, v) for k, v in CUTS.items()}
     variants["all three cut"] = variant("all", [c for cuts in CUTS.values() for c in cuts])
     for name, mod in variants.items():
         rb = filled(mod, cap)
@@ -119,7 +119,7 @@ def main():
         free()
     row_bytes = gper.replay.RowLayout.build(SPEC).row_bytes
     lines.append(f"# sample ablation (proportional, gather of the {row_bytes}-byte row of obs and next_obs, weights)")
-    for name, mod in ({"baseline": triton_ops} | {k: variant(k, v) for k, v in SAMPLE_CUTS.items()}).items():
+    for name, mod in ({"baseline": tree_triton} | {k: variant(k, v) for k, v in SAMPLE_CUTS.items()}).items():
         rb = filled(mod, cap)
         lines.append(f"{name:32s} sample {timed_graph(lambda: rb.sample(b)):6.2f}")
         print(lines[-1], flush=True)

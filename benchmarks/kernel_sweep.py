@@ -1,9 +1,9 @@
 # ruff: noqa: B023, E501  (closures are timed at once; long f-strings are table rows)
 """Sweep launch shapes of gper's Triton kernels on the GPU and time sample / update / add / step.
 
-Developer tool for tuning ``gper.ops.triton_ops`` (``gper bench replay`` is the user-facing benchmark).
-Launch shapes are set through ``triton_ops.launch_config`` (graphs captured inside keep them);
-everything outside those blocks runs with the shipped shapes (``triton_ops.LAUNCH``). Prints one
+Developer tool for tuning ``gper.ops.tree.triton`` (``gper bench replay`` is the user-facing benchmark).
+Launch shapes are set through ``tree_triton.launch_config`` (graphs captured inside keep them);
+everything outside those blocks runs with the shipped shapes (``tree_triton.LAUNCH``). Prints one
 line per variant and writes them to ``$OUT`` or ``benchmarks/results``.
 
     python benchmarks/kernel_sweep.py --capacity 25 --batch 16384
@@ -23,8 +23,8 @@ import torch
 import gper
 from gper.bench.timing import capture_graph, time_fn
 from gper.bench.workload import SPEC, random_transitions
-from gper.ops import triton_ops
-from gper.ops.state import N_COUNTERS
+from gper.ops.tree import triton as tree_triton
+from gper.replay.tree import PriorityTree
 
 DEV = "cuda"
 
@@ -88,9 +88,9 @@ def main():
     g0 = graph(lambda: x.add_(1))
     emit(f"host: replay of a 1-kernel graph {wall(g0.replay):.2f} us")
 
-    counters = torch.zeros(N_COUNTERS, dtype=torch.int64, device="cuda")  # a bare launch's own cursor and size
+    bare = PriorityTree(cap, tree_triton, torch.device("cuda")).state  # a bare launch's own cursor and size
     emit(
-        f"host: triton add_positions launch {wall(lambda: triton_ops.add_positions(counters=counters, capacity=cap, n=256, skip=0)):.2f} us"
+        f"host: triton add_positions launch {wall(lambda: tree_triton.add_positions(state=bare, n=256, skip=0)):.2f} us"
     )
     for cg in (False, True):
         r2 = gper.PrioritizedReplayBuffer(1 << 16, SPEC, device="cuda", cuda_graphs=cg)
@@ -106,18 +106,18 @@ def main():
     for b in args.batch:
         td = torch.randn(b, device="cuda")
         new = batch(b)
-        shipped = triton_ops.LAUNCH
+        shipped = tree_triton.LAUNCH
         sb = [4, 8, 16, 32] if not args.quick else [shipped.sample_block]
         sw = [1, 2, 4] if not args.quick else [shipped.sample_warps]
         for blk, nw in itertools.product(sb, sw):
-            with triton_ops.launch_config(sample_block=blk, sample_warps=nw):
+            with tree_triton.launch_config(sample_block=blk, sample_warps=nw):
                 g = graph(lambda: rb.sample(b))
             emit(f"B={b} sample block={blk} warps={nw}: graph {events(g.replay):.2f} us")
         for ublk, blk, nw in itertools.product([64, 128, 256], [16, 32, 64], [1, 2, 4]):
             if args.quick and (ublk, nw) != (shipped.update_block, shipped.level_warps):
                 continue
             smp = rb.sample(b)
-            with triton_ops.launch_config(update_block=ublk, level_block=blk, level_warps=nw):
+            with tree_triton.launch_config(update_block=ublk, level_block=blk, level_warps=nw):
                 g = graph(lambda: rb.update_priorities(smp, td))
             emit(f"B={b} update update_block={ublk} level_block={blk} warps={nw}: graph {events(g.replay):.2f} us")
 

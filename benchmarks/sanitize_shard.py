@@ -1,4 +1,4 @@
-"""A target for ``compute-sanitizer`` on a sharded buffer's kernels (``gper.ops.shard_triton``) on
+"""A target for ``compute-sanitizer`` on a sharded buffer's kernels (``gper.ops.shard.triton``) on
 the GPU, each at sizes of many programs and checked against the torch reference: the shared draws
 (whose last program, elected by an atomic ticket, advances the counter), the routed rows of three
 ranks, the update entries and their unpack (one atomic per program on the stale counter), the
@@ -21,8 +21,16 @@ from datetime import timedelta
 
 import torch
 
-from gper.ops import shard_reference as ref
-from gper.ops import shard_triton as tri
+from gper.ops.shard import reference as ref
+from gper.ops.shard import triton as tri
+from gper.ops.state import TreeState
+from gper.ops.tree import reference as tree_reference
+from gper.replay.tree import PriorityTree
+
+
+def _state(gen: torch.Tensor, counters: torch.Tensor) -> TreeState:
+    """A shard's tree state with these generations and counters (what ``unpack_updates`` reads)."""
+    return PriorityTree(gen.numel(), tree_reference, gen.device).state._replace(gen=gen, counters=counters)
 
 
 def same(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
@@ -95,8 +103,8 @@ def kernels() -> None:
     for r in range(world):
         c0, c1 = (torch.zeros(8, dtype=torch.int64, device=dev) for _ in range(2))
         for a, e in zip(
-            tri.unpack_updates(every=every, gen=gen, counters=c1, rank=r),
-            ref.unpack_updates(every=every, gen=gen, counters=c0, rank=r),
+            tri.unpack_updates(state=_state(gen, c1), every=every, rank=r),
+            ref.unpack_updates(state=_state(gen, c0), every=every, rank=r),
             strict=True,
         ):
             same(a, e, "unpacked updates")

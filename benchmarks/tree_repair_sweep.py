@@ -1,10 +1,10 @@
 # ruff: noqa: B023  (the closures are timed at once, inside their loop iteration)
 """The tree repair's variants on the GPU: update, add and PER step, level by level against the
-climb (``gper.ops.triton_tree``), at several capacities and batch sizes, each timed as a CUDA
+climb (``gper.ops.tree.triton_climb``), at several capacities and batch sizes, each timed as a CUDA
 graph of 20 calls (CUDA events, median of 25 replays); and the first call of each shape, which
 compiles its kernels.
 
-Developer tool for ``gper.ops.triton_ops.LAUNCH`` (``climb``, ``climb_min_batch``,
+Developer tool for ``gper.ops.tree.triton.LAUNCH`` (``climb``, ``climb_min_batch``,
 ``climb_block``, ``add_block``); ``gper bench replay`` is the user-facing benchmark. Prints a
 table headed by the GPU, versions and commit, and writes the same rows to
 ``benchmarks/results/tree-repair-<gpu>-<stamp>.csv`` and ``.md`` (or ``--out``).
@@ -26,7 +26,7 @@ import torch
 import gper
 from gper.bench.report import ResultFiles, environment, format_markdown, header_line, print_table
 from gper.bench.workload import SPEC, random_transitions
-from gper.ops import triton_ops
+from gper.ops.tree import triton as tree_triton
 from gper.replay.graphs import capture
 
 COLUMNS = ["op", "capacity", "batch", "variant", "value", "unit"]
@@ -97,7 +97,7 @@ def sweep_capacity(log2: int, batches: list[int], emit) -> None:
             }
         )
         for name, shapes in VARIANTS.items():
-            with triton_ops.launch_config(**shapes):
+            with tree_triton.launch_config(**shapes):
                 for op, fn in (
                     ("update", lambda: rb.update_priorities(smp, td)),
                     ("add", lambda: rb.add(new)),

@@ -59,10 +59,10 @@ def device(request) -> torch.device:
 
 @pytest.fixture
 def ops(backend):
-    """The kernel module of ``backend`` (:mod:`gper.ops.reference` or :mod:`gper.ops.triton_ops`)."""
-    from gper.ops import backend_module
+    """The kernel module of ``backend`` (:mod:`gper.ops.tree.reference` or :mod:`gper.ops.tree.triton`)."""
+    from gper.ops import kernels
 
-    return backend_module(backend)
+    return kernels("tree", backend)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -13,8 +13,8 @@ import torch
 
 import gper
 from gper._triton import HAS_TRITON
-from gper.ops import reference
-from gper.ops.state import C_TICKET, N_COUNTERS, S_MAXP
+from gper.ops.state import C_TICKET, N_COUNTERS, S_MAXP, TreeState
+from gper.ops.tree import reference
 from gper.replay.tree import PriorityTree
 from gper.training.checkpoints import list_checkpoints
 
@@ -171,6 +171,13 @@ def sample_fresh(
     return out["indices"], out["weights"], out["rows"], out["generations"]
 
 
+def tree_state(gen: torch.Tensor, counters: torch.Tensor) -> TreeState:
+    """A tree state whose generations and counters are ``gen`` and ``counters`` (the rest a fresh
+    tree's): for kernels that read no more of it."""
+    tree = PriorityTree(gen.numel(), reference, gen.device)
+    return tree.state._replace(gen=gen, counters=counters)
+
+
 def assert_at_rest(tree: PriorityTree, what: str = "") -> None:
     """The scratch the kernels share between calls is back to its resting state: every claim -1,
     the climb's arrival counters after the claims 0 (Triton back end), the last-program election
@@ -186,7 +193,7 @@ def tree_error(tree: PriorityTree) -> float:
     """Largest relative difference between the stored sum tree and one rebuilt from its leaves
     (the min tree must equal its rebuild exactly)."""
     rebuilt, rebuilt_min = tree.tree.clone(), tree.mintree.clone()
-    reference.rebuild(tree=rebuilt, mintree=rebuilt_min, layout=tree.layout)
+    reference.rebuild_trees(rebuilt, rebuilt_min, tree.layout)
     rel = (rebuilt - tree.tree).abs() / rebuilt.abs().clamp_min(1e-30)
     assert torch.equal(rebuilt_min, tree.mintree), "min tree differs from its rebuild"
     return float(rel.max())

@@ -67,7 +67,7 @@ def _imports(module: str, path: Path) -> list[tuple[int, str]]:
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(anchor + ([base] if base else []))
-            # `from gper.ops import reference` imports the module gper.ops.reference
+            # `from gper.ops import reference` imports the module gper.ops.tree.reference
             found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
             found.append((node.lineno, base))
     return [(line, name) for line, name in found if name == "gper" or name.startswith("gper.")]
@@ -140,8 +140,8 @@ def test_every_capture_in_the_package_goes_through_the_gc_safe_one():
 @pytest.mark.parametrize(
     "module, target, ok",
     [
-        ("gper.replay.buffer", "gper.ops.reference", True),
-        ("gper.ops.reference", "gper.replay.tree", False),
+        ("gper.replay.buffer", "gper.ops.tree.reference", True),
+        ("gper.ops.tree.reference", "gper.replay.tree", False),
         ("gper.training.phases", "gper.dqn", False),
         ("gper.envs.cartpole", "gper.training.timing", False),
         ("gper.dqn.loop", "gper.training.phases", True),

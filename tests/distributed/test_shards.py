@@ -1,5 +1,5 @@
 """The shard math in one process (gper.distributed.shards and the torch kernels of
-gper.ops.shard_reference): owners follow the cumulative masses (a shard of mass 0 is never
+gper.ops.shard.reference): owners follow the cumulative masses (a shard of mass 0 is never
 picked), stratified thresholds cover every stratum, keys differ per stream."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from gper.distributed import shards
-from gper.ops import shard_reference as draws
+from gper.ops.shard import reference as draws
 
 
 def test_owners_follow_cumulative_mass_and_skip_empty_shards():

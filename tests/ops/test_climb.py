@@ -1,4 +1,4 @@
-"""The two-launch tree repair (count pass + climb, ``gper.ops.triton_tree``) and the one-launch add.
+"""The two-launch tree repair (count pass + climb, ``gper.ops.tree.triton_climb``) and the one-launch add.
 
 On the CPU these run the Triton kernels under the interpreter, one program after another: they
 check the arithmetic (the needs, the ring range's wrap, the packing plan, the resting state).
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import gper
-from gper.ops import reference
+from gper.ops.tree import reference
 from helpers import EPS_DYADIC, TRITON_ON_CPU, assert_at_rest, dyadic_td
 
 needs_triton = pytest.mark.skipif(
@@ -44,7 +44,7 @@ def _mixed(n: int, gen: torch.Generator, device: str) -> dict[str, torch.Tensor]
 
 def _assert_trees_exact(rb: gper.PrioritizedReplayBuffer, what: str) -> None:
     tree, mintree = rb.tree.tree.clone(), rb.tree.mintree.clone()
-    reference.rebuild(tree=tree, mintree=mintree, layout=rb.tree.layout)
+    reference.rebuild_trees(tree, mintree, rb.tree.layout)
     bad = (tree != rb.tree.tree).nonzero().flatten()
     assert bad.numel() == 0, f"{what}: sum tree differs from its rebuild at {bad[:8].tolist()}"
     bad = (mintree != rb.tree.mintree).nonzero().flatten()
@@ -89,9 +89,9 @@ def test_fused_add_writes_what_the_reference_writes(spec_name, capacity, arity):
 def test_updates_and_adds_keep_the_trees_exact(capacity, arity):
     """Updates with many duplicates, then adds that wrap the ring: both trees equal their rebuild
     and the scratch (claims, arrival counters, tickets) is back at rest after every call."""
-    from gper.ops import triton_ops
+    from gper.ops.tree import triton as tree_triton
 
-    with triton_ops.launch_config(climb_min_batch=1):  # the climb for every batch size here
+    with tree_triton.launch_config(climb_min_batch=1):  # the climb for every batch size here
         _updates_and_adds(capacity, arity)
 
 
@@ -160,14 +160,14 @@ def test_contended_climbs_on_the_gpu(capacity, arity):
 def test_the_climb_ignores_stale_entries(arity):
     """A batch updated after some of its slots were overwritten, repaired by the climb: its stale
     entries are counted as stale and write nothing, the fresh ones win, the trees stay exact."""
-    from gper.ops import triton_ops
+    from gper.ops.tree import triton as tree_triton
 
     dev, cap = _device(), 300
     rb = gper.PrioritizedReplayBuffer(
         cap, {"x": ((), torch.int32)}, device=dev, backend="triton", arity=arity, alpha=0.5, eps=EPS_DYADIC
     )
     rb.add({"x": torch.zeros(cap, dtype=torch.int32, device=dev)})
-    with triton_ops.launch_config(climb_min_batch=1):
+    with tree_triton.launch_config(climb_min_batch=1):
         batch = rb.sample(200)
         rb.add({"x": torch.zeros(40, dtype=torch.int32, device=dev)})  # slots 0 .. 39 overwritten
         before = rb.priorities(batch.indices).clone()

@@ -1,4 +1,4 @@
-"""The CPU back end (:mod:`gper.ops.cpu`, NumPy views) against the torch reference, bit for bit,
+"""The CPU back end (:mod:`gper.ops.tree.cpu`, NumPy views) against the torch reference, bit for bit,
 with its loops compiled (numba) and as NumPy calls.
 
 The CPU module claims the reference's operations on the same values, so everything is compared
@@ -20,8 +20,9 @@ import pytest
 import torch
 
 import gper
-from gper.ops import cpu, cpu_numpy, philox, reference
+from gper.ops import philox
 from gper.ops.state import MODE_PROPORTIONAL, MODE_STRATIFIED, MODE_UNIFORM, P_MAX, P_MIN, rng_blocks
+from gper.ops.tree import cpu, cpu_numpy, reference
 from gper.replay.tree import PriorityTree
 from helpers import sample_fresh
 
@@ -203,9 +204,7 @@ def test_updates_and_recompute_on_planted_trees_are_the_references(arity, stale_
         leaves = torch.randint(0, values.numel(), (b,), generator=g)
         for tree, kernels in zip(trees, (reference, cpu), strict=True):
             tree.tree[tree.layout.leaf_offset + leaves[:1]] = float(step)
-            kernels.recompute(
-                tree=tree.tree, mintree=tree.mintree, layout=tree.layout, leaves=leaves, counters=tree.counters
-            )
+            kernels.recompute(state=tree.state, leaves=leaves)
         for name in ("tree", "mintree", "gen", "counters", "scalars", "claims"):
             _assert_same(getattr(trees[1], name), getattr(trees[0], name), f"step {step}: {name}")
 
@@ -255,7 +254,7 @@ def test_the_loops_are_chosen_by_name_and_a_missing_numba_names_the_extra(monkey
     with pytest.raises(ValueError, match="CPU loops must be one of"):
         cpu.set_loops("fast")
     monkeypatch.setitem(sys.modules, "numba", None)  # as if numba were not installed
-    monkeypatch.delitem(sys.modules, "gper.ops.cpu_jit", raising=False)
+    monkeypatch.delitem(sys.modules, "gper.ops.tree.cpu_jit", raising=False)
     try:
         cpu.set_loops("auto")
         assert cpu.compiled() is None  # auto: the NumPy loops, silently

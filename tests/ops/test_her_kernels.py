@@ -1,5 +1,5 @@
-"""Hindsight relabelling's index kernels: the Triton ones (gper.ops.her_triton) against the torch
-reference (gper.ops.her_reference) on the index states a buffer builds, bit for bit: the index
+"""Hindsight relabelling's index kernels: the Triton ones (gper.ops.her.triton) against the torch
+reference (gper.ops.her.reference) on the index states a buffer builds, bit for bit: the index
 after every add, and the goal rows and relabel flags of every strategy and ratio (0, a half, 1)."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ import pytest
 import torch
 
 import gper
-from gper.ops import her_reference, her_triton
-from gper.ops.her_reference import STRATEGY
+from gper.ops.her import reference as her_reference
+from gper.ops.her import triton as her_triton
+from gper.ops.her.reference import STRATEGY
 from helpers import TRITON_ON_CPU
 from her_oracle import OBS_KEYS, SPEC, GoalStreams, reward_fn
 from trajectory_helpers import to_torch

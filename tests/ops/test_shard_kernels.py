@@ -1,5 +1,5 @@
-"""A sharded buffer's exact-mode kernels: the Triton ones (gper.ops.shard_triton, under the
-interpreter on the CPU, compiled on CUDA) against the torch reference (gper.ops.shard_reference)
+"""A sharded buffer's exact-mode kernels: the Triton ones (gper.ops.shard.triton, under the
+interpreter on the CPU, compiled on CUDA) against the torch reference (gper.ops.shard.reference)
 on the same device, bit for bit: the shared
 draws (thresholds, owners, fractions, the counter's advance) for 1 to 8 shards with a shard of
 mass 0 first, in the middle or last and counters across 2^32; the routed rows and update entries
@@ -16,10 +16,10 @@ import torch
 
 from gper._triton import HAS_TRITON
 from gper.bench import capture_graph
-from gper.ops import shard_reference
-from gper.ops.shard_reference import OWNER_SHIFT
+from gper.ops.shard import reference as shard_reference
+from gper.ops.shard.reference import OWNER_SHIFT
 from gper.ops.state import C_STALE
-from helpers import TRITON_ON_CPU
+from helpers import TRITON_ON_CPU, tree_state
 
 FUNCTIONS = (
     "shard_meta",
@@ -35,11 +35,11 @@ FUNCTIONS = (
 
 @pytest.fixture
 def triton_poisoned(monkeypatch, device):
-    """gper.ops.shard_triton, with every ``torch.empty`` meanwhile filled with NaN (floats) or -7
+    """gper.ops.shard.triton, with every ``torch.empty`` meanwhile filled with NaN (floats) or -7
     (integers); skipped where its kernels cannot run on ``device``."""
     if not (TRITON_ON_CPU if device.type == "cpu" else HAS_TRITON):
         pytest.skip("Triton needs triton, and on CPU tensors TRITON_INTERPRET=1")
-    from gper.ops import shard_triton
+    from gper.ops.shard import triton as shard_triton
 
     real = torch.empty
 
@@ -65,21 +65,21 @@ def assert_bits(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
 @pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
 @pytest.mark.parametrize("name", FUNCTIONS)
 def test_both_modules_define_each_function_with_the_same_keyword_parameters(name):
-    from gper.ops import shard_triton
+    from gper.ops.shard import triton as shard_triton
 
     ref, tri = inspect.signature(getattr(shard_reference, name)), inspect.signature(getattr(shard_triton, name))
     assert list(ref.parameters) == list(tri.parameters)
     assert {p.kind for p in ref.parameters.values()} == {inspect.Parameter.KEYWORD_ONLY}
 
 
-def test_shard_module_picks_the_back_end_by_name():
-    from gper.ops import shard_module
+def test_the_selector_picks_the_shard_back_end_by_name():
+    from gper.ops import kernels
 
-    assert shard_module("torch") is shard_reference
+    assert kernels("shard", "torch") is shard_reference
     if HAS_TRITON:
-        assert shard_module("triton").__name__ == "gper.ops.shard_triton"
+        assert kernels("shard", "triton").__name__ == "gper.ops.shard.triton"
     with pytest.raises(ValueError, match="backend must be one of"):
-        shard_module("cuda")
+        kernels("shard", "cuda")
 
 
 def _masses(w: int, zero: int | str | None, seed: int, device: torch.device) -> torch.Tensor:
@@ -237,7 +237,7 @@ def test_routed_updates_are_the_reference(stale, device, triton_poisoned):
         results = []
         for mod in (shard_reference, triton_poisoned):
             counters = torch.full((8,), 100, dtype=torch.int64, device=device)
-            results.append((mod.unpack_updates(every=every, gen=gen, counters=counters, rank=r), counters))
+            results.append((mod.unpack_updates(state=tree_state(gen, counters), every=every, rank=r), counters))
         (want, c0), (got, c1) = results
         for name, a, e in zip(("slots", "generations", "td"), got, want, strict=True):
             assert_bits(a, e, f"rank {r}: {name}")
@@ -313,7 +313,7 @@ def test_on_cuda_the_reference_stratum_scale_is_the_division_torch_did_there():
 def _cuda_triton():
     if not (torch.cuda.is_available() and HAS_TRITON):
         pytest.skip("needs CUDA and triton")
-    from gper.ops import shard_triton
+    from gper.ops.shard import triton as shard_triton
 
     return shard_triton
 
@@ -392,15 +392,16 @@ def test_on_cuda_the_stale_count_is_exact_under_many_programs():
     for i in range(40):
         every, rank = entries(), i % world
         ref_counters = torch.zeros_like(counters)
-        expect = shard_reference.unpack_updates(every=every, gen=gen, counters=ref_counters, rank=rank)
-        got = tri.unpack_updates(every=every, gen=gen, counters=counters, rank=rank)
+        expect = shard_reference.unpack_updates(state=tree_state(gen, ref_counters), every=every, rank=rank)
+        got = tri.unpack_updates(state=tree_state(gen, counters), every=every, rank=rank)
         want -= not_owned(every, rank)
         assert int(counters[C_STALE]) == want and int(ref_counters[C_STALE]) == -not_owned(every, rank), f"launch {i}"
         for name, a, e in zip(("slots", "generations", "td"), got, expect, strict=True):
             assert_bits(a, e, f"launch {i}: {name}")
     assert int(counters.count_nonzero()) == 1, "only the stale counter moves"
     every = entries()
-    graph = capture_graph(lambda: tri.unpack_updates(every=every, gen=gen, counters=counters, rank=0), warmup=1)
+    state = tree_state(gen, counters)
+    graph = capture_graph(lambda: tri.unpack_updates(state=state, every=every, rank=0), warmup=1)
     per_launch = not_owned(every, 0)
     want -= per_launch  # the warm-up's, run eagerly
     for r in range(100):

@@ -14,7 +14,6 @@ import math
 import pytest
 import torch
 
-from gper.ops import reference
 from gper.ops.layout import TreeLayout
 from gper.ops.state import (
     C_CURSOR,
@@ -27,6 +26,7 @@ from gper.ops.state import (
     MODE_UNIFORM,
     S_MAXP,
 )
+from gper.ops.tree import reference
 from gper.replay.tree import PriorityTree
 from helpers import assert_at_rest, check_tree, sample_fresh
 

@@ -12,7 +12,8 @@ import torch
 
 import gper
 from gper._device import canonical_device
-from gper.ops import backend_module, reference
+from gper.ops import kernels
+from gper.ops.tree import reference
 from gper.replay.sampling import SamplingPolicy
 from gper.replay.storage import RowStorage
 from gper.replay.tree import PriorityTree
@@ -138,7 +139,7 @@ def test_public_state_objects(device):
     assert rb.device == canonical_device(device)
     assert rb.capacity == 10 and rb.backend == "torch" and rb.spec == SPEC
     assert isinstance(rb.tree, PriorityTree) and rb.tree.capacity == 10 and rb.tree.layout.arity == 4
-    assert rb.tree.kernels is backend_module("torch", device) and rb.tree.device == rb.device
+    assert rb.tree.kernels is kernels("tree", "torch", device) and rb.tree.device == rb.device
     assert isinstance(rb.rows, RowStorage) and rb.rows.rows.shape == (10, rb.rows.layout.row_bytes)
     assert rb.rows.rows.device == rb.device and rb.rows.names == tuple(SPEC)
     assert isinstance(rb.policy, SamplingPolicy) and rb.policy.mode == "rank" and rb.policy.weight_norm == "global"
@@ -155,7 +156,7 @@ def test_a_kernel_module_as_backend_is_used_as_it_is(device):
     """``backend=`` a module (kernel experiments): the buffer calls its functions and names it."""
     mod = make_buffer(50, reference, device, seed=4)
     named = make_buffer(50, "torch", device, seed=4)
-    assert mod.backend == "gper.ops.reference" and mod.tree.kernels is reference
+    assert mod.backend == "gper.ops.tree.reference" and mod.tree.kernels is reference
     for rb in (mod, named):
         rb.add(transitions(30))
         b = rb.sample(64)

@@ -48,9 +48,9 @@ def _fill(rb):
 def test_the_probe_passes_where_triton_works_and_names_what_fails(fresh_probe, monkeypatch):
     cpu = torch.device("cpu")
     assert probe.triton_problem(cpu) is None
-    from gper.ops import triton_ops
+    from gper.ops.tree import triton as tree_triton
 
-    monkeypatch.setattr(triton_ops, "_sample_kernel", _Broken())
+    monkeypatch.setattr(tree_triton, "_sample_kernel", _Broken())
     assert probe.triton_problem(cpu) is None, "the outcome is kept per device and process"
     probe.forget()
     assert probe.triton_problem(cpu) == "RuntimeError: PTX .version 9.9 does not support .target sm_999"
@@ -60,23 +60,23 @@ def test_the_probe_passes_where_triton_works_and_names_what_fails(fresh_probe, m
 
 @pytest.mark.skipif(not TRITON_ON_CPU, reason="needs triton under TRITON_INTERPRET=1")
 def test_the_probe_catches_kernels_that_run_but_disagree(fresh_probe, monkeypatch):
-    from gper.ops import triton_ops
+    from gper.ops.tree import triton as tree_triton
 
-    real = triton_ops.sample
+    real = tree_triton.sample
 
     def off_by_one(**kw):
         real(**kw)
         kw["out_idx"].add_(1).clamp_(max=39)
 
-    monkeypatch.setattr(triton_ops, "sample", off_by_one)
+    monkeypatch.setattr(tree_triton, "sample", off_by_one)
     assert probe.triton_problem(torch.device("cpu")) == "its idx differ from the torch back end's"
 
 
 @pytest.mark.gpu
 def test_auto_falls_back_to_torch_on_the_same_gpu_and_warns_once(fresh_probe, monkeypatch):
-    from gper.ops import triton_ops
+    from gper.ops.tree import triton as tree_triton
 
-    monkeypatch.setattr(triton_ops, "_update_claim", _Broken())
+    monkeypatch.setattr(tree_triton, "_update_claim", _Broken())
     with pytest.warns(checks.GperWarning, match=r"Triton back end does not work on cuda:0 \(RuntimeError: PTX"):
         rb = gper.PrioritizedReplayBuffer(40, SPEC, device="cuda", seed=3)
     assert rb.backend == "torch" and rb.device == torch.device("cuda", 0)

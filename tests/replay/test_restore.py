@@ -334,7 +334,7 @@ def test_a_copy_continues_like_the_original(device, how):
 
 
 def test_a_buffer_with_a_kernel_module_refuses_to_be_copied():
-    from gper.ops import reference
+    from gper.ops.tree import reference
 
     rb = gper.PrioritizedReplayBuffer(8, {"x": ((), torch.float32)}, backend=reference)
     with pytest.raises(TypeError, match="kernel module"):

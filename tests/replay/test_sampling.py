@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from gper.ops import reference
 from gper.ops.state import C_SIZE, MODE_PROPORTIONAL, MODE_STRATIFIED, MODE_UNIFORM, S_BETA, S_MAXP, rng_blocks
+from gper.ops.tree import reference
 from gper.replay.sampling import SAMPLING, BetaInput, RankKeys, SamplingPolicy
 from gper.replay.tree import PriorityTree
 from helpers import (
@@ -333,7 +333,7 @@ def test_rank_keys_on_add_update_and_refresh(ops, device):
 
 
 def test_rank_keys_refresh_of_an_empty_buffer_touches_nothing(device):
-    from gper.ops import reference
+    from gper.ops.tree import reference
 
     tree = PriorityTree(4, reference, device, arity=2)
     keys = RankKeys(4, device, refresh_interval=1)

@@ -15,8 +15,9 @@ from itertools import accumulate
 import pytest
 import torch
 
-from gper.ops import philox, reference
+from gper.ops import philox
 from gper.ops.state import C_RNG, MODE_PROPORTIONAL
+from gper.ops.tree import reference
 from gper.replay.tree import PriorityTree
 from helpers import make_buffer, sample_fresh, transitions
 from oracle import OracleBuffer, probabilities

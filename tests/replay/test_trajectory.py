@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import gper
-from gper.ops.trajectory_reference import expected_drawable
+from gper.ops.trajectory.reference import expected_drawable
 from gper.replay import RowLayout
 
 SPEC = {"obs": ((3,), torch.float32), "action": ((), torch.int64), "reward": ((), torch.float32)}

@@ -13,7 +13,6 @@ import math
 import pytest
 import torch
 
-from gper.ops import reference
 from gper.ops.state import (
     C_CURSOR,
     C_INVALID,
@@ -26,6 +25,7 @@ from gper.ops.state import (
     S_BETA,
     S_MAXP,
 )
+from gper.ops.tree import reference
 from gper.replay.tree import STATE_NAMES, PriorityTree
 from helpers import (
     assert_at_rest,

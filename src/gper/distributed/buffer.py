@@ -21,9 +21,10 @@ from gper._device import canonical_device
 from gper.distributed import shards
 from gper.distributed.batch import ShardedBatch
 from gper.distributed.collectives import Group
-from gper.ops import reference, shard_module
+from gper.ops import kernels
 from gper.ops.layout import DEFAULT_ARITY
 from gper.ops.state import C_INVALID, C_NONFINITE, C_STALE
+from gper.ops.tree import reference
 from gper.replay import PrioritizedReplayBuffer
 from gper.replay.checks import check_batch_size, check_td
 from gper.replay.sampling import BetaInput
@@ -128,7 +129,7 @@ class ShardedPrioritizedReplayBuffer:
         self.capacity = capacity
         # exact mode's draws and routing: in Triton where the shard runs Triton (bit for bit the
         # torch reference's, so the back end changes no draw)
-        self._kernels = shard_module("triton" if self.shard.backend == "triton" else "torch")
+        self._kernels = kernels("shard", "triton" if self.shard.backend == "triton" else "torch")
         #: [1] int64 counter of the draws every rank shares (advanced alike on every rank)
         self._shared_rng = torch.zeros(1, dtype=torch.int64, device=self.device)
         # [1] int64 scratch of the Triton draws' counter advance (0 between calls; not state)
@@ -391,9 +392,7 @@ class ShardedPrioritizedReplayBuffer:
             tree.count_stale(batch.indices.numel())
         if len(shard) > 0:
             # entries of other shards are made stale (a generation that cannot match) and not counted
-            slot, expected, td_all = self._kernels.unpack_updates(
-                every=every, gen=tree.gen, counters=tree.counters, rank=self.rank
-            )
+            slot, expected, td_all = self._kernels.unpack_updates(state=tree.state, every=every, rank=self.rank)
             shard.policy.update(tree, slot, td_all, expected, shard.alpha, shard.eps)
         # the max priority over every shard now, as one buffer's (4 bytes): items added before the
         # next sample enter at it, not at this shard's own max

@@ -5,7 +5,7 @@ priorities ``p_{k,j}`` with total ``T_k``; ``S = sum_k T_k``, ``C_k = sum_{j<k} 
 
 * **exact**: draw s picks its owner with a uniform ``u_s`` every rank draws alike (Philox on a
   counter every rank advances by the same amount), ``k(s) = #{k : C_{k+1} <= u_s S}`` capped at
-  W - 1, i.e. ``P(k) = T_k / S``: the rule of one level of gper's descent (``gper.ops.reference``),
+  W - 1, i.e. ``P(k) = T_k / S``: the rule of one level of gper's descent (``gper.ops.tree.reference``),
   with the shards as the children of a root. The owner's own descent then gives
   ``P(j | k) = p_{k,j} / T_k``, so ``P(k, j) = p_{k,j} / S``. Stratified draws carry the threshold
   ``t_s = (s + u_s) / B * S`` into the owner's tree as ``(t_s - C_k) / T_k``.
@@ -16,8 +16,8 @@ Uniform sampling is the same with every priority 1: masses ``n_k`` instead of ``
 
 Every sum here is a float64 ``cumsum`` over the W gathered values in rank order, on tensors that
 are bit-identical on every rank, so every rank computes the same owners. The draws themselves
-(uniforms, thresholds, owners, fractions) are kernels of :mod:`gper.ops.shard_reference` (and
-:mod:`gper.ops.shard_triton`, bit for bit the same, where the shard runs Triton); this module holds
+(uniforms, thresholds, owners, fractions) are kernels of :mod:`gper.ops.shard.reference` (and
+:mod:`gper.ops.shard.triton`, bit for bit the same, where the shard runs Triton); this module holds
 the keys and the masses.
 """
 

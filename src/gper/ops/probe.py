@@ -15,7 +15,7 @@ import math
 import torch
 
 from gper.ops.layout import TreeLayout
-from gper.ops.state import MODE_PROPORTIONAL, N_COUNTERS, N_SCALARS, S_MAXP
+from gper.ops.state import MODE_PROPORTIONAL, N_COUNTERS, N_SCALARS, S_MAXP, TreeState
 
 _CAPACITY, _ARITY, _DRAWS = 40, 4, 64
 
@@ -31,19 +31,15 @@ def _run(kernels, device: torch.device) -> dict[str, torch.Tensor]:
     counters = torch.zeros(N_COUNTERS, dtype=torch.int64, device=device)
     scalars = torch.zeros(N_SCALARS, device=device)
     scalars[S_MAXP] = 1.0
-    trees = dict(tree=tree, mintree=mintree, layout=lay)
-    claims = kernels.make_claims(layout=lay, device=device)
-    pos = kernels.add_positions(counters=counters, capacity=_CAPACITY, n=_CAPACITY, skip=0)
-    kernels.add_commit(**trees, gen=gen, counters=counters, scalars=scalars, pos=pos, total=_CAPACITY, leaf_value=None)
+    state = TreeState(lay, tree, mintree, gen, kernels.make_claims(layout=lay, device=device), counters, scalars)
+    pos = kernels.add_positions(state=state, n=_CAPACITY, skip=0)
+    kernels.add_commit(state=state, pos=pos, total=_CAPACITY, leaf_value=None)
     idx = torch.arange(_CAPACITY, device=device)
     # |td| + eps = 4^(i mod 5), so with alpha = 0.5 every priority is a power of two: exact sums
     eps = 2.0**-4
     td = torch.pow(4.0, (idx % 5).double()).float() - eps
     expected = torch.ones(_CAPACITY, dtype=torch.int32, device=device)
-    kernels.update(
-        **trees, claims=claims, gen=gen, counters=counters, scalars=scalars, idx=idx, td=td, expected_gen=expected,
-        alpha=0.5, eps=eps,
-    )  # fmt: skip
+    kernels.update(state=state, idx=idx, td=td, expected_gen=expected, alpha=0.5, eps=eps)
     rows = torch.arange(_CAPACITY * 4, dtype=torch.int32, device=device).view(_CAPACITY, 4)
     out = {
         "rows": torch.empty(_DRAWS, 4, dtype=torch.int32, device=device),
@@ -52,7 +48,7 @@ def _run(kernels, device: torch.device) -> dict[str, torch.Tensor]:
         "w": torch.empty(_DRAWS, device=device),
     }
     kernels.sample(
-        **trees, rows=rows, gen=gen, counters=counters, seed=7, b=_DRAWS, mode=MODE_PROPORTIONAL,
+        state=state, rows=rows, seed=7, b=_DRAWS, mode=MODE_PROPORTIONAL,
         beta=torch.tensor(0.5, device=device), out_rows=out["rows"], out_idx=out["idx"], out_gen=out["gen"],
         out_w=out["w"],
     )  # fmt: skip
@@ -79,12 +75,12 @@ def triton_problem(device: torch.device) -> str | None:
 
 
 def _probe(device: torch.device) -> str | None:
-    from gper.ops import reference
+    from gper.ops.tree import reference
 
     try:
-        from gper.ops import triton_ops
+        from gper.ops.tree import triton as tree_triton
 
-        got = _run(triton_ops, device)
+        got = _run(tree_triton, device)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     except Exception as err:  # noqa: BLE001 - whatever the compiler, driver or launcher raised

@@ -8,6 +8,12 @@ The host never reads these on a hot path.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import torch
+
+from gper.ops.layout import TreeLayout
+
 # int64 ``counters``
 C_RNG = 0  #: Philox counter: next unused block of random words
 C_CURSOR = 1  #: next slot to write
@@ -41,3 +47,32 @@ MODE_UNIFORM = 2
 def rng_blocks(depth: int) -> int:
     """Philox calls (4 words each) per sample: one word per level plus one for the stratum jitter."""
     return (depth + 1 + 3) // 4
+
+
+class TreeState(NamedTuple):
+    """One priority tree's device tensors and its layout: what every tree-touching kernel takes.
+
+    Built once by :class:`gper.replay.tree.PriorityTree` (its tensors never move: a restore copies
+    into them), so a captured CUDA graph keeps reading the same addresses. The tensors are those of
+    one tree today; a population of ``N`` trees in one set of tensors would add a leading ``[N]``
+    dimension to each (the layout, the same for every tree, stays one).
+
+    Attributes:
+        layout: the trees' :class:`~gper.ops.layout.TreeLayout` (capacity, arity, level offsets).
+        tree: [numel + 1] float32 sum tree, leaves last, one trash cell at the end (writes that
+            must land nowhere go there).
+        mintree: [numel + 1] float32 min tree (+inf where nothing is stored).
+        gen: [capacity] int32 generation of each slot (bumped by every write).
+        claims: the update's claim buffer, from the back end's ``make_claims`` (its shape is the
+            back end's own; all -1 between calls).
+        counters: [N_COUNTERS] int64 device counters, slots ``C_*``.
+        scalars: [N_SCALARS] float32 device scalars, slots ``S_*``.
+    """
+
+    layout: TreeLayout
+    tree: torch.Tensor
+    mintree: torch.Tensor
+    gen: torch.Tensor
+    claims: torch.Tensor
+    counters: torch.Tensor
+    scalars: torch.Tensor

@@ -6,7 +6,7 @@ from types import ModuleType
 
 import torch
 
-from gper.ops import ReplayKernels, backend_module, select_backend
+from gper.ops import ReplayKernels, select_backend
 from gper.ops.probe import triton_problem
 from gper.replay.checks import warn_triton_fallback
 from gper.replay.graphs import capturing
@@ -25,7 +25,7 @@ def choose_backend(request: str | ModuleType, device: torch.device) -> tuple[str
         problem = triton_problem(device)  # once per device and process
         if problem is not None and request == "auto":
             warn_triton_fallback(device, problem)
-            return "torch", backend_module("torch", device)
+            return "torch", kernels("tree", "torch", device)
         if problem is not None:
             raise RuntimeError(f"backend='triton' does not work on {device}: {problem}")
     return name, kernels

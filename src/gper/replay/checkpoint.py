@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 
-from gper.ops import reference
 from gper.ops.layout import TreeLayout
 from gper.ops.state import (
     C_CURSOR,
@@ -30,6 +29,7 @@ from gper.ops.state import (
     S_BETA,
     S_MAXP,
 )
+from gper.ops.tree import reference
 
 #: how far a stored inner node of the sum tree may be from the sum of its leaves, relative to
 #: that sum: the float32 rounding of summing K children per level in another order (the back
@@ -168,7 +168,7 @@ def check_contents(
     # inner nodes against a rebuild from the leaves (finite leaves only: else the check above fails)
     tree = torch.where(torch.isfinite(t["tree"]), t["tree"], 0.0)
     mintree = torch.where(torch.isnan(t["mintree"]), 0.0, t["mintree"])
-    reference.rebuild(tree=tree, mintree=mintree, layout=layout)
+    reference.rebuild_trees(tree, mintree, layout)
     inner = real.clone()
     inner[lo:] = False
     stored, want = t["tree"][body], tree[body]

@@ -19,8 +19,8 @@ that ends nothing but the reset observation (``docs/trajectory.md``, *How add re
 structure*). It takes no id of its own: the next episode keeps the id, and its record's first row
 moves past that end row.
 
-``add`` updates it with one kernel (``episode_index_add`` of :mod:`gper.ops.her_reference` and
-:mod:`gper.ops.her_triton`), ``sample`` reads it in another (``her_pick``): ``[E]`` and ``[B]``
+``add`` updates it with one kernel (``episode_index_add`` of :mod:`gper.ops.her.reference` and
+:mod:`gper.ops.her.triton`), ``sample`` reads it in another (``her_pick``): ``[E]`` and ``[B]``
 lanes, no host reads, no work proportional to the capacity outside the checkpoint's check.
 """
 
@@ -31,7 +31,7 @@ from types import ModuleType
 
 import torch
 
-from gper.ops.trajectory_reference import END_ROW
+from gper.ops.trajectory.reference import END_ROW
 
 #: the index's tensors in a state dict
 TENSORS = ("episode_ids", "episode_current", "episode_records")

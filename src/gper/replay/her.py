@@ -22,7 +22,7 @@ from types import ModuleType
 
 import torch
 
-from gper.ops.her_reference import STRATEGY
+from gper.ops.her.reference import STRATEGY
 from gper.replay.checks import check_unit
 from gper.replay.episodes import EpisodeIndex
 from gper.replay.storage import Field
@@ -138,7 +138,7 @@ class Relabeler:
         layout: the buffer's rows.
         num_envs, rows_per_env: the buffer's streams.
         device: where the index and the counter live.
-        kernels: the back end's relabelling kernels (:func:`gper.ops.her_module`).
+        kernels: the back end's relabelling kernels (:func:`gper.ops.kernels` of ``"her"``).
     """
 
     def __init__(

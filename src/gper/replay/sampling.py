@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from gper.ops import reference
 from gper.ops.state import MODE_PROPORTIONAL, MODE_STRATIFIED, MODE_UNIFORM, S_MAXP
+from gper.ops.tree import reference
 from gper.replay.checks import check_beta_tensor, check_unit
 from gper.replay.tree import PriorityTree
 

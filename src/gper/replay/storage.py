@@ -20,7 +20,7 @@ from functools import cached_property
 
 import torch
 
-from gper.ops.reference import write_fields
+from gper.ops.tree.reference import write_fields
 
 _ROW_ALIGN = 16
 

@@ -15,10 +15,10 @@ from typing import Any
 import torch
 
 from gper._device import canonical_device, on_own_device
-from gper.ops import her_module, trajectory_module
+from gper.ops import kernels as kernels_of
 from gper.ops.layout import DEFAULT_ARITY
 from gper.ops.state import C_SIZE, MODE_PROPORTIONAL, MODE_UNIFORM
-from gper.ops.trajectory_reference import AUTORESET, N_TCOUNTERS, T_DISCONTINUITIES, T_STEPS
+from gper.ops.trajectory.reference import AUTORESET, N_TCOUNTERS, T_DISCONTINUITIES, T_STEPS
 from gper.replay.backends import choose_backend
 from gper.replay.checks import (
     check_batch_size,
@@ -160,7 +160,7 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
     def _allocate(self, device: torch.device) -> None:
         self.device = device
         self.backend, kernels = choose_backend(self._backend_request, device)
-        self._kernels = trajectory_module(self.backend)
+        self._kernels = kernels_of("trajectory", self.backend)
         cfg, e, w = self._cfg, self.num_envs, self.layout.words
         self.rows = RowStorage(self.layout.row, cfg.capacity, device)
         self.tree = PriorityTree(cfg.capacity, kernels, device, cfg.arity)
@@ -178,7 +178,9 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
         self._plan = self._packer.word_plan() if self.backend == "triton" else None
         her = self._her
         self._relabeler = (
-            None if her is None else Relabeler(her, self.layout, e, self.rows_per_env, device, her_module(self.backend))
+            None
+            if her is None
+            else Relabeler(her, self.layout, e, self.rows_per_env, device, kernels_of("her", self.backend))
         )
 
     @property
@@ -257,12 +259,8 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
             staged = self._packer.pack(data)
         before = self.streams.clone() if self._relabeler is not None else None
         self._kernels.stream_add(
-            tree=tree.tree,
-            mintree=tree.mintree,
-            layout=tree.layout,
-            gen=tree.gen,
+            state=tree.state,
             keys=self.policy.rank.keys if self.policy.rank is not None else None,
-            scalars=tree.scalars,
             rows=self.rows.words,
             staged=staged,
             streams=self.streams,
@@ -274,7 +272,6 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
             window=self.window,
             autoreset=AUTORESET[self.autoreset],
             value=self._new_start_value,
-            counters=tree.counters,
             **direct,
         )
         if before is not None:
@@ -375,12 +372,8 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
         # would be one more kernel in every replay)
         counters = tree.counters.clone() if relabel and not (self.device.type == "cuda" and capturing()) else None
         self._kernels.sample_transitions(
-            tree=tree.tree,
-            mintree=tree.mintree,
-            layout=tree.layout,
+            state=tree.state,
             rows=self.rows.words,
-            gen=tree.gen,
-            counters=tree.counters,
             seed=self.seed,
             mode=self._kernel_mode(),
             beta=beta,

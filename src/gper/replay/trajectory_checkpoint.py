@@ -20,7 +20,7 @@ import torch
 
 from gper.ops.layout import TreeLayout
 from gper.ops.state import C_CURSOR, C_SIZE
-from gper.ops.trajectory_reference import END_ROW, N_TCOUNTERS, T_STEPS, expected_drawable
+from gper.ops.trajectory.reference import END_ROW, N_TCOUNTERS, T_STEPS, expected_drawable
 from gper.replay.checkpoint import check_contents, check_state
 from gper.replay.files import TensorFile, write_tensors
 

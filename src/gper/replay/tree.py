@@ -4,8 +4,10 @@
 the min tree (the smallest priority, for IS weights), each slot's generation (so a priority
 update can tell that its slot was overwritten since it was sampled), the update's claim buffer,
 and the int64 counters and float32 scalars of :mod:`gper.ops.state` (RNG offset, cursor, size,
-counts of dropped input, max priority, beta). Its methods call the kernels of one back end
-(:class:`gper.ops.ReplayKernels`) by keyword and never read a device value on the host.
+counts of dropped input, max priority, beta). It holds them in one
+:class:`~gper.ops.state.TreeState` (:attr:`PriorityTree.state`), made once, which its methods pass
+to the kernels of one back end (:class:`gper.ops.ReplayKernels`); they never read a device value
+on the host.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from gper.ops.state import (
     N_SCALARS,
     S_BETA,
     S_MAXP,
+    TreeState,
 )
 from gper.replay.checkpoint import check_tensors
 
@@ -40,7 +43,7 @@ class PriorityTree:
 
     Args:
         capacity: slots (leaves), any integer >= 1.
-        kernels: the back end (:func:`gper.ops.backend_module`), or any :class:`~gper.ops.ReplayKernels`.
+        kernels: the back end (:func:`gper.ops.kernels` of ``"tree"``), or any :class:`~gper.ops.ReplayKernels`.
         device: where every tensor lives.
         arity: children per node, a power of two.
 
@@ -51,6 +54,8 @@ class PriorityTree:
         gen: [capacity] int32 generation of each slot (bumped by every write).
         claims: the update's claim buffer (all -1 between calls).
         counters: [N_COUNTERS] int64 device counters; scalars: [N_SCALARS] float32 device scalars.
+        state: all of these and the layout in one :class:`~gper.ops.state.TreeState`, what the
+            kernels take (the tensors never move: :meth:`load_state_dict` copies into them).
     """
 
     def __init__(self, capacity: int, kernels: ReplayKernels, device: torch.device, arity: int = DEFAULT_ARITY) -> None:
@@ -64,6 +69,7 @@ class PriorityTree:
         self.counters = torch.zeros(N_COUNTERS, dtype=torch.int64, device=device)
         self.scalars = torch.zeros(N_SCALARS, dtype=torch.float32, device=device)
         self.scalars[S_MAXP] = 1.0  # new items enter at the max priority seen, 1 until then
+        self.state = TreeState(lay, self.tree, self.mintree, self.gen, self.claims, self.counters, self.scalars)
 
     @classmethod
     def from_leaves(
@@ -145,23 +151,12 @@ class PriorityTree:
 
     def positions(self, n: int, skip: int = 0) -> torch.Tensor:
         """[n] int64 slots for ``n`` new items after skipping ``skip`` (a batch larger than the tree)."""
-        return self.kernels.add_positions(counters=self.counters, capacity=self.capacity, n=n, skip=skip)
+        return self.kernels.add_positions(state=self.state, n=n, skip=skip)
 
     def commit(self, positions: torch.Tensor, total: int, leaf_value: float | None = None) -> None:
         """Slots ``positions`` (just written) enter at ``leaf_value`` (default: the max priority),
         their generations advance, and cursor and size move on by ``total`` items."""
-        self.kernels.add_commit(
-            tree=self.tree,
-            mintree=self.mintree,
-            layout=self.layout,
-            gen=self.gen,
-            counters=self.counters,
-            scalars=self.scalars,
-            pos=positions,
-            total=total,
-            leaf_value=leaf_value,
-            claims=self.claims,
-        )
+        self.kernels.add_commit(state=self.state, pos=positions, total=total, leaf_value=leaf_value)
 
     def add_plan(self, fields: tuple[tuple[int, int], ...], words: int) -> object:
         """The back end's packing plan for :meth:`add_rows` of rows of ``fields`` (``(byte offset,
@@ -182,13 +177,7 @@ class PriorityTree:
         enter at ``leaf_value`` (default the max priority); cursor and size move on by ``total``.
         Returns the [n] int64 slots written (one launch on the Triton back end)."""
         return self.kernels.add_rows(
-            tree=self.tree,
-            mintree=self.mintree,
-            layout=self.layout,
-            claims=self.claims,
-            gen=self.gen,
-            counters=self.counters,
-            scalars=self.scalars,
+            state=self.state,
             rows=rows,
             fields=fields,
             values=values,
@@ -206,15 +195,9 @@ class PriorityTree:
         alpha: float,
         eps: float,
     ) -> None:
-        """Priorities ``(|td| + eps) ** alpha`` for ``indices`` (see :func:`gper.ops.reference.update`)."""
+        """Priorities ``(|td| + eps) ** alpha`` for ``indices`` (see :func:`gper.ops.tree.reference.update`)."""
         self.kernels.update(
-            tree=self.tree,
-            mintree=self.mintree,
-            layout=self.layout,
-            claims=self.claims,
-            gen=self.gen,
-            counters=self.counters,
-            scalars=self.scalars,
+            state=self.state,
             idx=indices.contiguous(),
             td=td.contiguous(),
             expected_gen=expected_gen,
@@ -231,12 +214,8 @@ class PriorityTree:
     ) -> None:
         """Rank mode: sort keys ``|td| + eps`` into ``keys``, with the checks and counts of :meth:`update`."""
         self.kernels.set_keys(
+            state=self.state,
             keys=keys,
-            layout=self.layout,
-            claims=self.claims,
-            gen=self.gen,
-            counters=self.counters,
-            scalars=self.scalars,
             idx=indices.contiguous(),
             td=td.contiguous(),
             expected_gen=expected_gen,
@@ -252,7 +231,7 @@ class PriorityTree:
 
     def rebuild(self) -> None:
         """Recompute every inner node of both trees from the leaves (O(capacity))."""
-        self.kernels.rebuild(tree=self.tree, mintree=self.mintree, layout=self.layout)
+        self.kernels.rebuild(state=self.state)
 
     def sample_into(
         self, rows: torch.Tensor, seed: int, mode: int, beta: torch.Tensor, out: Mapping[str, torch.Tensor]
@@ -260,12 +239,8 @@ class PriorityTree:
         """Draw ``len(out["indices"])`` slots of ``rows`` into ``out`` (``rows``, ``indices``,
         ``generations``, ``weights``) with IS exponent ``beta`` (0-d float32 device tensor)."""
         self.kernels.sample(
-            tree=self.tree,
-            mintree=self.mintree,
-            layout=self.layout,
+            state=self.state,
             rows=rows,
-            gen=self.gen,
-            counters=self.counters,
             seed=seed,
             b=out["indices"].numel(),
             mode=mode,

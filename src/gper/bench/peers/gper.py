@@ -31,7 +31,7 @@ def impl_name(device: torch.device, backend: str = "auto") -> str:
 
 def status(name: str, device: torch.device) -> tuple[bool, str]:
     if device.type == "cpu":  # the torch back end's loops there: compiled (the cpu extra: numba) or NumPy calls
-        from gper.ops import cpu
+        from gper.ops.tree import cpu
 
         return True, f"torch {torch.__version__}, {cpu.describe()}"
     return True, f"torch {torch.__version__}"

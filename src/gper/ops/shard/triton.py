@@ -1,5 +1,5 @@
 """The per-step kernels of a sharded buffer in Triton, with the signatures and semantics of
-:mod:`gper.ops.shard_reference` (documented there), bit for bit: one launch each, where the torch
+:mod:`gper.ops.shard.reference` (documented there), bit for bit: one launch each, where the torch
 reference takes some 140 operations for the shared draws (Philox alone is ten rounds of a dozen
 int64 operations, each a kernel of its own) and three to eight for each of the others.
 
@@ -7,7 +7,7 @@ int64 operations, each a kernel of its own) and three to eight for each of the o
   :func:`gper.ops.philox.randint4x`), the threshold and its owner from the cumulative masses, and
   (stratified) the fraction of this rank's shard. The counter advances in the launch: every
   program reads it first, and the last program to finish (elected by an atomic ticket after a
-  barrier, as ``triton_ops._advance_rng``) writes it, so no program reads a moved counter and
+  barrier, as ``tree_triton._advance_rng``) writes it, so no program reads a moved counter and
   the kernel can be replayed in a CUDA graph.
 * ``_pack_rows`` / ``_unpack_rows``: one lane per draw (per received row): the routed words,
   written straight in the ``[W, b]`` order of the reduce-scatter, and read back into the batch.
@@ -24,7 +24,9 @@ from __future__ import annotations
 import torch
 
 from gper._triton import tl, triton
-from gper.ops.shard_reference import OWNER_SHIFT, ROUTE_EXTRA
+from gper.ops.shard.reference import OWNER_SHIFT, ROUTE_EXTRA
+from gper.ops.state import TreeState
+from gper.ops.triton_slots import C_STALE
 
 _BLOCK = 128
 #: shards compared at once in the owners' count (larger worlds loop over chunks of it)
@@ -324,11 +326,11 @@ def _unpack_updates(
     tl.store(out_gen + s, tl.where(owned, tl.load(every + 4 * s + 2, mask=m, other=0), mask_gen), mask=m)
     tl.store(out_td + s, tl.where(owned, tl.load(every + 4 * s + 3, mask=m, other=0), 0), mask=m)
     others = tl.sum((m & ~owned).to(tl.int64), axis=0)
-    tl.atomic_add(counters + 5, -others, mask=others > 0)  # C_STALE
+    tl.atomic_add(counters + C_STALE, -others, mask=others > 0)
 
 
 def unpack_updates(
-    *, every: torch.Tensor, gen: torch.Tensor, counters: torch.Tensor, rank: int
+    *, state: TreeState, every: torch.Tensor, rank: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     n = every.shape[0]
     dev = every.device
@@ -337,8 +339,8 @@ def unpack_updates(
     td = torch.empty(n, dtype=torch.float32, device=dev)
     _unpack_updates[(triton.cdiv(n, _BLOCK),)](
         every.contiguous(),
-        gen,
-        counters,
+        state.gen,
+        state.counters,
         slot,
         expected,
         td.view(torch.int32),

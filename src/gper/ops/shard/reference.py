@@ -1,5 +1,5 @@
 """The per-step kernels of a sharded buffer in vectorized PyTorch: the reference and the torch
-back end. :mod:`gper.ops.shard_triton` has the same functions in Triton (one launch each), bit
+back end. :mod:`gper.ops.shard.triton` has the same functions in Triton (one launch each), bit
 for bit; :mod:`gper.distributed` calls those of its shard's back end.
 
 Notation (``docs/distributed.md``, *The math*): W shards of masses ``m_k`` (total priority, or
@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from gper.ops import philox
-from gper.ops.state import C_STALE
+from gper.ops.state import C_STALE, TreeState
 
 _TWO_M32 = 2.0**-32
 #: int32 words each routed row carries after the packed row: slot (int64), generation, priority
@@ -194,15 +194,15 @@ def pack_updates(
 
 
 def unpack_updates(
-    *, every: torch.Tensor, gen: torch.Tensor, counters: torch.Tensor, rank: int
+    *, state: TreeState, every: torch.Tensor, rank: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The update entries of the whole group, for this rank's shard: entries of other shards (or
     stale ones, slot -1) go to slot 0 with a generation that cannot match, so the update drops
-    them as stale; they are not counted there (``counters``' stale count is lowered by their number).
+    them as stale; they are not counted there (the state's stale count is lowered by their number).
 
     Args:
+        state: this shard's tree (its generations are read, its stale count lowered).
         every: [n, 4] int32 every rank's :func:`pack_updates`, rank-major.
-        gen: [capacity] int32 this shard's generations; counters: its int64 device counters.
         rank: this shard.
 
     Returns:
@@ -211,9 +211,9 @@ def unpack_updates(
     g = every[:, :2].contiguous().view(torch.int64).view(-1)
     owned = (g >> OWNER_SHIFT) == rank
     slot = torch.where(owned, g & ((1 << OWNER_SHIFT) - 1), 0)
-    expected = torch.where(owned, every[:, 2], ~gen[slot])
+    expected = torch.where(owned, every[:, 2], ~state.gen[slot])
     td = torch.where(owned, every[:, 3].contiguous().view(torch.float32), 0.0)
-    counters[C_STALE] -= (~owned).sum()
+    state.counters[C_STALE] -= (~owned).sum()
     return slot, expected, td
 
 

@@ -1,6 +1,6 @@
 """Vectorized PyTorch kernels of the trajectory buffer: the reference and the CPU back end.
 
-Each function here that has a Triton twin (:mod:`gper.ops.trajectory_triton`) has the same
+Each function here that has a Triton twin (:mod:`gper.ops.trajectory.triton`) has the same
 signature and semantics; tests check one against the other, and this one against a plain-Python
 oracle. Nothing here reads a device value on the host, so on CUDA nothing synchronises.
 
@@ -9,7 +9,7 @@ stream ``e``); each row is packed int32 words with one *flags* word at column ``
 byte 0 terminated, byte 1 truncated, byte 2 the kind (1 = an end row: its observation is the
 final one of the episode before it). ``docs/trajectory.md`` has the rules these functions follow.
 
-Tensors shared with the flat buffer's kernels (:mod:`gper.ops.reference`): ``tree``,
+Tensors shared with the flat buffer's kernels (:mod:`gper.ops.tree.reference`): ``tree``,
 ``mintree`` (one trash cell at the end), ``gen``, ``scalars``. Trajectory state:
 
 * ``streams``: [E, 2] int64: rows ever written to each stream, and the first row of the episode
@@ -23,9 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from gper.ops import reference
-from gper.ops.layout import TreeLayout
-from gper.ops.state import S_MAXP
+from gper.ops.state import S_MAXP, TreeState
+from gper.ops.tree import reference
 
 # columns of ``streams``
 S_COUNT = 0  #: rows ever written to the stream
@@ -58,12 +57,8 @@ def _rows_slots(base: torch.Tensor, k: torch.Tensor, t: int) -> torch.Tensor:
 
 def stream_add(
     *,
-    tree: torch.Tensor,
-    mintree: torch.Tensor,
-    layout: TreeLayout,
-    gen: torch.Tensor,
+    state: TreeState,
     keys: torch.Tensor | None,
-    scalars: torch.Tensor,
     rows: torch.Tensor,
     staged: torch.Tensor,
     streams: torch.Tensor,
@@ -74,7 +69,6 @@ def stream_add(
     rows_per_env: int,
     window: int,
     value: float | None,
-    counters: torch.Tensor,
     autoreset: int = AUTO,
 ) -> None:
     """Append one step of every stream: its rows, their generations, the starts it makes drawable,
@@ -90,16 +84,42 @@ def stream_add(
         rows_per_env: T.
         window: rows after a start that must be written before it is drawable (unless its episode ended).
         value: tree value of a start that becomes drawable: None for the max priority.
-        counters: the tree's int64 device counters (the repair's scratch, as for ``recompute``).
         autoreset: how a step after an episode end is read: ``AUTO`` (a next-step reset step if its
             observation is the final one bit for bit, else a new episode's first step),
             ``SAME_STEP`` (always a first step) or ``NEXT_STEP`` (always a reset step).
     """
     t, (e_n, w) = rows_per_env, pending.shape
-    device = rows.device
-    base = torch.arange(e_n, device=device, dtype=torch.int64) * t
+    base = torch.arange(e_n, device=rows.device, dtype=torch.int64) * t
     k, ep = streams[:, 0].clone(), streams[:, 1].clone()  # copies: streams is written below
     step, nxt = staged[:, :w], staged[:, w:]
+    slots, reset_step, insert, jump = _write_step(rows, base, k, step, pending, obs_mask, flags_col, t, autoreset)
+    ends = reset_step | insert  # an end row was written first
+    n_rows = 1 + insert.long()
+    state.gen.index_add_(0, slots, torch.cat((torch.ones_like(k), insert.long())).to(state.gen.dtype))
+    lo = state.layout.leaf_offset
+    state.tree.index_fill_(0, lo + slots, 0.0)  # a fill (not a copy of a host scalar): capturable
+    state.mintree.index_fill_(0, lo + slots, float("inf"))
+    _enter_starts(state, keys, base, k, ep, ends, t, window, value)
+    streams[:, 0] = k + n_rows
+    streams[:, 1] = torch.where(ends, k + 1, ep)
+    pending.copy_(nxt)
+    tcounters[T_DISCONTINUITIES] += jump.sum()
+    tcounters[T_STEPS] += 1
+    arity = state.layout.arity
+    reps = _reps(base, (k - window).clamp_min(0), k + n_rows - 1, t, arity, rep_count(window, arity))
+    reference.recompute(state=state, leaves=reps.reshape(-1))
+
+
+def _write_step(rows, base, k, step, pending, obs_mask, flags_col: int, t: int, autoreset: int):
+    """Write each stream's step at row ``k`` (after an end row holding the pending ``next_obs``
+    where the step does not go on from it), and mark the step before an unflagged reset truncated.
+
+    Returns:
+        (slots, reset_step, insert, jump): the [2E] int64 slots written (each stream's first row,
+        then its second, the first again where there is none), and [E] bool: the step is a
+        next-step reset step (its row became an end row); an end row was inserted before it (the
+        step is at row ``k + 1``); the reset had no episode end (counted as a discontinuity).
+    """
     has_prev = k > 0
     prev_slot = _rows_slots(base, (k - 1).clamp_min(0), t)
     prev_flags = rows[prev_slot, flags_col]
@@ -116,32 +136,30 @@ def stream_add(
     jump = insert & ~prev_ended  # an unflagged reset: the step before becomes truncated
     # the step before a jump is marked truncated (unless it is an end row itself); written back
     # unchanged elsewhere, before this add's rows (row 0's slot may be among both)
-    fixed = torch.where(jump & ~prev_end_row, prev_flags | TRUNCATED, prev_flags)
-    rows[prev_slot, flags_col] = fixed
-    end_flags = torch.full_like(prev_flags, END_ROW)
+    rows[prev_slot, flags_col] = torch.where(jump & ~prev_end_row, prev_flags | TRUNCATED, prev_flags)
     end_row = pending & obs_mask  # the final observation (a reset step's own obs is the same)
-    end_row[:, flags_col] = end_flags
-    ends = reset_step | insert  # an end row is written first
-    first = torch.where(ends[:, None], end_row, step)
+    end_row[:, flags_col] = torch.full_like(prev_flags, END_ROW)
+    first = torch.where((reset_step | insert)[:, None], end_row, step)
     s1 = _rows_slots(base, k, t)
     s2 = torch.where(insert, _rows_slots(base, k + 1, t), s1)
     second = torch.where(insert[:, None], step, first)
     slots = torch.cat((s1, s2))
     rows.index_copy_(0, slots, torch.cat((first, second)))
-    gen.index_add_(0, slots, torch.cat((torch.ones_like(s1), insert.long())).to(gen.dtype))
-    lo = layout.leaf_offset
-    tree.index_fill_(0, lo + slots, 0.0)  # a fill (not a copy of a host scalar): capturable
-    mintree.index_fill_(0, lo + slots, float("inf"))
-    # starts made drawable: after an end row, every pending one of its episode; after a step, the
-    # one `window` rows back (if it lies in the episode in progress)
-    j = torch.arange(window + 1, device=device, dtype=torch.int64)
+    return slots, reset_step, insert, jump
+
+
+def _enter_starts(state: TreeState, keys, base, k, ep, ends, t: int, window: int, value: float | None) -> None:
+    """The starts this add makes drawable enter the trees at ``value`` (None: the max priority):
+    after an end row, every pending one of its episode; after a step, the one ``window`` rows back
+    (if it lies in the episode in progress)."""
+    tree, mintree, scalars = state.tree, state.mintree, state.scalars
+    j = torch.arange(window + 1, device=k.device, dtype=torch.int64)
     first_new = torch.where(ends, torch.maximum(k - window, ep), k - window)
     last_new = torch.where(ends, k - 1, torch.where(k - window >= ep, k - window, k - window - 1))
     cand = first_new[:, None] + j[None, :]
     live = cand <= last_new[:, None]
     cslot = _rows_slots(base[:, None], cand, t)
-    trash = tree.numel() - 1
-    target = torch.where(live, lo + cslot, trash).reshape(-1)
+    target = torch.where(live, state.layout.leaf_offset + cslot, tree.numel() - 1).reshape(-1)
     if value is None:
         tree[target] = scalars[S_MAXP].expand(target.shape)
         mintree[target] = scalars[S_MAXP].expand(target.shape)
@@ -150,14 +168,6 @@ def stream_add(
         mintree.index_fill_(0, target, value)
     if keys is not None:  # rank mode: a new start's key is the max priority (it enters at rank 1)
         keys[torch.where(live, cslot, keys.numel() - 1).reshape(-1)] = scalars[S_MAXP].expand(target.shape)
-    n_rows = 1 + insert.long()
-    streams[:, 0] = k + n_rows
-    streams[:, 1] = torch.where(ends, k + 1, ep)
-    pending.copy_(nxt)
-    tcounters[T_DISCONTINUITIES] += jump.sum()
-    tcounters[T_STEPS] += 1
-    reps = _reps(base, (k - window).clamp_min(0), k + n_rows - 1, t, layout.arity, rep_count(window, layout.arity))
-    reference.recompute(tree=tree, mintree=mintree, layout=layout, leaves=reps.reshape(-1), counters=counters)
 
 
 def _reps(base: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, t: int, arity: int, n: int) -> torch.Tensor:
@@ -174,12 +184,8 @@ def _reps(base: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, t: int, arity:
 
 def sample_transitions(
     *,
-    tree: torch.Tensor,
-    mintree: torch.Tensor,
-    layout: TreeLayout,
+    state: TreeState,
     rows: torch.Tensor,
-    gen: torch.Tensor,
-    counters: torch.Tensor,
     seed: int,
     mode: int,
     beta: torch.Tensor,
@@ -195,16 +201,12 @@ def sample_transitions(
     out_w: torch.Tensor,
     out_discount: torch.Tensor,
 ) -> None:
-    """Draw ``len(out_idx)`` starts as the flat buffer's :func:`gper.ops.reference.sample` draws
+    """Draw ``len(out_idx)`` starts as the flat buffer's :func:`gper.ops.tree.reference.sample` draws
     slots (``mode`` proportional or stratified: uniform buffers hold 1 on every drawable start),
     then make each an n-step transition (:func:`complete_transitions`)."""
     reference.sample(
-        tree=tree,
-        mintree=mintree,
-        layout=layout,
+        state=state,
         rows=rows,
-        gen=gen,
-        counters=counters,
         seed=seed,
         b=out_idx.numel(),
         mode=mode,

@@ -1,5 +1,5 @@
 """Triton kernels of the trajectory buffer, with the signatures and semantics of
-:mod:`gper.ops.trajectory_reference` (documented there).
+:mod:`gper.ops.trajectory.reference` (documented there).
 
 * ``_stream_add``: one program per stream: the four cases of ``add`` (the episode goes on, a
   next-step reset step, a same-step reset, an unflagged reset), the rows, their generations and
@@ -9,7 +9,7 @@
   programs never race; the levels above are the flat buffer's level-by-level ``_levels``,
   launched after it.
 * ``_sample_transitions``: the whole of a transition ``sample`` in one launch: the flat buffer's
-  draw (``triton_ops._draw``: the same slots and IS weights as its sampling kernel), then per draw
+  draw (``triton_sample._draw``: the same slots and IS weights as its sampling kernel), then per draw
   the return over the steps up to the episode's end, the flags, the discount, and the row m
   steps on. Compiled without floating-point contraction, so its multiply-then-add rounds as the
   torch reference's does (bit-identical returns).
@@ -22,10 +22,15 @@ from __future__ import annotations
 import torch
 
 from gper._triton import tl, triton
-from gper.ops.layout import TreeLayout
-from gper.ops.state import rng_blocks
-from gper.ops.trajectory_reference import gather_sequences, rep_count  # noqa: F401 (gather_sequences: the contract's)
-from gper.ops.triton_ops import LAUNCH, _advance_rng, _draw, _level_offsets, _levels, recompute
+from gper.ops.state import TreeState, rng_blocks
+from gper.ops.trajectory import reference
+from gper.ops.trajectory.reference import gather_sequences, rep_count  # noqa: F401 (gather_sequences: the contract's)
+from gper.ops.tree.triton import LAUNCH, _level_offsets, levels
+from gper.ops.tree.triton_sample import _advance_rng, _draw
+from gper.ops.triton_slots import S_MAXP
+
+T_DISCONTINUITIES = tl.constexpr(reference.T_DISCONTINUITIES)
+T_STEPS = tl.constexpr(reference.T_STEPS)
 
 
 @triton.jit
@@ -53,6 +58,11 @@ def _gather_step(plan, e, s0, s1, s2, s3, s4, s5, t0, t1, t2, t3, t4, t5, N_SRC:
     return words
 
 
+# One body of about 170 lines, kept whole: its phases (the step's case, the rows, the starts made
+# drawable, the stream state, the leaf parents) share a dozen values loaded up front in two
+# dependent rounds (so the program waits on memory twice) and the [HP] tiles of the starts; split
+# into @triton.jit helpers they would pass those through every call, and a split of this kernel has
+# not been checked on a GPU for the same registers and the same bits (the golden tests hold it).
 @triton.jit
 def _stream_add(
     tree,
@@ -122,7 +132,7 @@ def _stream_add(
         step = tl.where(cols == FC, flags, step)
     pend = tl.load(pending + W * e + cols, mask=cm, other=0)
     omask = tl.load(obs_mask + cols, mask=cm, other=0)
-    maxp = tl.load(scalars + 0)  # S_MAXP
+    maxp = tl.load(scalars + S_MAXP)
     has_prev = k > 0
     prev_slot = base + tl.maximum(k - 1, 0) % T
     prev_flags = tl.load(rows + prev_slot * W + FC)
@@ -203,9 +213,9 @@ def _stream_add(
     tl.store(streams + 2 * e, k + n_rows)
     tl.store(streams + 2 * e + 1, tl.where(ends, k + 1, ep))
     tl.store(pending + W * e + cols, nxt, mask=cm)
-    tl.atomic_add(tcounters + 0, jump.to(tl.int64), mask=jump)  # T_DISCONTINUITIES
+    tl.atomic_add(tcounters + T_DISCONTINUITIES, jump.to(tl.int64), mask=jump)
     first_program = e == 0
-    tl.store(tcounters + 1, tl.load(tcounters + 1) + 1, mask=first_program)  # T_STEPS: only program 0 writes it
+    tl.store(tcounters + T_STEPS, tl.load(tcounters + T_STEPS) + 1, mask=first_program)  # only program 0 writes it
     tl.store(reps + R * e + r, rep, mask=rm)  # the levels above: repaired in launches of their own
     if LEAF_PARENTS:
         # the leaf parents lie inside the stream's block (K divides T): this program alone writes
@@ -294,12 +304,8 @@ def _sample_transitions(
 
 def stream_add(
     *,
-    tree: torch.Tensor,
-    mintree: torch.Tensor,
-    layout: TreeLayout,
-    gen: torch.Tensor,
+    state: TreeState,
     keys: torch.Tensor | None,
-    scalars: torch.Tensor,
     rows: torch.Tensor,
     staged: torch.Tensor | None,
     streams: torch.Tensor,
@@ -310,7 +316,6 @@ def stream_add(
     rows_per_env: int,
     window: int,
     value: float | None,
-    counters: torch.Tensor,
     autoreset: int = 0,
     sources: tuple[torch.Tensor, ...] = (),
     plan: torch.Tensor | None = None,
@@ -319,22 +324,23 @@ def stream_add(
     """As the reference's; or, with ``staged=None``, the step read from ``sources`` ([E, words]
     int32 views of its tensors) by ``plan`` (:meth:`gper.replay.streams.StepPacker.word_plan`) and
     ``flags`` (its terminated and truncated), so that no pack runs before the kernel."""
+    layout, tree = state.layout, state.tree
     e, w = pending.shape
     srcs = list(sources) + [pending] * (6 - len(sources))
     term, trunc = flags if flags is not None else (pending, pending)
     n_reps = rep_count(window, layout.arity)
     # the kernel repairs the leaf parents where each lies inside one stream's block (K divides T);
-    # the levels above are repaired level by level in launches of their own. (Repairing them in the
-    # kernel too, the last program recomputing the shared top, measured slower on the H200: 18.2
-    # against 10.3 us for an add of 256 streams with window 80; docs/performance.md)
+    # the levels above are repaired level by level in launches of their own (repairing them in the
+    # kernel too, the last program recomputing the shared top, is the slower: docs/performance.md,
+    # *Trajectory add*)
     leaf_parents = layout.depth >= 2 and rows_per_env % layout.arity == 0
     reps = torch.empty(e, n_reps, dtype=torch.int64, device=rows.device)
     _stream_add[(e,)](
         tree,
-        mintree,
-        gen,
+        state.mintree,
+        state.gen,
         keys if keys is not None else tree,
-        scalars,
+        state.scalars,
         rows,
         staged if staged is not None else pending,
         streams,
@@ -368,20 +374,14 @@ def stream_add(
         AUTORESET=autoreset,
         num_warps=1,
     )
-    if leaf_parents:
-        _levels(tree, mintree, layout, reps.view(-1), layout.depth - 3, counters=counters)
-    else:
-        recompute(tree=tree, mintree=mintree, layout=layout, leaves=reps.view(-1), counters=counters)
+    # the levels above the leaf parents the kernel wrote, or above the leaves
+    levels(state, reps.view(-1), layout.depth - (3 if leaf_parents else 2))
 
 
 def sample_transitions(
     *,
-    tree: torch.Tensor,
-    mintree: torch.Tensor,
-    layout: TreeLayout,
+    state: TreeState,
     rows: torch.Tensor,
-    gen: torch.Tensor,
-    counters: torch.Tensor,
     seed: int,
     mode: int,
     beta: torch.Tensor,
@@ -397,14 +397,14 @@ def sample_transitions(
     out_w: torch.Tensor,
     out_discount: torch.Tensor,
 ) -> None:
-    b, w = out_rows.shape
+    layout, (b, w) = state.layout, out_rows.shape
     _sample_transitions[(triton.cdiv(b, LAUNCH.sample_block),)](
-        tree,
-        mintree,
-        _level_offsets(layout, tree.device),
+        state.tree,
+        state.mintree,
+        _level_offsets(layout, state.tree.device),
         rows,
-        gen,
-        counters,
+        state.gen,
+        state.counters,
         beta,
         gamma,
         out_rows,

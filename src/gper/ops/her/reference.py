@@ -1,6 +1,6 @@
 """Hindsight relabelling's index kernels in vectorized PyTorch: the reference and the torch back end.
 
-:mod:`gper.ops.her_triton` has the same functions in Triton (one launch each), bit for bit.
+:mod:`gper.ops.her.triton` has the same functions in Triton (one launch each), bit for bit.
 Both work on a trajectory buffer's *episode index* (:mod:`gper.replay.episodes` says why it is
 exact):
 
@@ -11,7 +11,7 @@ exact):
 
 Row ``k`` of stream ``e`` sits in slot ``e * T + k % T``; ``streams`` [E, 2] int64 holds each
 stream's rows written and the first row of its episode in progress (as in
-:mod:`gper.ops.trajectory_reference`). Nothing here reads a device value on the host.
+:mod:`gper.ops.trajectory.reference`). Nothing here reads a device value on the host.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from gper.ops import philox
-from gper.ops.trajectory_reference import TERMINATED, TRUNCATED
+from gper.ops.trajectory.reference import TERMINATED, TRUNCATED
 
 #: ``her_pick``'s strategies: a row after the start up to the episode's last, the last, any of the episode's
 FUTURE, FINAL, EPISODE = 0, 1, 2
@@ -155,7 +155,7 @@ def her_finish(
 
     For the start at slot ``idx[s]`` (row ``k``): the return ``r_0 + g r_1 + ... + g^(m-1) r_(m-1)``
     of the new goal's rewards ``reward[s]`` (float32, in that order, ``g^i`` by repeated products,
-    as :func:`gper.ops.trajectory_reference.complete_transitions` sums the stored ones) over its
+    as :func:`gper.ops.trajectory.reference.complete_transitions` sums the stored ones) over its
     ``m`` steps: up to ``n``, stopping after a step whose stored flags end the episode, or (with
     ``hit``) after the first step that reaches the new goal. With ``hit``, the flags are the new
     goal's: terminated where the last step reaches it (discount 0), truncated where the episode

@@ -1,9 +1,9 @@
 """Tree repair in two dependent launches: a counting pass, then one climb in which the last
 child to arrive at a node recomputes it and carries on upwards.
 
-The level-by-level repair (one launch per level, ``triton_ops._recompute_level``) is race-free
-because a launch boundary separates the levels, and its time is that chain of launches (about
-4 µs each on an H200, ``docs/performance.md``). Here the levels are separated by counters instead:
+The level-by-level repair (one launch per level, ``triton_update._recompute_level``) is race-free
+because a launch boundary separates the levels, and its time is that chain of launches
+(``docs/performance.md`` has the figures). Here the levels are separated by counters instead:
 
 * ``arrive``: one int64 per inner node (indexed like the tree, by level offset), 0 between calls.
   The high 32 bits count the arrivals a node waits for (its *need*), the low 32 bits the
@@ -36,6 +36,7 @@ import torch
 
 from gper._triton import tl, triton
 from gper.ops.layout import TreeLayout
+from gper.ops.triton_slots import C_CURSOR, C_SIZE, C_TICKET_TOP, S_MAXP
 
 
 def arrive_counters(claims: torch.Tensor, layout: TreeLayout) -> torch.Tensor:
@@ -168,7 +169,7 @@ def _leaf_parent(
         tl.store(mintree + loff + c, new, mask=claimed)
         tl.store(claims + c, tl.zeros_like(cl) - 1, mask=claimed)
         pmax = tl.max(tl.max(tl.where(claimed, new, 0.0), axis=1), axis=0)
-        tl.atomic_max(scalars + 0, pmax, mask=pmax > 0)  # S_MAXP
+        tl.atomic_max(scalars + S_MAXP, pmax, mask=pmax > 0)
     tl.store(tree + poff + par, tl.sum(v, axis=1), mask=last)
     tl.store(mintree + poff + par, tl.min(mv, axis=1), mask=last)
     tl.store(arrive + poff + par, tl.zeros_like(old), mask=last)
@@ -208,7 +209,7 @@ def _update_apply(
         tl.store(mintree + leaf_off + i, p, mask=win)
         tl.store(claims + i, tl.full([BLOCK], -1, tl.int64), mask=win)
         pmax = tl.max(tl.where(win, p, 0.0), axis=0)
-        tl.atomic_max(scalars + 0, pmax, mask=pmax > 0)  # S_MAXP
+        tl.atomic_max(scalars + S_MAXP, pmax, mask=pmax > 0)
     else:
         par, last = _leaf_parent(tree, mintree, claims, arrive, scalars, level_off, i, valid, DEPTH, K, LOG2K, True)
         _climb(tree, mintree, arrive, level_off, par, last, 0, 0, 1, DEPTH - 2, DEPTH, K, LOG2K, False)
@@ -308,7 +309,7 @@ def _add_write(
     priority (or ``value``), generations advanced. Nothing here waits on another program."""
     s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = s < n
-    cursor = tl.load(counters + 1)  # C_CURSOR (advanced by _add_repair)
+    cursor = tl.load(counters + C_CURSOR)  # advanced by _add_repair
     pos = (cursor + skip + s) % cap
     tl.store(out_pos + s, pos, mask=m)
     _write_field(rows, rows8, pos, s, m, s0, F0[0], F0[1], F0[2], F0[3], W)
@@ -323,7 +324,7 @@ def _add_write(
     if F5 is not None:
         _write_field(rows, rows8, pos, s, m, s5, F5[0], F5[1], F5[2], F5[3], W)
     if USE_MAX:
-        p = tl.load(scalars + 0) + tl.zeros([BLOCK], tl.float32)  # S_MAXP
+        p = tl.load(scalars + S_MAXP) + tl.zeros([BLOCK], tl.float32)
     else:
         p = value + tl.zeros([BLOCK], tl.float32)
     tl.store(tree + leaf_off + pos, p, mask=m)
@@ -351,7 +352,7 @@ def _add_repair(
     its leaves, then climbs (the range gives every node's number of arrivals); the last program
     advances cursor and size (every program has read the cursor before it takes its ticket)."""
     kk = tl.arange(0, K)
-    cursor = tl.load(counters + 1)  # C_CURSOR
+    cursor = tl.load(counters + C_CURSOR)
     a = (cursor + skip) % cap
     if DEPTH >= 2:
         j = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -372,9 +373,9 @@ def _add_repair(
         tl.store(mintree + poff + par, tl.min(mv, axis=1), mask=active)
         _climb(tree, mintree, arrive, level_off, par, active, a, n, cap, DEPTH - 2, DEPTH, K, LOG2K, True)
     tl.debug_barrier()  # every warp's read of the cursor, before this program's ticket
-    ticket = tl.atomic_add(counters + 7, 1)  # C_TICKET_TOP (this launch's election)
+    ticket = tl.atomic_add(counters + C_TICKET_TOP, 1)  # this launch's election
     last = ticket == tl.num_programs(0) - 1
-    size = tl.load(counters + 2)  # C_SIZE: only this program writes it
-    tl.store(counters + 1, (cursor + total) % cap, mask=last)
-    tl.store(counters + 2, tl.minimum(size + total, cap), mask=last)
-    tl.store(counters + 7, ticket * 0, mask=last)
+    size = tl.load(counters + C_SIZE)  # only this program writes it
+    tl.store(counters + C_CURSOR, (cursor + total) % cap, mask=last)
+    tl.store(counters + C_SIZE, tl.minimum(size + total, cap), mask=last)
+    tl.store(counters + C_TICKET_TOP, ticket * 0, mask=last)

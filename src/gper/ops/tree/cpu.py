@@ -3,7 +3,7 @@
 A CPU buffer's PER step is a few hundred operations on arrays of a few hundred entries, where
 each torch call costs several microseconds of dispatch. So on the CPU, :func:`sample`,
 :func:`update`, :func:`set_keys` and :func:`recompute` run the operations of
-:mod:`gper.ops.reference`, in the same order and on the same IEEE values, on NumPy views of the
+:mod:`gper.ops.tree.reference`, in the same order and on the same IEEE values, on NumPy views of the
 same tensors (``Tensor.numpy()`` shares their memory), and return the same bits: float64 prefix
 sums accumulate left to right, and products, quotients, compares, min and max round the same way
 in every library. Where the bits depend on torch's own kernels, torch computes them on the same
@@ -11,8 +11,8 @@ values, laid out the same way: ``pow`` (its vectorised and scalar loops may diff
 place) and the float32 sum of a node's children (a vectorised sum whose order follows the CPU's
 vector width).
 
-The loops run compiled (:mod:`gper.ops.cpu_jit`, a pass over the batch each) when numba is
-installed (``pip install ".[cpu]"``), else as NumPy calls (:mod:`gper.ops.cpu_numpy`, a few
+The loops run compiled (:mod:`gper.ops.tree.cpu_jit`, a pass over the batch each) when numba is
+installed (``pip install ".[cpu]"``), else as NumPy calls (:mod:`gper.ops.tree.cpu_numpy`, a few
 per tree level); :func:`set_loops` (or the environment variable ``GPER_CPU_LOOPS``: ``auto``,
 ``numba``, ``numpy``) chooses. ``tests/ops/test_cpu_vs_reference.py`` checks both bit for bit
 against the reference on random trees, arities, batches, duplicates, stale and invalid entries,
@@ -30,10 +30,7 @@ from types import ModuleType
 import numpy as np
 import torch
 
-from gper.ops import cpu_numpy, reference
-from gper.ops.cpu_numpy import F32_P_MAX
 from gper.ops.layout import TreeLayout
-from gper.ops.reference import add_commit, add_positions, add_rows, make_add_plan, make_claims, rebuild
 from gper.ops.state import (
     C_INVALID,
     C_NONFINITE,
@@ -43,8 +40,12 @@ from gper.ops.state import (
     MODE_STRATIFIED,
     MODE_UNIFORM,
     S_MAXP,
+    TreeState,
     rng_blocks,
 )
+from gper.ops.tree import cpu_numpy, reference
+from gper.ops.tree.cpu_numpy import F32_P_MAX
+from gper.ops.tree.reference import add_commit, add_positions, add_rows, make_add_plan, make_claims, rebuild
 
 __all__ = [
     "add_commit",
@@ -72,7 +73,7 @@ def set_loops(request: str) -> None:
 
 
 def compiled() -> ModuleType | None:
-    """:mod:`gper.ops.cpu_jit` when the loops run compiled, else None (imported on first use)."""
+    """:mod:`gper.ops.tree.cpu_jit` when the loops run compiled, else None (imported on first use)."""
     if _loops["module"] is None:
         request = _loops["request"]
         if request not in LOOPS:
@@ -80,7 +81,7 @@ def compiled() -> ModuleType | None:
         module = False
         if request != "numpy":
             try:
-                module = importlib.import_module("gper.ops.cpu_jit")
+                module = importlib.import_module("gper.ops.tree.cpu_jit")
             except ImportError as err:
                 if request == "numba":
                     raise ImportError('the CPU back end\'s compiled loops need numba: pip install ".[cpu]"') from err
@@ -103,12 +104,8 @@ def _offsets(layout: TreeLayout) -> np.ndarray:
 
 def sample(
     *,
-    tree: torch.Tensor,
-    mintree: torch.Tensor,
-    layout: TreeLayout,
+    state: TreeState,
     rows: torch.Tensor,
-    gen: torch.Tensor,
-    counters: torch.Tensor,
     seed: int,
     b: int,
     mode: int,
@@ -118,41 +115,24 @@ def sample(
     out_gen: torch.Tensor,
     out_w: torch.Tensor,
 ) -> None:
-    """:func:`gper.ops.reference.sample` (same arguments, same results) on CPU tensors."""
-    if tree.device.type != "cpu":
-        reference.sample(
-            tree=tree,
-            mintree=mintree,
-            layout=layout,
-            rows=rows,
-            gen=gen,
-            counters=counters,
-            seed=seed,
-            b=b,
-            mode=mode,
-            beta=beta,
-            out_rows=out_rows,
-            out_idx=out_idx,
-            out_gen=out_gen,
-            out_w=out_w,
-        )
-        return
+    """:func:`gper.ops.tree.reference.sample` (same arguments, same results) on CPU tensors."""
+    layout = state.layout
     with np.errstate(all="ignore"):  # inf * 0 and the like: NaN, as in torch, without a warning
-        c = counters.numpy()
+        c = state.counters.numpy()
         top = layout.offsets[0]
-        pmin = mintree.numpy()[top : top + layout.arity].min()  # exact, NaN first, as amin
+        pmin = state.mintree.numpy()[top : top + layout.arity].min()  # exact, NaN first, as amin
         jit = compiled()
         if jit is not None and mode != MODE_UNIFORM:
             node = out_idx.numpy()
-            _descend_compiled(jit, tree.numpy(), layout, c, seed, mode, pmin, node, beta, out_w)
+            _descend_compiled(jit, state.tree.numpy(), layout, c, seed, mode, pmin, node, beta, out_w)
         else:
-            node, leaf = _draw(tree.numpy(), layout, c, seed, b, mode)
+            node, leaf = _draw(state.tree.numpy(), layout, c, seed, b, mode)
             out_idx.numpy()[:] = node
             out_w.numpy()[:] = np.float32(1.0) if mode == MODE_UNIFORM else is_weights(leaf, pmin, beta)
         # every draw is a filled slot (the descent keeps inside them, uniform draws are below size):
         # "clip" only spares take its bounds check, which makes it copy through a buffer
         rows.numpy().take(node, axis=0, out=out_rows.numpy(), mode="clip")
-        gen.numpy().take(node, out=out_gen.numpy(), mode="clip")
+        state.gen.numpy().take(node, out=out_gen.numpy(), mode="clip")
         c[C_RNG] += b * rng_blocks(layout.depth)
 
 
@@ -169,7 +149,7 @@ def _clamped(beta: torch.Tensor) -> float:
 
 
 def is_weights(leaf: np.ndarray, pmin: np.float32, beta: torch.Tensor) -> np.ndarray:
-    """:func:`gper.ops.reference.is_weights` for a float32 array of leaves and the smallest priority."""
+    """:func:`gper.ops.tree.reference.is_weights` for a float32 array of leaves and the smallest priority."""
     ratio = leaf / pmin
     if np.isinf(ratio).any():  # the logarithms' branch: the reference's own operations
         return reference.is_weights(torch.from_numpy(leaf), torch.tensor(pmin), beta).numpy()
@@ -180,7 +160,7 @@ def is_weights(leaf: np.ndarray, pmin: np.float32, beta: torch.Tensor) -> np.nda
 @functools.lru_cache(maxsize=8)
 def torch_sum_lanes(jit: ModuleType, k: int) -> int:
     """The vector width (in floats) of torch's CPU ``sum`` of a contiguous row of ``k`` float32 on
-    this machine, if :func:`gper.ops.cpu_jit.row_sum` of that width gives torch's bits on rows
+    this machine, if :func:`gper.ops.tree.cpu_jit.row_sum` of that width gives torch's bits on rows
     whose sums depend on the order of addition (values of random signs over 40 binades); 0 if no
     width does (then torch sums each level's rows itself)."""
     g = np.random.default_rng(12345)
@@ -225,93 +205,47 @@ def _draw(tree: np.ndarray, layout: TreeLayout, c: np.ndarray, seed: int, b: int
     return descent(tree, layout, words, size)
 
 
-def recompute(
-    *,
-    tree: torch.Tensor,
-    mintree: torch.Tensor,
-    layout: TreeLayout,
-    leaves: torch.Tensor,
-    counters: torch.Tensor,
-    claims: torch.Tensor | None = None,
-) -> None:
-    """:func:`gper.ops.reference.recompute` (same arguments, same trees) on CPU tensors."""
-    if tree.device.type != "cpu":
-        reference.recompute(tree=tree, mintree=mintree, layout=layout, leaves=leaves, counters=counters)
-        return
+def recompute(*, state: TreeState, leaves: torch.Tensor) -> None:
+    """:func:`gper.ops.tree.reference.recompute` (same arguments, same trees) on CPU tensors."""
     with np.errstate(all="ignore"):
-        cpu_numpy.recompute(tree.numpy(), mintree.numpy(), layout, leaves.numpy())
+        cpu_numpy.recompute(state.tree.numpy(), state.mintree.numpy(), state.layout, leaves.numpy())
 
 
 def update(
     *,
-    tree: torch.Tensor,
-    mintree: torch.Tensor,
-    layout: TreeLayout,
-    claims: torch.Tensor,
-    gen: torch.Tensor,
-    counters: torch.Tensor,
-    scalars: torch.Tensor,
+    state: TreeState,
     idx: torch.Tensor,
     td: torch.Tensor,
     expected_gen: torch.Tensor | None,
     alpha: float,
     eps: float,
 ) -> None:
-    """:func:`gper.ops.reference.update` (same arguments, same results) on CPU tensors."""
-    if tree.device.type != "cpu":
-        reference.update(
-            tree=tree,
-            mintree=mintree,
-            layout=layout,
-            claims=claims,
-            gen=gen,
-            counters=counters,
-            scalars=scalars,
-            idx=idx,
-            td=td,
-            expected_gen=expected_gen,
-            alpha=alpha,
-            eps=eps,
-        )
-        return
-    _set_priorities(tree, mintree, layout, claims, gen, counters, scalars, idx, td, expected_gen, alpha, eps)
+    """:func:`gper.ops.tree.reference.update` (same arguments, same results) on CPU tensors."""
+    _set_priorities(state, state.tree, state.mintree, idx, td, expected_gen, alpha, eps)
 
 
 def set_keys(
     *,
+    state: TreeState,
     keys: torch.Tensor,
-    layout: TreeLayout,
-    claims: torch.Tensor,
-    gen: torch.Tensor,
-    counters: torch.Tensor,
-    scalars: torch.Tensor,
     idx: torch.Tensor,
     td: torch.Tensor,
     expected_gen: torch.Tensor | None,
     eps: float,
 ) -> None:
-    """:func:`gper.ops.reference.set_keys` (same arguments, same results) on CPU tensors."""
-    if keys.device.type != "cpu":
-        reference.set_keys(
-            keys=keys,
-            layout=layout,
-            claims=claims,
-            gen=gen,
-            counters=counters,
-            scalars=scalars,
-            idx=idx,
-            td=td,
-            expected_gen=expected_gen,
-            eps=eps,
-        )
-        return
-    _set_priorities(keys, None, layout, claims, gen, counters, scalars, idx, td, expected_gen, 1.0, eps)
+    """:func:`gper.ops.tree.reference.set_keys` (same arguments, same results) on CPU tensors."""
+    _set_priorities(state, keys, None, idx, td, expected_gen, 1.0, eps)
 
 
-def _set_priorities(tree, mintree, layout, claims, gen, counters, scalars, idx, td, expected_gen, alpha, eps):
+def _set_priorities(state: TreeState, tree, mintree, idx, td, expected_gen, alpha, eps) -> None:
     # mintree None: ``tree`` is rank mode's flat key array
-    arrays = (tree.numpy(), None if mintree is None else mintree.numpy(), layout, claims.numpy(), gen.numpy())
-    arrays += (counters.numpy(), scalars.numpy(), idx.detach().numpy().astype(np.int64, copy=False))
+    arrays = (tree.numpy(), None if mintree is None else mintree.numpy(), state.layout, state.claims.numpy())
+    arrays += (
+        state.gen.numpy(),
+        state.counters.numpy(),
+        state.scalars.numpy(),
+        idx.detach().numpy().astype(np.int64, copy=False),
+    )
     arrays += ((td if td.dtype == torch.float32 else td.float()).detach().numpy(),)
     arrays += (None if expected_gen is None else expected_gen.numpy(), alpha, eps)
     with np.errstate(all="ignore"):
@@ -323,7 +257,7 @@ def _set_priorities(tree, mintree, layout, claims, gen, counters, scalars, idx, 
 
 
 def _set_priorities_compiled(jit, tree, mintree, layout, claims, gen, c, sc, idx, td, expected, alpha, eps):
-    """:func:`gper.ops.cpu_numpy.set_priorities` with the loops of :mod:`gper.ops.cpu_jit`."""
+    """:func:`gper.ops.tree.cpu_numpy.set_priorities` with the loops of :mod:`gper.ops.tree.cpu_jit`."""
     b = idx.size
     shifted = np.empty(b, dtype=np.float32)
     valid = np.empty(b, dtype=np.bool_)
@@ -366,8 +300,13 @@ def _set_priorities_compiled(jit, tree, mintree, layout, claims, gen, c, sc, idx
     c[C_INVALID] += counts[0]
     c[C_STALE] += counts[1]
     c[C_NONFINITE] += counts[2]
-    if keys_only:
-        return
+    if not keys_only:
+        _repair_compiled(jit, tree, mintree, layout, idx, valid)
+
+
+def _repair_compiled(jit, tree, mintree, layout, idx, valid) -> None:
+    """The trees above the ``valid`` leaves ``idx`` recomputed with the loops of :mod:`gper.ops.tree.cpu_jit`."""
+    b = idx.size
     lanes = torch_sum_lanes(jit, layout.arity)
     if lanes:  # the whole repair in one pass, each sum in torch's order
         sizes = np.array(layout.sizes, dtype=np.int64)

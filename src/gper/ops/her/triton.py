@@ -1,5 +1,5 @@
 """Hindsight relabelling's index kernels in Triton, with the signatures and semantics of
-:mod:`gper.ops.her_reference` (documented there): one launch each, where the torch reference
+:mod:`gper.ops.her.reference` (documented there): one launch each, where the torch reference
 takes some twenty operations (``episode_index_add``, in every ``add``) and over a hundred
 (``her_pick``: Philox alone is ten rounds of a dozen operations), each a kernel of its own.
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from gper._triton import tl, triton
-from gper.ops import her_reference
+from gper.ops.her import reference as her_reference
 
 _BLOCK = 256
 

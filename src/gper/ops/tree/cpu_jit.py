@@ -1,11 +1,11 @@
 """Compiled loops of the CPU back end (numba, the ``cpu`` extra): a draw's whole descent, its Philox
 words included, and an update's bookkeeping, one pass over the batch each.
 
-These are the operations of :mod:`gper.ops.reference`, written as loops over the batch, on the
+These are the operations of :mod:`gper.ops.tree.reference`, written as loops over the batch, on the
 same values in the same order: each float64 prefix sum accumulates left to right, each product,
 quotient and compare is one IEEE operation (numba compiles without fast-math, so nothing is
 reassociated or fused), min and max propagate NaN as torch's do. What depends on torch's own
-kernels (``pow``, the float32 sum of a node's children) :mod:`gper.ops.cpu` still asks torch
+kernels (``pow``, the float32 sum of a node's children) :mod:`gper.ops.tree.cpu` still asks torch
 for. Importing this module imports numba; each function compiles on its first call (cached on
 disk after that).
 """
@@ -62,7 +62,7 @@ _TILE = 64
 
 @_jit
 def descend(tree, offsets, bounds, k, depth, stratified, k0, k1, rng, n_blocks, pmin, out_node, out_leaf, out_ratio):
-    """Each draw's descent, :func:`gper.ops.reference.descend` (or ``descend_stratified``), from its
+    """Each draw's descent, :func:`gper.ops.tree.reference.descend` (or ``descend_stratified``), from its
     own Philox words (block ``c`` of draw ``s`` at counter ``rng + s * n_blocks + c``).
 
     Args:
@@ -246,7 +246,7 @@ def row_sum(tree, first, k, lanes):
     contiguous row (its ``cascade_sum`` on vectors of ``lanes`` floats: four vector accumulators,
     each starting at 0, take the row's vectors in turn, the last ones all to the first; the four
     are added up, then their lanes one by one after the elements past the last whole vector; a
-    row shorter than a vector is summed the same way on scalars). :func:`gper.ops.cpu.torch_sum_lanes`
+    row shorter than a vector is summed the same way on scalars). :func:`gper.ops.tree.cpu.torch_sum_lanes`
     checks that this is torch's order before it is used."""
     zero = np.float32(0.0)
     if k < lanes:  # four scalar accumulators over the row's groups of four, the rest to the first
@@ -298,7 +298,7 @@ def row_sums(rows, lanes, out):
 
 @_jit
 def repair(tree, mintree, leaves, valid, offsets, sizes, k, log2k, lanes, out_nodes):
-    """:func:`gper.ops.reference.recompute` of the ancestors of ``leaves`` (leaf 0 where not
+    """:func:`gper.ops.tree.reference.recompute` of the ancestors of ``leaves`` (leaf 0 where not
     ``valid``), level by level from the bottom: each node's sum in torch's order (:func:`row_sum`)
     and its min (NaN wins, as in torch's amin). ``out_nodes``: [B] int64 scratch."""
     b = leaves.shape[0]

@@ -1,15 +1,16 @@
-"""Vectorized PyTorch implementation of every replay kernel: the reference and the CPU back end.
+"""Vectorized PyTorch implementation of every tree kernel: the reference, on any device.
 
-Each function here has a Triton twin in :mod:`gper.ops.triton_ops` with the same signature and
-the same semantics; tests check one against the other, and this one against a plain-Python
+Each function of the contract (:class:`gper.ops.tree.ReplayKernels`) has a Triton twin in
+:mod:`gper.ops.tree.triton` and a CPU twin in :mod:`gper.ops.tree.cpu` with the same signature
+and the same semantics; tests check one against the other, and this one against a plain-Python
 oracle. Nothing here reads a device value on the host, so on CUDA these functions never
 synchronise either.
 
-Conventions shared by both back ends (see :mod:`gper.ops.state` for the tensors):
+Conventions shared by both back ends (:class:`~gper.ops.state.TreeState` has the tensors):
 
-* ``tree``/``mintree``: flat float32 K-ary trees (:class:`~gper.ops.layout.TreeLayout`) plus
-  one trash cell at the end, where writes that must not land anywhere go.
-* ``counters``: int64 device scalars (RNG offset, cursor, size, event counts).
+* ``state.tree``/``state.mintree``: flat float32 K-ary trees (:class:`~gper.ops.layout.TreeLayout`)
+  plus one trash cell at the end, where writes that must not land anywhere go.
+* ``state.counters``: int64 device scalars (RNG offset, cursor, size, event counts).
 * The descent draws a fresh 32-bit uniform per level from Philox and picks child ``j`` with
   probability ``v_j / sum(v)`` of the children *as loaded*, comparing in float64: a child can
   only be picked if its value is positive, and a child 10^6 times smaller than its siblings
@@ -34,6 +35,7 @@ from gper.ops.state import (
     MODE_UNIFORM,
     P_MAX,
     S_MAXP,
+    TreeState,
     rng_blocks,
 )
 
@@ -64,33 +66,30 @@ def make_claims(*, layout: TreeLayout, device: torch.device) -> torch.Tensor:
     return torch.full((layout.capacity + 1,), -1, dtype=torch.int32, device=device)
 
 
-def recompute(
-    *,
-    tree: torch.Tensor,
-    mintree: torch.Tensor,
-    layout: TreeLayout,
-    leaves: torch.Tensor,
-    counters: torch.Tensor,
-    claims: torch.Tensor | None = None,
-) -> None:
+def recompute(*, state: TreeState, leaves: torch.Tensor) -> None:
     """Recompute every ancestor of ``leaves`` from its children, level by level, bottom up.
 
     Args:
-        tree: [numel + 1] float32 sum tree.
-        mintree: [numel + 1] float32 min tree.
-        layout: the trees' layout.
+        state: the tree (its sum and min trees change; the Triton twin also uses a ticket in
+            its counters and scratch in its claims).
         leaves: [n] int64 leaf indices in [0, capacity); duplicates are fine (each writer
             computes the same value from the same final children).
-        counters: the device counters (the Triton twin uses a ticket there).
     """
+    tree, mintree, layout = state.tree, state.mintree, state.layout
     for level in range(layout.depth - 2, -1, -1):
         parent = leaves >> layout.shift(level)
         tree[layout.offsets[level] + parent] = _children(tree, layout, level + 1, parent).sum(1)
         mintree[layout.offsets[level] + parent] = _children(mintree, layout, level + 1, parent).amin(1)
 
 
-def rebuild(*, tree: torch.Tensor, mintree: torch.Tensor, layout: TreeLayout) -> None:
+def rebuild(*, state: TreeState) -> None:
     """Recompute every inner node of both trees from the leaves (O(capacity); not on a hot path)."""
+    rebuild_trees(state.tree, state.mintree, state.layout)
+
+
+def rebuild_trees(tree: torch.Tensor, mintree: torch.Tensor, layout: TreeLayout) -> None:
+    """:func:`rebuild` on a sum and a min tree of ``layout`` that belong to no tree state (a
+    checkpoint's tensors while they are checked)."""
     k = layout.arity
     for level in range(layout.depth - 2, -1, -1):
         n, lo = layout.sizes[level], layout.offsets[level + 1]
@@ -115,13 +114,7 @@ def priority_from_td(
 
 def update(
     *,
-    tree: torch.Tensor,
-    mintree: torch.Tensor,
-    layout: TreeLayout,
-    claims: torch.Tensor,
-    gen: torch.Tensor,
-    counters: torch.Tensor,
-    scalars: torch.Tensor,
+    state: TreeState,
     idx: torch.Tensor,
     td: torch.Tensor,
     expected_gen: torch.Tensor | None,
@@ -136,27 +129,19 @@ def update(
     cover the values stored.
 
     Args:
-        tree, mintree: the trees.
-        layout: the trees' layout.
-        claims: from :func:`make_claims`, all -1 between calls.
-        gen: [capacity] int32 generation of each slot.
-        counters: int64 device counters; scalars: float32 device scalars.
+        state: the tree (its claims from :func:`make_claims`, all -1 between calls).
         idx: [B] int64 slot indices.
         td: [B] floating TD errors.
         expected_gen: [B] int32 generations seen at sampling, or None (no stale check).
         alpha, eps: priority exponent and offset.
     """
-    _set_priorities(tree, mintree, layout, claims, gen, counters, scalars, idx, td, expected_gen, alpha, eps, False)
+    _set_priorities(state, state.tree, state.mintree, idx, td, expected_gen, alpha, eps, False)
 
 
 def set_keys(
     *,
+    state: TreeState,
     keys: torch.Tensor,
-    layout: TreeLayout,
-    claims: torch.Tensor,
-    gen: torch.Tensor,
-    counters: torch.Tensor,
-    scalars: torch.Tensor,
     idx: torch.Tensor,
     td: torch.Tensor,
     expected_gen: torch.Tensor | None,
@@ -168,16 +153,16 @@ def set_keys(
     tree is touched: ranks, and from them the tree, are recomputed at the next refresh.
 
     Args:
+        state: the tree (its trees are not touched).
         keys: [capacity + 1] float32 keys (the last entry takes writes that must land nowhere).
         the rest: as :func:`update`.
     """
-    _set_priorities(keys, keys, layout, claims, gen, counters, scalars, idx, td, expected_gen, 1.0, eps, True)
+    _set_priorities(state, keys, keys, idx, td, expected_gen, 1.0, eps, True)
 
 
-def _set_priorities(
-    tree, mintree, layout, claims, gen, counters, scalars, idx, td, expected_gen, alpha, eps, keys_only
-):
+def _set_priorities(state: TreeState, tree, mintree, idx, td, expected_gen, alpha, eps, keys_only) -> None:
     # keys_only: ``tree`` is a flat key array (rank mode); no min tree, no repair
+    layout, claims, gen, counters, scalars = state.layout, state.claims, state.gen, state.counters, state.scalars
     cap = layout.capacity
     b = idx.numel()
     size = counters[C_SIZE]
@@ -206,47 +191,36 @@ def _set_priorities(
     counters[C_STALE] += (valid_range & ~valid).sum()
     counters[C_NONFINITE] += (nonfinite & valid).sum()
     if not keys_only:
-        recompute(tree=tree, mintree=mintree, layout=layout, leaves=torch.where(valid, idx, 0), counters=counters)
+        recompute(state=state, leaves=torch.where(valid, idx, 0))
 
 
-def add_positions(*, counters: torch.Tensor, capacity: int, n: int, skip: int) -> torch.Tensor:
+def add_positions(*, state: TreeState, n: int, skip: int) -> torch.Tensor:
     """Slots for ``n`` new items after skipping ``skip`` (items that a too-large batch overwrites).
 
     Returns:
         [n] int64 slot indices ``(cursor + skip + arange(n)) % capacity``.
     """
-    return (counters[C_CURSOR] + skip + _arange(n, counters)) % capacity
+    counters = state.counters
+    return (counters[C_CURSOR] + skip + _arange(n, counters)) % state.layout.capacity
 
 
-def add_commit(
-    *,
-    tree: torch.Tensor,
-    mintree: torch.Tensor,
-    layout: TreeLayout,
-    gen: torch.Tensor,
-    counters: torch.Tensor,
-    scalars: torch.Tensor,
-    pos: torch.Tensor,
-    total: int,
-    leaf_value: float | None,
-    claims: torch.Tensor | None = None,
-) -> None:
+def add_commit(*, state: TreeState, pos: torch.Tensor, total: int, leaf_value: float | None) -> None:
     """Give the new slots ``pos`` their priority, bump their generations, advance cursor and size.
 
     Args:
         pos: [n] int64 distinct slots just written.
         total: items the caller added (``n`` plus those it skipped).
         leaf_value: priority of the new items, or None for the running max priority.
-        claims: the claim buffer (a Triton back end repairs the trees with its scratch; unused here).
     """
+    tree, mintree, layout, counters, scalars = state.tree, state.mintree, state.layout, state.counters, state.scalars
     if leaf_value is None:
         tree[layout.leaf_offset + pos] = scalars[S_MAXP]
         mintree[layout.leaf_offset + pos] = scalars[S_MAXP]
     else:
         tree.index_fill_(0, layout.leaf_offset + pos, leaf_value)
         mintree.index_fill_(0, layout.leaf_offset + pos, leaf_value)
-    gen[pos] += 1
-    recompute(tree=tree, mintree=mintree, layout=layout, leaves=pos, counters=counters)
+    state.gen[pos] += 1
+    recompute(state=state, leaves=pos)
     counters[C_CURSOR] = (counters[C_CURSOR] + total) % layout.capacity
     counters[C_SIZE] = torch.clamp(counters[C_SIZE] + total, max=layout.capacity)
 
@@ -353,12 +327,8 @@ def is_weights(leaf: torch.Tensor, pmin: torch.Tensor, beta: torch.Tensor) -> to
 
 def sample(
     *,
-    tree: torch.Tensor,
-    mintree: torch.Tensor,
-    layout: TreeLayout,
+    state: TreeState,
     rows: torch.Tensor,
-    gen: torch.Tensor,
-    counters: torch.Tensor,
     seed: int,
     b: int,
     mode: int,
@@ -371,14 +341,15 @@ def sample(
     """Draw ``b`` slots, gather their rows, compute IS weights, advance the RNG counter.
 
     Args:
+        state: the tree (its RNG counter advances).
         rows: [capacity, W] int32 storage (every field of a slot packed in one row).
-        gen: [capacity] int32 slot generations.
         seed: Philox key.
         b: batch size.
         mode: MODE_PROPORTIONAL, MODE_STRATIFIED or MODE_UNIFORM.
         beta: 0-d float32 tensor, the IS exponent.
         out_rows: [b, W] int32; out_idx: [b] int64; out_gen: [b] int32; out_w: [b] float32.
     """
+    tree, layout, counters = state.tree, state.layout, state.counters
     n_blocks = rng_blocks(layout.depth)
     words = random_words(seed, counters, b, n_blocks)
     if mode == MODE_UNIFORM:
@@ -390,12 +361,12 @@ def sample(
     else:
         descent = descend_stratified if mode == MODE_STRATIFIED else descend
         node, leaf = descent(tree, layout, words, counters[C_SIZE])
-        pmin = mintree[layout.offsets[0] : layout.offsets[0] + layout.arity].amin()
+        pmin = state.mintree[layout.offsets[0] : layout.offsets[0] + layout.arity].amin()
         w = is_weights(leaf, pmin, beta)
     out_idx.copy_(node)
     out_w.copy_(w)
     torch.index_select(rows, 0, node, out=out_rows)
-    torch.index_select(gen, 0, node, out=out_gen)
+    torch.index_select(state.gen, 0, node, out=out_gen)
     counters[C_RNG] += b * n_blocks
 
 
@@ -418,13 +389,7 @@ def write_fields(
 
 def add_rows(
     *,
-    tree: torch.Tensor,
-    mintree: torch.Tensor,
-    layout: TreeLayout,
-    claims: torch.Tensor,
-    gen: torch.Tensor,
-    counters: torch.Tensor,
-    scalars: torch.Tensor,
+    state: TreeState,
     rows: torch.Tensor,
     fields: tuple[tuple[int, int], ...],
     values: tuple[torch.Tensor, ...],
@@ -437,6 +402,7 @@ def add_rows(
     those slots, then :func:`add_commit`.
 
     Args:
+        state: the tree.
         rows: [capacity, W] int32 packed storage.
         fields: ``(byte offset, bytes)`` of each value's field in a row.
         values: one tensor per field, ``[n, *shape]`` on the rows' device.
@@ -446,17 +412,7 @@ def add_rows(
     Returns:
         [n] int64 slots written.
     """
-    pos = add_positions(counters=counters, capacity=layout.capacity, n=values[0].shape[0], skip=skip)
+    pos = add_positions(state=state, n=values[0].shape[0], skip=skip)
     write_fields(rows, fields, values, pos)
-    add_commit(
-        tree=tree,
-        mintree=mintree,
-        layout=layout,
-        gen=gen,
-        counters=counters,
-        scalars=scalars,
-        pos=pos,
-        total=total,
-        leaf_value=leaf_value,
-    )
+    add_commit(state=state, pos=pos, total=total, leaf_value=leaf_value)
     return pos

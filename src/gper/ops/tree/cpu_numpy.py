@@ -1,7 +1,7 @@
 """The CPU back end's loops in NumPy: the reference's operations on NumPy views, a few calls a level.
 
-Used by :mod:`gper.ops.cpu` when numba (the ``cpu`` extra) is not installed. Each function is
-its namesake in :mod:`gper.ops.reference` on NumPy arrays, the same operations on the same values
+Used by :mod:`gper.ops.tree.cpu` when numba (the ``cpu`` extra) is not installed. Each function is
+its namesake in :mod:`gper.ops.tree.reference` on NumPy arrays, the same operations on the same values
 in the same order; where the bits depend on torch's own kernels (``pow``, the float32 sum of a
 node's children, the float64 prefix sums) torch computes them on the same values.
 """
@@ -71,7 +71,7 @@ def _row_values(v: np.ndarray, j: np.ndarray) -> np.ndarray:
 
 
 def descend(tree: np.ndarray, layout: TreeLayout, words: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`gper.ops.reference.descend` on NumPy arrays.
+    """:func:`gper.ops.tree.reference.descend` on NumPy arrays.
 
     Args:
         tree: the sum tree as a float32 array.
@@ -100,7 +100,7 @@ def descend(tree: np.ndarray, layout: TreeLayout, words: np.ndarray, size: int) 
 def descend_stratified(
     tree: np.ndarray, layout: TreeLayout, words: np.ndarray, size: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`gper.ops.reference.descend_stratified` on NumPy arrays (arguments as :func:`descend`)."""
+    """:func:`gper.ops.tree.reference.descend_stratified` on NumPy arrays (arguments as :func:`descend`)."""
     b = words.shape[1]
     node = np.zeros(b, dtype=np.int64)
     s = np.arange(b, dtype=np.float64)
@@ -124,7 +124,7 @@ def descend_stratified(
 
 
 def random_words(seed: int, rng: int, b: int, n_blocks: int, n_words: int) -> np.ndarray:
-    """[n_words, B] uint32: words ``0 .. n_words - 1`` of each sample, as :func:`gper.ops.reference.random_words`
+    """[n_words, B] uint32: words ``0 .. n_words - 1`` of each sample, as :func:`gper.ops.tree.reference.random_words`
     draws them (block ``c`` of sample ``s`` at counter ``rng + s * n_blocks + c``).
 
     Small batches read them from :class:`_WordCache` (Philox costs NumPy about 30 calls whatever
@@ -175,7 +175,7 @@ def uniform(words: np.ndarray, size: int) -> np.ndarray:
 
 
 def priority_from_td(td: np.ndarray, maxp: np.float32, alpha: float, eps: float) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`gper.ops.reference.priority_from_td` on a float32 array: (priorities, nonfinite mask)."""
+    """:func:`gper.ops.tree.reference.priority_from_td` on a float32 array: (priorities, nonfinite mask)."""
     finite = np.isfinite(td)
     shifted = np.minimum(np.abs(td), F32_P_MAX)
     shifted += np.float32(eps)
@@ -185,7 +185,7 @@ def priority_from_td(td: np.ndarray, maxp: np.float32, alpha: float, eps: float)
 
 
 def recompute(tree: np.ndarray, mintree: np.ndarray, layout: TreeLayout, leaves: np.ndarray) -> None:
-    """:func:`gper.ops.reference.recompute` on arrays: each ancestor of ``leaves`` [n] int64 from its children."""
+    """:func:`gper.ops.tree.reference.recompute` on arrays: each ancestor of ``leaves`` [n] int64 from its children."""
     b = leaves.size
     for level in range(layout.depth - 2, -1, -1):
         parent = leaves >> layout.shift(level)
