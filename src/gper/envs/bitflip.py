@@ -122,12 +122,9 @@ class BitFlip(VecEnv, GoalEnv):
         self.steps.zero_()
         return self.observe()
 
-    def _check_actions(self, actions: torch.Tensor) -> None:
-        if actions.shape != (self.num_envs,) or actions.dtype != torch.int64 or actions.device != self.device:
-            raise ValueError(
-                f"actions must be int64 [{self.num_envs}] on {self.device}, "
-                f"got {actions.dtype} {list(actions.shape)} on {actions.device}"
-            )
+    def check_actions(self, actions: torch.Tensor) -> None:
+        """:meth:`VecEnv.check_actions`, and on the CPU (where reading them costs no sync) their range."""
+        super().check_actions(actions)
         if self.device.type == "cpu":
             bad = (actions < 0) | (actions >= self.n_bits)
             if bad.any():
@@ -135,7 +132,7 @@ class BitFlip(VecEnv, GoalEnv):
                 raise ValueError(f"actions must be in [0, {self.n_bits}), got {int(actions[i])} for copy {i}")
 
     def step(self, actions: torch.Tensor) -> Step:
-        self._check_actions(actions)
+        self.check_actions(actions)
         # a comparison, not an index: an out-of-range action on CUDA flips nothing instead of faulting
         new_state = self.state ^ (self._bits == actions.unsqueeze(1))
         next_obs = self._observe(new_state, self.goal)

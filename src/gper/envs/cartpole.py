@@ -98,11 +98,7 @@ class CartPole(VecEnv):
         return self.state.float()
 
     def step(self, actions: torch.Tensor) -> Step:
-        if actions.shape != (self.num_envs,) or actions.dtype != torch.int64 or actions.device != self.device:
-            raise ValueError(
-                f"actions must be int64 [{self.num_envs}] on {self.device}, "
-                f"got {actions.dtype} {list(actions.shape)} on {actions.device}"
-            )
+        self.check_actions(actions)
         x, x_dot, theta, theta_dot = self.state.unbind(1)
         force = torch.where(actions != 0, FORCE_MAG, -FORCE_MAG).to(torch.float64)
         costheta = torch.cos(theta)

@@ -255,11 +255,7 @@ class MarketEnv(VecEnv):
         return self.observe()
 
     def step(self, actions: torch.Tensor) -> Step:
-        if actions.shape != (self.num_envs,) or actions.dtype != torch.int64 or actions.device != self.device:
-            raise ValueError(
-                f"actions must be int64 [{self.num_envs}] on {self.device}, "
-                f"got {actions.dtype} {list(actions.shape)} on {actions.device}"
-            )
+        self.check_actions(actions)
         target = self.positions[actions]
         traded = (target - self.position).abs()
         log_pnl = target * self.returns[self.bar + 1] - self.cost * traded
