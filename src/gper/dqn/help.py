@@ -19,7 +19,7 @@ from typing import Annotated, Any
 import torch
 
 from gper.dqn import config as config_module
-from gper.dqn.config import PRESETS, Config, env_family
+from gper.dqn.config import Config, env_family
 from gper.envs import registry
 
 
@@ -79,7 +79,7 @@ def presets_table() -> str:
             lines.append(f"  {name.replace('_', '-')}: " + "; ".join(cells))
     for spec in specs:
         if spec.walk_forward_presets is not None:
-            walk = PRESETS[f"{spec.family}-walk"]["cuda"]
+            walk = spec.walk_forward_presets["cuda"]
             lines.append(
                 f"  {spec.name} walk-forward (--train-months/--val-months/--test-months, or days, or bars), "
                 "on CUDA and the CPU: "

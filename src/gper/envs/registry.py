@@ -23,7 +23,7 @@ from gper.envs.base import AUTORESET_MODES, Autoreset, VecEnv
 
 #: the trainer's settings that ``None`` stands for, per preset family, then per device type (``"cuda"``:
 #: the values; ``"cpu"``: what a CPU run changes of them); kept up to date by :func:`register`
-PRESETS: dict[str, dict[str, dict[str, Any]]] = {}
+PRESETS: dict[str, Mapping[str, Mapping[str, Any]]] = {}
 
 _SPECS: dict[str, EnvSpec] = {}  # by family, in the order registered
 
@@ -91,14 +91,18 @@ def register(spec: EnvSpec) -> EnvSpec:
     if spec.family in _SPECS or spec.family in PRESETS:
         raise ValueError(f"an environment {spec.family!r} is registered already")
     _SPECS[spec.family] = spec
-    PRESETS[spec.family] = spec.presets  # type: ignore[assignment]
+    PRESETS[spec.family] = spec.presets
     if spec.walk_forward_presets is not None:
-        PRESETS[f"{spec.family}-walk"] = spec.walk_forward_presets  # type: ignore[assignment]
+        PRESETS[f"{spec.family}-walk"] = spec.walk_forward_presets
     return spec
 
 
 def unregister(name: str) -> None:
-    """Forget the environment registered as ``name`` (a plain name or a pattern) and its presets."""
+    """Forget the environment registered as ``name`` (a plain name or a pattern) and its presets.
+
+    Raises:
+        KeyError: none is registered as ``name``.
+    """
     spec = _SPECS.pop(name.partition(":")[0])
     PRESETS.pop(spec.family)
     PRESETS.pop(f"{spec.family}-walk", None)
