@@ -71,13 +71,7 @@ def build_env(cfg: Config, device: torch.device, split: str = "train", own_rng: 
     if cfg.data is not None and (spec is None or not spec.data):
         readers = " or ".join(s.name for s in registry.specs() if s.data)
         raise ValueError(f"--data is for the {readers} environment only")
-    kwargs: dict[str, Any] = {}
-    if spec is not None:
-        kwargs.update(spec.settings(cfg, split) if spec.settings is not None else {})
-        if spec.graph_safe_rng and not own_rng:
-            kwargs["graph_safe_rng"] = True
-        if len(spec.autoreset) > 1:
-            kwargs["autoreset"] = cfg.gym_autoreset
+    kwargs = spec.run_kwargs(cfg, split, own_rng) if spec is not None else {}
     return make_env(cfg.env, cfg.num_envs, device, seed=cfg.seed + rank, **kwargs)
 
 

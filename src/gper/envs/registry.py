@@ -74,6 +74,17 @@ class EnvSpec:
         """Whether :attr:`name` is a pattern (``bitflip:<N>``)."""
         return ":" in self.name
 
+    def run_kwargs(self, run: Any, split: str, own_rng: bool) -> dict[str, Any]:
+        """The factory's keyword arguments for a training run's settings ``run``: :attr:`settings`'
+        for ``split``, ``graph_safe_rng`` where it takes it and the environment draws from no
+        generator of its own (``own_rng``), and ``run.gym_autoreset`` where it has two autoreset modes."""
+        kwargs = dict(self.settings(run, split)) if self.settings is not None else {}
+        if self.graph_safe_rng and not own_rng:
+            kwargs["graph_safe_rng"] = True
+        if len(self.autoreset) > 1:
+            kwargs["autoreset"] = run.gym_autoreset
+        return kwargs
+
 
 class UnknownEnvironment(ValueError):
     """A name no registration matches (a pattern's factory raises it for an argument it rejects as a name)."""
