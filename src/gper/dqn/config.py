@@ -13,7 +13,8 @@ from typing import Any, Literal
 import torch
 
 from gper._device import canonical_device
-from gper.dqn.presets import PRESETS  # the per-environment defaults (gper.dqn.config.PRESETS, as before)
+from gper.dqn.presets import PRESETS as PRESETS  # the per-environment defaults (gper.dqn.config.PRESETS, as before)
+from gper.envs import registry
 from gper.envs.folds import WalkSpec, spec_from
 from gper.training.tensorboard import installed as tensorboard_installed
 
@@ -24,8 +25,7 @@ class Config:
     smaller on the CPU."""
 
     env: str = "cartpole"
-    """environment: cartpole, market, bitflip:<N> (the bit-flipping task of hindsight replay, N bits), or
-    gym:<ID> (a Gymnasium id with discrete actions, stepped on the CPU)"""
+    """environment: a name registered in gper.envs (gper train --help lists them with their help lines)"""
     data: str | None = None
     """market: arch:sp500 or arch:nasdaq (the S&P 500's or the NASDAQ's daily bars, 1999-2018, from the arch
     package: pip install ".[data]"), or a CSV of bars (timestamp, open, high, low, close, volume); default
@@ -244,7 +244,8 @@ HER_STRATEGIES = ("none", "future", "final", "episode")
 
 def is_goal_env_name(env: str) -> bool:
     """Whether ``env`` names a goal-conditioned environment (one that hindsight relabelling applies to)."""
-    return env_family(env) == "bitflip"
+    family = env_family(env)
+    return any(spec.goal and spec.family == family for spec in registry.specs())
 
 
 #: the largest n_step: each n is a CUDA graph of its own, and the replay keeps n steps after a drawable one
@@ -322,22 +323,19 @@ def pick_device(request: str) -> torch.device:
 
 
 def env_family(env: str) -> str:
-    """The preset family of an environment name: ``gym:<ID>`` -> gym, ``bitflip:<N>`` -> bitflip."""
-    for family in ("gym", "bitflip"):
-        if env.startswith(family + ":"):
-            return family
-    return env
+    """The preset family of an environment name: ``gym:<ID>`` -> gym, ``bitflip:<N>`` -> bitflip; a
+    name no registration matches is its own."""
+    spec = registry.lookup(env)
+    return spec.family if spec is not None else env
 
 
 def resolve(config: Config, device: torch.device, family: str | None = None) -> Config:
     """``config`` with every ``None`` replaced by the preset of its environment on ``device`` (or of
     the preset ``family``: ``market-walk`` for walk-forward training on a few thousand bars)."""
-    family = family or env_family(config.env)
-    if family not in PRESETS:
-        raise ValueError(f"unknown environment {config.env!r}: expected cartpole, market, bitflip:<N> or gym:<ID>")
-    preset = dict(PRESETS[family]["cuda"])
-    if device.type != "cuda":
-        preset.update(PRESETS[family]["cpu"])
+    preset = registry.preset(family or env_family(config.env), device.type)
+    if preset is None:
+        *names, last = registry.env_names()
+        raise ValueError(f"unknown environment {config.env!r}: expected {', '.join(names)} or {last}")
     filled = {
         f.name: preset[f.name]
         for f in dataclasses.fields(config)

@@ -19,34 +19,36 @@ from typing import Annotated, Any
 import torch
 
 from gper.dqn import config as config_module
-from gper.dqn.config import PRESETS, Config, env_family
+from gper.dqn.config import Config, env_family
+from gper.envs import registry
 
 
 def field_docs() -> dict[str, str]:
-    """Each :class:`Config` field's docstring (the string under it in the source), one line each."""
+    """Each :class:`Config` field's docstring (the string under it in the source), one line each;
+    ``env``'s lists the registered environments with their help lines."""
+    docs = {"env": env_help()}
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(Config)))
     except (OSError, TypeError):  # installed without its sources: the flags go without help text
-        return {}
+        return docs
     body = tree.body[0].body  # type: ignore[attr-defined]
-    docs: dict[str, str] = {}
     for node, nxt in zip(body, body[1:], strict=False):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id not in docs:
             if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
                 docs[node.target.id] = " ".join(nxt.value.value.split())
     return docs
 
 
+def env_help() -> str:
+    """``--env``'s help: every registered environment, with its help line in parentheses."""
+    *names, last = [spec.name + (f" ({spec.help})" if spec.help else "") for spec in registry.specs()]
+    return "environment: " + (f"{', '.join(names)}, or {last}" if names else last)
+
+
 def preset(env: str, device: torch.device, family: str | None = None) -> dict[str, Any]:
     """The preset values that ``None`` stands for, for ``env`` (or the preset ``family``) on a device
     of ``device``'s type."""
-    family = family or env_family(env)
-    if family not in PRESETS:
-        return {}
-    values = dict(PRESETS[family]["cuda"])
-    if device.type != "cuda":
-        values.update(PRESETS[family]["cpu"])
-    return values
+    return registry.preset(family or env_family(env), device.type) or {}
 
 
 def _show(value: Any) -> str:
@@ -58,25 +60,33 @@ def _show(value: Any) -> str:
 
 
 def presets_table() -> str:
-    """Lines listing every preset setting's value per environment, as ``CUDA / CPU``."""
-    names = [n for n in PRESETS["cartpole"]["cuda"] if n != "solve_return"] + ["solve_return", "bars", "test_bars"]
+    """Lines listing every preset setting's value per environment, as ``CUDA / CPU``: first the
+    settings every environment gives a value to, then the others."""
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    specs = registry.specs()
+    values = {spec.name: (preset(spec.name, gpu), preset(spec.name, cpu)) for spec in specs}
+    names = dict.fromkeys(n for g, c in values.values() for n in (*g, *c))
+    common = [n for n in names if all(g.get(n) is not None for g, _ in values.values())]
     lines = ["presets (a setting left unset takes its environment's value, on CUDA / on the CPU):"]
-    for name in dict.fromkeys(names):
+    for name in dict.fromkeys([*common, *names]):
         cells = []
-        for env in ("cartpole", "market", "bitflip:<N>", "gym:<ID>"):
-            g, c = preset(env, gpu).get(name), preset(env, cpu).get(name)
+        for env, (gpu_values, cpu_values) in values.items():
+            g, c = gpu_values.get(name), cpu_values.get(name)
             if g is None and c is None:
                 continue
             cells.append(f"{env} {_show(g)}" + ("" if c == g else f" / {_show(c)}"))
         if cells:
             lines.append(f"  {name.replace('_', '-')}: " + "; ".join(cells))
-    walk = PRESETS["market-walk"]["cuda"]
-    lines.append(
-        "  market walk-forward (--train-months/--val-months/--test-months, or days, or bars), on CUDA and the CPU: "
-        + ", ".join(f"{k.replace('_', '-')} {_show(v)}" for k, v in walk.items() if v is not None)
-    )
-    lines.append("  solve-return for gym:<ID>: Gymnasium's reward_threshold for the id, if it has one")
+    for spec in specs:
+        if spec.walk_forward_presets is not None:
+            walk = spec.walk_forward_presets["cuda"]
+            lines.append(
+                f"  {spec.name} walk-forward (--train-months/--val-months/--test-months, or days, or bars), "
+                "on CUDA and the CPU: "
+                + ", ".join(f"{k.replace('_', '-')} {_show(v)}" for k, v in walk.items() if v is not None)
+            )
+    for spec in specs:
+        lines.extend(f"  {k.replace('_', '-')} for {spec.name}: {note}" for k, note in spec.own_defaults.items())
     lines.append(
         "  threads (CPU only): 1 for a training step under 1 GFLOP (every preset's network), else the cores available"
     )
@@ -94,17 +104,20 @@ def command_config(env: str, device: torch.device, default: Config | None = None
 
     hints = typing.get_type_hints(Config, include_extras=True, localns=vars(config_module))
     docs = field_docs()
-    values = preset(env, device, "market-walk" if walk and env == "market" else None)
-    where = ("the CPU" if device.type != "cuda" else "CUDA") + (", walk-forward" if walk and env == "market" else "")
-    if walk and env == "market":
+    spec = registry.lookup(env)
+    walk = walk and spec is not None and spec.walk_forward_presets is not None
+    values = preset(env, device, f"{spec.family}-walk" if walk and spec is not None else None)
+    where = ("the CPU" if device.type != "cuda" else "CUDA") + (", walk-forward" if walk else "")
+    own_defaults = spec.own_defaults if spec is not None else {}
+    if walk:
         values["total_steps"] = "steps-per-bar x each fold's training bars"
         values["epoch_steps"] = "total-steps / validations"
     fields = []
     for f in dataclasses.fields(Config):
         hint: str | None = None
         unset = (f.default if default is None else getattr(default, f.name)) is None
-        if unset and f.name == "solve_return" and env.startswith("gym:"):
-            hint = f"(default for --env {env}: Gymnasium's reward_threshold for the id, if it has one)"
+        if unset and f.name in own_defaults:
+            hint = f"(default for --env {env}: {own_defaults[f.name]})"
         elif unset and f.name in values:
             hint = f"(default for --env {env} on {where}: {_show(values[f.name])})"
         elif unset and f.name == "threads":

@@ -31,7 +31,7 @@ from gper.dqn.network import GOAL_OBS_KEYS, goal_trajectory_spec, padded_width, 
 from gper.dqn.parallel import Launch
 from gper.dqn.report import Results, RunReport
 from gper.dqn.run_folder import open_run_folder
-from gper.envs import GoalEnv, VecEnv, is_goal_env, make_env
+from gper.envs import GoalEnv, VecEnv, is_goal_env, make_env, registry
 from gper.training.plot import plot_run
 from gper.training.runlog import RunLog
 from gper.training.signals import StopSignals
@@ -43,16 +43,11 @@ def build_env(cfg: Config, device: torch.device, split: str = "train", own_rng: 
     itself, so replays draw fresh numbers; with ``own_rng`` it draws from a generator of its own
     (seeded by ``cfg.seed`` and by its ``reset(seed)``), leaving torch's untouched (evaluation).
     A data-parallel run's rank ``rank`` seeds it with ``cfg.seed + rank``, so the ranks' streams differ."""
-    gym = cfg.env.startswith("gym:")
-    kwargs: dict[str, Any] = {"graph_safe_rng": True} if not gym and not own_rng else {}
-    if gym:
-        kwargs["autoreset"] = cfg.gym_autoreset
-    if cfg.env == "market":
-        kwargs.update(data=cfg.data, split=split, episode_len=cfg.episode_len, cost_bps=cfg.cost_bps)
-        if cfg.data is None:
-            kwargs.update(n_bars=cfg.bars, test_bars=cfg.test_bars)
-    elif cfg.data is not None:
-        raise ValueError("--data is for the market environment only")
+    spec = registry.lookup(cfg.env)  # None: make_env says it is unknown
+    if cfg.data is not None and (spec is None or not spec.data):
+        readers = " or ".join(s.name for s in registry.specs() if s.data)
+        raise ValueError(f"--data is for the {readers} environment only")
+    kwargs = spec.run_kwargs(cfg, split, own_rng) if spec is not None else {}
     return make_env(cfg.env, cfg.num_envs, device, seed=cfg.seed + rank, **kwargs)
 
 

@@ -73,6 +73,15 @@ class VecEnv(ABC):
     def step(self, actions: torch.Tensor) -> Step:
         """Apply ``actions`` (int64 ``[N]`` in ``[0, n_actions)``, on the env's device) to every copy."""
 
+    def check_actions(self, actions: torch.Tensor) -> None:
+        """Raise ``ValueError`` unless ``actions`` is int64 ``[num_envs]`` on the env's device (on the
+        host: the values are not read, that would sync)."""
+        if actions.shape != (self.num_envs,) or actions.dtype != torch.int64 or actions.device != self.device:
+            raise ValueError(
+                f"actions must be int64 [{self.num_envs}] on {self.device}, "
+                f"got {actions.dtype} {list(actions.shape)} on {actions.device}"
+            )
+
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint needs to continue the episodes in flight (empty: start afresh on resume)."""
         return {}

@@ -20,6 +20,7 @@ below a thousandth of a percent. Every goal is reachable within the episode (at 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -27,6 +28,7 @@ import torch
 from gper.envs._rng import EnvRng
 from gper.envs.base import Step, VecEnv, canonical_device
 from gper.envs.goals import GoalEnv, GoalInfo
+from gper.envs.registry import EnvSpec
 
 MAX_BITS = 1024
 """The most bits a state may have (observations of 2048 floats, 1024 actions), far beyond the 50
@@ -120,12 +122,9 @@ class BitFlip(VecEnv, GoalEnv):
         self.steps.zero_()
         return self.observe()
 
-    def _check_actions(self, actions: torch.Tensor) -> None:
-        if actions.shape != (self.num_envs,) or actions.dtype != torch.int64 or actions.device != self.device:
-            raise ValueError(
-                f"actions must be int64 [{self.num_envs}] on {self.device}, "
-                f"got {actions.dtype} {list(actions.shape)} on {actions.device}"
-            )
+    def check_actions(self, actions: torch.Tensor) -> None:
+        """:meth:`VecEnv.check_actions`, and on the CPU (where reading them costs no sync) their range."""
+        super().check_actions(actions)
         if self.device.type == "cpu":
             bad = (actions < 0) | (actions >= self.n_bits)
             if bad.any():
@@ -133,7 +132,7 @@ class BitFlip(VecEnv, GoalEnv):
                 raise ValueError(f"actions must be in [0, {self.n_bits}), got {int(actions[i])} for copy {i}")
 
     def step(self, actions: torch.Tensor) -> Step:
-        self._check_actions(actions)
+        self.check_actions(actions)
         # a comparison, not an index: an out-of-range action on CUDA flips nothing instead of faulting
         new_state = self.state ^ (self._bits == actions.unsqueeze(1))
         next_obs = self._observe(new_state, self.goal)
@@ -205,3 +204,30 @@ class BitFlip(VecEnv, GoalEnv):
         self.set_state(state["state"], state["goal"], state["steps"])
         if self._rng.owned and "generator" in state:
             self._rng.generator.set_state(state["generator"])
+
+
+def make_bitflip(bits: str, num_envs: int, device: torch.device | str, seed: int = 0, **kwargs: Any) -> BitFlip:
+    """``bitflip:<bits>``: a :class:`BitFlip` of ``int(bits)`` bits (``kwargs`` go to it)."""
+    if not re.fullmatch(r"[0-9]+", bits) or not 1 <= int(bits) <= MAX_BITS:
+        raise ValueError(f"bitflip:<N> takes a number of bits N from 1 to {MAX_BITS}, got {f'bitflip:{bits}'!r}")
+    return BitFlip(int(bits), num_envs, device, seed=seed, **kwargs)
+
+
+# The trainer's presets (gper.envs.registry.PRESETS), a line per concern as cartpole's: episodes of N
+# steps, one update per collection step of 16 episodes.
+# fmt: off
+SPEC = EnvSpec(
+    "bitflip:<N>",
+    make_bitflip,
+    help="the bit-flipping task of hindsight replay, N bits",
+    goal=True,
+    presets={
+        "cuda": dict(
+            total_steps=1_000_000, num_envs=16, hidden=(256,), buffer_size=2**20, batch_size=1024,
+            learning_rate=1e-3, max_grad_norm=0.0, tau=0.05, target_every=1, eps_end=0.2,
+            exploration_fraction=0.05, learning_starts=4096, epoch_steps=50_000, solve_return=None, weight_norm="batch",
+        ),
+        "cpu": dict(total_steps=300_000, batch_size=256),
+    },
+)
+# fmt: on

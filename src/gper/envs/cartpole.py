@@ -21,6 +21,7 @@ import torch
 
 from gper.envs._rng import EnvRng
 from gper.envs.base import Step, VecEnv, canonical_device
+from gper.envs.registry import EnvSpec
 
 GRAVITY = 9.8
 MASSCART = 1.0
@@ -97,11 +98,7 @@ class CartPole(VecEnv):
         return self.state.float()
 
     def step(self, actions: torch.Tensor) -> Step:
-        if actions.shape != (self.num_envs,) or actions.dtype != torch.int64 or actions.device != self.device:
-            raise ValueError(
-                f"actions must be int64 [{self.num_envs}] on {self.device}, "
-                f"got {actions.dtype} {list(actions.shape)} on {actions.device}"
-            )
+        self.check_actions(actions)
         x, x_dot, theta, theta_dot = self.state.unbind(1)
         force = torch.where(actions != 0, FORCE_MAG, -FORCE_MAG).to(torch.float64)
         costheta = torch.cos(theta)
@@ -143,3 +140,22 @@ class CartPole(VecEnv):
         self.set_state(state["state"], state["steps"])
         if self._rng.owned and "generator" in state:
             self._rng.generator.set_state(state["generator"])
+
+
+# The trainer's presets (gper.envs.registry.PRESETS), a line per concern: the run, the network and
+# its optimiser, the target and exploration. total_steps: long enough to reach 475 (docs/training.md,
+# "Results on the H200"); cartpole is small: the same on the CPU, but shorter (enough there too).
+# fmt: off
+SPEC = EnvSpec(
+    "cartpole",
+    CartPole,
+    presets={
+        "cuda": dict(
+            total_steps=300_000, num_envs=4, hidden=(256, 256), buffer_size=100_000, batch_size=256,
+            learning_rate=5e-4, max_grad_norm=10.0, tau=1.0, target_every=200, eps_end=0.01, exploration_fraction=0.1,
+            learning_starts=5_000, epoch_steps=10_000, solve_return=475.0, weight_norm="global",
+        ),
+        "cpu": dict(total_steps=200_000),
+    },
+)
+# fmt: on

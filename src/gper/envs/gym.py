@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from gper.envs.base import AUTORESET_MODES, Autoreset, Step, VecEnv, canonical_device
+from gper.envs.registry import EnvSpec, UnknownEnvironment
 
 
 def _import_gymnasium(env_id: str):
@@ -123,3 +124,31 @@ class GymVecEnv(VecEnv):
 
     def close(self) -> None:
         self._env.close()
+
+
+def make_gym(env_id: str, num_envs: int, device: torch.device | str, seed: int = 0, **kwargs: Any) -> GymVecEnv:
+    """``gym:<env_id>``: a :class:`GymVecEnv` of ``env_id`` (``kwargs`` go to it)."""
+    if not env_id:
+        raise UnknownEnvironment("gym:")
+    return GymVecEnv(env_id, num_envs, device, seed=seed, **kwargs)
+
+
+# The trainer's presets (gper.envs.registry.PRESETS), a line per concern as cartpole's.
+# fmt: off
+SPEC = EnvSpec(
+    "gym:<ID>",
+    make_gym,
+    help="a Gymnasium id with discrete actions, stepped on the CPU",
+    autoreset=("same-step", "next-step"),
+    graph_safe_rng=False,
+    own_defaults={"solve_return": "Gymnasium's reward_threshold for the id, if it has one"},
+    presets={
+        "cuda": dict(
+            total_steps=500_000, num_envs=4, hidden=(256, 256), buffer_size=200_000, batch_size=128,
+            learning_rate=2.5e-4, max_grad_norm=10.0, tau=1.0, target_every=500, eps_end=0.05, exploration_fraction=0.2,
+            learning_starts=10_000, epoch_steps=10_000, solve_return=None, weight_norm="global",
+        ),
+        "cpu": {},
+    },
+)
+# fmt: on

@@ -43,6 +43,7 @@ from gper.envs._rng import EnvRng
 from gper.envs.base import Step, VecEnv, canonical_device
 from gper.envs.market_data import SYNTHETIC_KINDS, load_bars_csv, synthetic_prices
 from gper.envs.packaged import read_bars
+from gper.envs.registry import EnvSpec
 
 N_RETURNS = 40
 WINDOWS = (5, 10, 20, 40)
@@ -254,11 +255,7 @@ class MarketEnv(VecEnv):
         return self.observe()
 
     def step(self, actions: torch.Tensor) -> Step:
-        if actions.shape != (self.num_envs,) or actions.dtype != torch.int64 or actions.device != self.device:
-            raise ValueError(
-                f"actions must be int64 [{self.num_envs}] on {self.device}, "
-                f"got {actions.dtype} {list(actions.shape)} on {actions.device}"
-            )
+        self.check_actions(actions)
         target = self.positions[actions]
         traded = (target - self.position).abs()
         log_pnl = target * self.returns[self.bar + 1] - self.cost * traded
@@ -368,6 +365,53 @@ def trade(policy: Callable[[torch.Tensor], torch.Tensor], env: MarketEnv) -> tup
 def _sharpe(pnl: torch.Tensor) -> float:
     std = float(pnl.std(correction=0))
     return float(pnl.mean()) / std if std > 0 else 0.0
+
+
+def market_settings(run: Any, split: str) -> dict[str, Any]:
+    """:meth:`MarketEnv.from_source`'s arguments from a training run's settings, for ``split``."""
+    kwargs: dict[str, Any] = dict(data=run.data, split=split, episode_len=run.episode_len, cost_bps=run.cost_bps)
+    if run.data is None:
+        kwargs.update(n_bars=run.bars, test_bars=run.test_bars)
+    return kwargs
+
+
+# The trainer's presets (gper.envs.registry.PRESETS), a line per concern as cartpole's. Walk-forward
+# (gper.walkforward): a fold trains on a window of a few hundred to a few thousand bars, so the network
+# is small and training is counted in passes over the window (steps_per_bar), with validation picking
+# the checkpoint; chosen on validation windows only (benchmarks/market_walk.py, docs/training.md
+# "Walk-forward"): the best of 4 candidates (steps_per_bar 30 / 100 x hidden 64-64 / 256-256) on the
+# validation windows of arch:sp500 and arch:nasdaq, seed 1 (market-walk-select-cpu-20261201-215141);
+# those windows (2002-2017) are also the test windows of earlier folds, so only test years after the
+# validation years used are free of the choice: docs/training.md, walk-forward results. Small
+# already: the same on the CPU.
+# fmt: off
+SPEC = EnvSpec(
+    "market",
+    MarketEnv.from_source,
+    data=True,
+    settings=market_settings,
+    presets={
+        "cuda": dict(
+            total_steps=2_000_000, num_envs=256, hidden=(512, 512), buffer_size=2**21, batch_size=4096,
+            learning_rate=1e-4, max_grad_norm=0.0, tau=0.005, target_every=1, eps_end=0.05,
+            exploration_fraction=0.3, learning_starts=50_000, epoch_steps=100_000, solve_return=None,
+            bars=400_000, test_bars=50_000, weight_norm="global",
+        ),
+        "cpu": dict(
+            total_steps=300_000, num_envs=16, hidden=(128, 128), buffer_size=2**17, batch_size=256,
+            learning_starts=10_000, epoch_steps=20_000, bars=100_000, test_bars=20_000,
+        ),
+    },
+    walk_forward_presets={
+        "cuda": dict(
+            steps_per_bar=100, num_envs=64, hidden=(256, 256), buffer_size=2**17, batch_size=256,
+            learning_rate=1e-4, max_grad_norm=10.0, tau=0.005, target_every=1, eps_end=0.05,
+            exploration_fraction=0.3, learning_starts=5_000, solve_return=None, weight_norm="global",
+        ),
+        "cpu": {},
+    },
+)
+# fmt: on
 
 
 __all__ = [
