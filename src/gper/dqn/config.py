@@ -202,8 +202,7 @@ class Config:
 
 #: a training step (forward, backward: about 6 flops per weight per transition) above this many
 #: flops is worth more than one CPU thread; below it, threads cost more in handoffs than they save
-#: (measured on a 2-core machine: a 256-wide step took 1.8 ms on one thread, 1.5 ms on two, and
-#: 2.7 ms against 4.9 ms with both cores busy elsewhere)
+#: (docs/performance.md, *Figures the launchers and the trainer rely on*, has the timings)
 MULTITHREAD_FLOPS = 1e9
 
 
