@@ -6,7 +6,7 @@ from types import ModuleType
 
 import torch
 
-from gper.ops import ReplayKernels, select_backend
+from gper.ops import ReplayKernels, kernels, select_backend
 from gper.ops.probe import triton_problem
 from gper.replay.checks import warn_triton_fallback
 from gper.replay.graphs import capturing
@@ -20,7 +20,7 @@ def choose_backend(request: str | ModuleType, device: torch.device) -> tuple[str
     graph): if they fail, "auto" warns and takes the torch back end on the same device, and
     "triton" raises RuntimeError.
     """
-    name, kernels = select_backend(request, device)
+    name, chosen = select_backend(request, device)
     if name == "triton" and not (device.type == "cuda" and capturing()):
         problem = triton_problem(device)  # once per device and process
         if problem is not None and request == "auto":
@@ -28,4 +28,4 @@ def choose_backend(request: str | ModuleType, device: torch.device) -> tuple[str
             return "torch", kernels("tree", "torch", device)
         if problem is not None:
             raise RuntimeError(f"backend='triton' does not work on {device}: {problem}")
-    return name, kernels
+    return name, chosen
