@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 import torch
 
-from gper.ops import ReplayKernels
+from gper.ops import ReplayKernels, reference
 from gper.ops.layout import DEFAULT_ARITY, TreeLayout
 from gper.ops.state import (
     C_CURSOR,
@@ -244,11 +244,17 @@ class PriorityTree:
         )
 
     def set_leaves(self, values: torch.Tensor) -> None:
-        """Leaves ``0 .. len(values)`` of both trees become ``values``; then :meth:`rebuild`."""
+        """Leaves ``0 .. len(values)`` of both trees become ``values`` (0: an empty leaf); then :meth:`rebuild`."""
         lo, n = self.layout.leaf_offset, values.numel()
         self.tree[lo : lo + n] = values
-        self.mintree[lo : lo + n] = values
+        self.mintree[lo : lo + n] = torch.where(values > 0, values, math.inf)  # an empty leaf is no minimum
         self.rebuild()
+
+    def batch_weights(self, indices: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+        """IS weights of ``indices`` normalised by the smallest of their own priorities (``batch``
+        normalisation), computed as the reference back end computes weights, whatever the back end."""
+        leaf = self.tree[self.layout.leaf_offset + indices]
+        return reference.is_weights(leaf, leaf.amin(), beta)
 
     def rebuild(self) -> None:
         """Recompute every inner node of both trees from the leaves (O(capacity))."""
