@@ -2,7 +2,7 @@
 
 The priority bookkeeping is :class:`oracle.OracleBuffer`'s (never edited to make a test pass); this
 module adds what a buffer holds beyond it: the stored transitions, rank mode's rank weights and
-their refresh schedule (``gper/replay/sampling.py``, :class:`RankKeys`), the Philox counter's
+their refresh schedule (``gper/replay/samplers/rank.py``, :class:`RankKeys`), the Philox counter's
 advance per sample (``docs/design.md``, *Sampling*), the sampling probabilities of each mode, and
 a chi-square test of a batch of draws against them.
 

@@ -11,10 +11,11 @@ import pytest
 import torch
 
 import gper
+import gper.replay.core
 from gper._device import canonical_device
 from gper.ops import kernels
 from gper.ops.tree import reference
-from gper.replay.sampling import SamplingPolicy
+from gper.replay.samplers import SamplingPolicy
 from gper.replay.storage import RowStorage
 from gper.replay.tree import PriorityTree
 from helpers import (
@@ -171,7 +172,7 @@ def test_out_of_memory_on_the_cpu_raises(monkeypatch):
     def fail(layout, capacity, device):  # the rows are the buffer's largest allocation
         raise torch.OutOfMemoryError("simulated")
 
-    monkeypatch.setattr(gper.replay.buffer, "RowStorage", fail)
+    monkeypatch.setattr(gper.replay.core, "RowStorage", fail)
     with pytest.raises(torch.OutOfMemoryError, match="simulated"):
         gper.PrioritizedReplayBuffer(100, SPEC, device="cpu")
 
@@ -183,7 +184,7 @@ def test_cpu_fallback_on_out_of_memory(monkeypatch):
             raise torch.OutOfMemoryError("simulated")
         return RowStorage(layout, capacity, device)
 
-    monkeypatch.setattr(gper.replay.buffer, "RowStorage", fail_on_cuda)
+    monkeypatch.setattr(gper.replay.core, "RowStorage", fail_on_cuda)
     with pytest.warns(gper.GperWarning, match="falling back to the CPU"):
         rb = gper.PrioritizedReplayBuffer(100, SPEC, device="cuda")
     assert rb.device.type == "cpu" and rb.backend == "torch"

@@ -1,6 +1,6 @@
 """Sampling: through the public API (IS weights, seeds, the RNG counter, each sampling mode, on the
 CPU and on CUDA through the device fixture), and the policy objects behind it (SamplingPolicy,
-RankKeys, BetaInput)."""
+RankKeys, ExponentInput)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import torch
 
 from gper.ops.state import C_SIZE, MODE_PROPORTIONAL, MODE_STRATIFIED, MODE_UNIFORM, S_BETA, S_MAXP, rng_blocks
 from gper.ops.tree import reference
-from gper.replay.sampling import SAMPLING, BetaInput, RankKeys, SamplingPolicy
+from gper.replay.exponent import ExponentInput
+from gper.replay.samplers import SAMPLING, RankKeys, SamplingPolicy
 from gper.replay.tree import PriorityTree
 from helpers import (
     EPS_DYADIC,
@@ -345,7 +346,7 @@ def test_rank_keys_refresh_of_an_empty_buffer_touches_nothing(device):
 
 def test_beta_input_floats_write_the_scalar_only_when_they_change(device):
     scalars = torch.zeros(2, device=device)
-    beta = BetaInput(scalars[S_BETA])
+    beta = ExponentInput(scalars[S_BETA])
     out = beta.tensor(0.4, graphed=False)
     assert out is beta.scalar and out.data_ptr() == scalars[S_BETA].data_ptr()
     assert_verbose_equal(out, torch.tensor(0.4), what="a float")
@@ -362,7 +363,7 @@ def test_beta_input_floats_write_the_scalar_only_when_they_change(device):
 
 def test_beta_input_tensors_are_read_where_they_are_unless_graphed(device):
     scalars = torch.zeros(2, device=device)
-    beta = BetaInput(scalars[S_BETA])
+    beta = ExponentInput(scalars[S_BETA])
     mine = torch.tensor(0.25, device=device)
     assert beta.tensor(mine, graphed=False) is mine, "a float32 tensor is read in place: no copy"
     assert float(scalars[S_BETA]) == 0.0

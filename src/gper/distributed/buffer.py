@@ -20,6 +20,7 @@ import torch
 from gper._device import canonical_device
 from gper.distributed import shards
 from gper.distributed.batch import ShardedBatch
+from gper.distributed.checkpoint import load_agreed, state_problem
 from gper.distributed.collectives import Group
 from gper.ops import kernels
 from gper.ops.layout import DEFAULT_ARITY
@@ -27,10 +28,11 @@ from gper.ops.state import C_INVALID, C_NONFINITE, C_STALE
 from gper.ops.tree import reference
 from gper.replay import PrioritizedReplayBuffer
 from gper.replay.checks import check_batch_size, check_td
-from gper.replay.sampling import BetaInput
+from gper.replay.exponent import ExponentInput
+from gper.replay.samplers import SHARDED_SAMPLING
 
 MODES = ("exact", "local")
-SAMPLING = ("proportional", "stratified", "uniform")
+SAMPLING = SHARDED_SAMPLING
 #: the settings checksum a rank whose shard could not be built sends (a crc32 is never negative)
 _FAILED = -1
 
@@ -134,7 +136,7 @@ class ShardedPrioritizedReplayBuffer:
         self._shared_rng = torch.zeros(1, dtype=torch.int64, device=self.device)
         # [1] int64 scratch of the Triton draws' counter advance (0 between calls; not state)
         self._draw_ticket = torch.zeros(1, dtype=torch.int64, device=self.device)
-        self._beta = BetaInput(torch.zeros((), dtype=torch.float32, device=self.device))
+        self._beta = ExponentInput(torch.zeros((), dtype=torch.float32, device=self.device))
         self._seen_filled = False  # once any shard holds an item, the buffer never empties again
         self._epoch = object()
         self._check_same_settings()
@@ -275,19 +277,19 @@ class ShardedPrioritizedReplayBuffer:
     def _descend(self, n: int, beta: torch.Tensor, fractions: torch.Tensor | None) -> dict[str, torch.Tensor]:
         """``n`` draws from this rank's shard: its own kernels, or the stratified descent from
         given fractions of its mass (exact stratified mode)."""
-        shard, tree = self.shard, self.shard.tree
+        core, tree = self.shard.core, self.shard.tree
         if fractions is None:
-            words = shard.rows.layout.words
+            words = core.rows.layout.words
             out = {
                 "rows": torch.empty(n, words, dtype=torch.int32, device=self.device),
                 "indices": torch.empty(n, dtype=torch.int64, device=self.device),
                 "generations": torch.empty(n, dtype=torch.int32, device=self.device),
                 "weights": torch.empty(n, dtype=torch.float32, device=self.device),
             }
-            tree.sample_into(shard.rows.words, shard.seed, shard.policy.kernel_mode, beta, out)
+            core.draw_into(out, beta)
             return out
         node, _ = reference.descend_from(tree.tree, tree.layout, fractions, tree.size)
-        return {"rows": shard.rows.words.index_select(0, node), "indices": node, "generations": tree.gen[node]}
+        return {"rows": core.rows.words.index_select(0, node), "indices": node, "generations": tree.gen[node]}
 
     def _weights(
         self, p: torch.Tensor, beta: torch.Tensor, meta: torch.Tensor, drawn: torch.Tensor | None = None
@@ -382,7 +384,7 @@ class ShardedPrioritizedReplayBuffer:
             if stale:
                 tree.count_stale(batch.indices.numel())
             elif len(shard) > 0:  # an empty shard's draws carry weight 0 and own no slot
-                shard.policy.update(tree, batch.indices, td, batch.generations, shard.alpha, shard.eps)
+                shard.core.set_priorities(batch.indices, td, batch.generations, shard.alpha, shard.eps)
             return
         mine = self._kernels.pack_updates(
             owners=batch.owners, indices=batch.indices, generations=batch.generations, td=td, stale=stale
@@ -393,7 +395,7 @@ class ShardedPrioritizedReplayBuffer:
         if len(shard) > 0:
             # entries of other shards are made stale (a generation that cannot match) and not counted
             slot, expected, td_all = self._kernels.unpack_updates(state=tree.state, every=every, rank=self.rank)
-            shard.policy.update(tree, slot, td_all, expected, shard.alpha, shard.eps)
+            shard.core.set_priorities(slot, td_all, expected, shard.alpha, shard.eps)
         # the max priority over every shard now, as one buffer's (4 bytes): items added before the
         # next sample enter at it, not at this shard's own max
         self.group.all_reduce_max(tree.max_priority().view(1))
@@ -452,7 +454,9 @@ class ShardedPrioritizedReplayBuffer:
                 (:meth:`gper.PrioritizedReplayBuffer.load_state_dict`) refuse any rank's shard;
                 then no rank changes.
         """
-        self._load_agreed(state, "load_state_dict()", lambda agree: self.shard._load_state_dict(state["shard"], agree))
+        self._load_agreed(
+            state, "load_state_dict()", lambda agree: self.shard.load_state_dict(state["shard"], before_copy=agree)
+        )
 
     def save(self, path: str | os.PathLike) -> dict[str, Any]:
         """Write this rank's shard to the file ``path`` (:meth:`gper.PrioritizedReplayBuffer.save`:
@@ -475,66 +479,15 @@ class ShardedPrioritizedReplayBuffer:
         if isinstance(rng, int) and not isinstance(rng, bool):
             state["shared_rng"] = torch.tensor([rng], dtype=torch.int64)
         state["shard"] = path
-        self._load_agreed(state, "load()", lambda agree: self.shard._load(path, agree))
+        self._load_agreed(state, "load()", lambda agree: self.shard.load(path, before_copy=agree))
 
     def _load_agreed(self, state: Mapping[str, Any], what: str, load: Any) -> None:
-        """Load this rank's shard with ``load(agree)``, which checks it and calls ``agree()`` before
-        changing anything: the ranks agree there (one all-gather), so a state that this rank's own
-        checks refuse, or any rank's, is loaded on no rank (and no rank waits in the collective)."""
-        problem = self._state_problem(state)
-        if problem is not None:
-            self._agree(problem, state, what)  # raises on every rank
-        agreed = False
-
-        def agree() -> None:
-            nonlocal agreed
-            agreed = True
-            self._agree(None, state, what)
-
-        try:
-            load(agree)
-        except Exception as err:
-            if not agreed:  # the shard's checks refused it here: the other ranks wait to agree
-                try:
-                    self._agree(str(err), state, what)
-                except ValueError:
-                    pass
-            raise
+        """Load this rank's shard with ``load(agree)`` once every rank agrees (:func:`load_agreed`)."""
+        problem = state_problem(state, self.world_size, self.rank, self.mode, self.seed)
+        load_agreed(self.group, self.device, state, self._shared_rng, problem, what, load)
         self._restored(state["shared_rng"])
-
-    def _agree(self, problem: str | None, state: Mapping[str, Any], what: str) -> None:
-        """Raise on every rank alike when any rank's state has a ``problem`` or the shared counters differ."""
-        counter = state["shared_rng"] if problem is None else self._shared_rng
-        flags = torch.cat([torch.tensor([problem is not None], device=self.device).long(), counter.to(self.device)])
-        every = self.group.all_gather(flags).cpu()
-        if problem is not None:
-            raise ValueError(f"{what}: {problem}")
-        if bool(every[:, 0].any()):
-            bad = [i for i, f in enumerate(every[:, 0].tolist()) if f]
-            raise ValueError(f"{what}: the states of ranks {bad} were refused there; nothing was loaded")
-        if bool((every[:, 1] != every[0, 1]).any()):
-            raise ValueError(f"{what}: the ranks' states come from different steps (shared counters differ)")
 
     def _restored(self, shared_rng: torch.Tensor) -> None:
         self._shared_rng.copy_(shared_rng)
         self._seen_filled = False
         self._epoch = object()  # batches drawn before the load are stale now
-
-    def _state_problem(self, state: Mapping[str, Any]) -> str | None:
-        meta = state.get("distributed") if isinstance(state, Mapping) else None
-        if not isinstance(meta, Mapping) or "shard" not in state or "shared_rng" not in state:
-            return "not the state_dict() of a ShardedPrioritizedReplayBuffer"
-        if meta.get("world_size") != self.world_size:
-            return (
-                f"the state was saved at world size {meta.get('world_size')}, this group has {self.world_size}: "
-                "a sharded buffer restores only at the same world size (re-sharding is not supported)"
-            )
-        if meta.get("rank") != self.rank:
-            return f"the state is rank {meta.get('rank')}'s shard, this is rank {self.rank}: load each rank's own"
-        if meta.get("mode") != self.mode or meta.get("seed") != self.seed:
-            saved = f"mode={meta.get('mode')!r}, seed={meta.get('seed')!r}"
-            return f"the state has {saved}; this buffer mode={self.mode!r}, seed={self.seed}"
-        rng = state["shared_rng"]
-        if not isinstance(rng, torch.Tensor) or rng.shape != (1,) or rng.dtype != torch.int64:
-            return "shared_rng must be a [1] int64 tensor"
-        return None

@@ -2,13 +2,15 @@
 
 * :class:`PriorityTree` (``tree.py``): sum and min trees, generations, claims, device counters;
 * :class:`RowStorage` (``storage.py``): the packed rows of every field and their views;
-* :class:`SamplingPolicy` (``sampling.py``): proportional, stratified, rank or uniform, and the
-  IS-weight normalisation;
+* :class:`SamplingPolicy` (``samplers/``, one file a mode, and their registry): proportional,
+  stratified, rank or uniform, and the IS-weight normalisation;
+* :class:`ReplayCore` (``core.py``): the three above, the buffer's CUDA graphs and state
+  identity, and the add/update/restore/copy paths every buffer shares;
 * :class:`SampledBatch` (``batch.py``): what ``sample`` returns;
-* :class:`PrioritizedReplayBuffer` (``buffer.py``): the façade over them, with its own CUDA
-  graphs (``graphs.py``);
-* :class:`TrajectoryReplayBuffer` (``trajectory.py``): env streams in time order on the same
-  tree and policies, each observation stored once (rows: ``streams.py``; what it samples:
+* :class:`PrioritizedReplayBuffer` (``buffer.py``): the façade over a core (its CUDA graphs:
+  ``graphs.py``);
+* :class:`TrajectoryReplayBuffer` (``trajectory.py``): env streams in time order on a core,
+  each observation stored once (rows: ``streams.py``; the streams' state: ``stream_state.py``; what it samples:
   ``trajectory_batch.py``; its checkpoint methods and checks: ``trajectory_checkpoint.py``);
 * :class:`HindsightRelabeling` (``her.py``): goals relabelled at sample time in the trajectory
   buffer (HER), on the episode index of ``episodes.py``.
@@ -20,8 +22,9 @@ trainers or benchmarks.
 from gper.replay.batch import SampledBatch
 from gper.replay.buffer import PrioritizedReplayBuffer
 from gper.replay.checks import GperWarning
+from gper.replay.core import ReplayCore
 from gper.replay.her import HindsightRelabeling
-from gper.replay.sampling import SamplingPolicy
+from gper.replay.samplers import SamplingPolicy
 from gper.replay.storage import RowLayout, RowStorage
 from gper.replay.trajectory import TrajectoryReplayBuffer
 from gper.replay.trajectory_batch import SequenceBatch, TransitionBatch
@@ -32,6 +35,7 @@ __all__ = [
     "HindsightRelabeling",
     "PrioritizedReplayBuffer",
     "PriorityTree",
+    "ReplayCore",
     "RowLayout",
     "RowStorage",
     "SampledBatch",

@@ -1,8 +1,9 @@
 """The GPU-resident prioritized replay buffer (Schaul et al. 2016, arXiv:1511.05952).
 
-:class:`PrioritizedReplayBuffer` is a façade over three objects: the packed rows
-(:class:`~gper.replay.storage.RowStorage`), the priority tree (:class:`~gper.replay.tree.PriorityTree`)
-and the sampling policy (:class:`~gper.replay.sampling.SamplingPolicy`). It checks input on the
+:class:`PrioritizedReplayBuffer` is a façade over a :class:`~gper.replay.core.ReplayCore`: the
+packed rows (:class:`~gper.replay.storage.RowStorage`), the priority tree
+(:class:`~gper.replay.tree.PriorityTree`), the sampler (:mod:`gper.replay.samplers`), its CUDA
+graphs and the update, restore and copy paths every buffer shares. It checks input on the
 host from shapes, dtypes and devices only (checks that need device values are done on the
 device: see ``strict``), so ``add``, ``sample`` and ``update_priorities`` never synchronise, and
 it replays each call shape from a CUDA graph of its own (:mod:`gper.replay.graphs`).
@@ -18,26 +19,19 @@ from typing import Any
 
 import torch
 
-from gper._device import canonical_device, on_own_device
+from gper._device import on_own_device
 from gper.ops.layout import DEFAULT_ARITY
-from gper.replay.backends import choose_backend
 from gper.replay.batch import FlatSample, SampledBatch
 from gper.replay.checkpoint import PREFIX_TENSORS, check_contents, check_state, widen_prefixes
 from gper.replay.checks import (
     check_batch_size,
-    check_generations,
     check_indices,
-    check_td,
     out_of_memory,
-    warn_cpu_fallback,
-    warn_dropped,
 )
 from gper.replay.config import BufferSettings, ReplayConfig
+from gper.replay.core import ReplayCore, rebuild
 from gper.replay.files import TensorFile, write_tensors
-from gper.replay.graphs import BufferGraphs
-from gper.replay.sampling import BetaInput, SamplingPolicy
-from gper.replay.storage import RowLayout, RowStorage
-from gper.replay.tree import PriorityTree
+from gper.replay.storage import RowLayout
 
 #: captured sample outputs per batch size: a batch may still be alive while the next is drawn
 _SAMPLE_SLOTS = 3
@@ -102,41 +96,17 @@ class PrioritizedReplayBuffer(BufferSettings):
             capacity, alpha, beta, eps, sampling, weight_norm, seed, rank_refresh_interval, arity, backend
         )
         self._cfg = cfg
-        self._seed = cfg.seed
         self.strict = bool(strict)
         self._backend_request = backend
         self._row_layout = RowLayout.build(spec)
         #: bytes of memory the buffer holds (an upper bound, before its CUDA graphs' outputs)
         self.nbytes_estimate = cfg.estimate_bytes(self._row_layout.row_bytes)  # checks arity too
-        device = canonical_device(device)
-        try:
-            self._allocate(device)
-        except torch.OutOfMemoryError:
-            if not cpu_fallback or device.type == "cpu":
-                raise
-            warn_cpu_fallback(device, capacity, self.nbytes_estimate)
-            self._allocate(torch.device("cpu"))
-        self._size = 0  # host mirror: the host knows how many items it added
-        self._invalid_reported = 0  # dropped entries already warned about
-        self._beta = BetaInput(self.tree.beta)
-        self._graphs = BufferGraphs(cuda_graphs and self.device.type == "cuda", _SAMPLE_SLOTS)
-        self._flat = FlatSample(self._row_layout)
-        #: stamped on every batch: a batch whose stamp differs (drawn before a load, or by another
-        #: buffer) is stale as a whole
-        self._epoch = object()
-
-    def _allocate(self, device: torch.device) -> None:
-        """Choose the back end for ``device`` and build the storage, tree and policy there."""
-        self.device = device
-        self.backend, kernels = choose_backend(self._backend_request, device)
-        cfg = self._cfg
-        # the three objects that hold the state: rows, tree (+ counters), sampling policy (+ rank keys)
-        self.rows = RowStorage(self._row_layout, cfg.capacity, device)
-        self.tree = PriorityTree(cfg.capacity, kernels, device, cfg.arity)
-        self._add_plan = self.tree.add_plan(self.rows.field_bytes, self._row_layout.words)
-        self.policy = SamplingPolicy.build(
-            cfg.sampling, cfg.weight_norm, cfg.capacity, device, cfg.rank_refresh_interval
+        self._core = ReplayCore.build(
+            cfg, self._row_layout, device, backend, cuda_graphs, _SAMPLE_SLOTS, cpu_fallback, self.nbytes_estimate
         )
+        self._add_plan = self.tree.add_plan(self.rows.field_bytes, self._row_layout.words)
+        self._size = 0  # filled slots, as the host knows it (adds replayed from a graph show after stats())
+        self._flat = FlatSample(self._row_layout)
 
     @property
     def spec(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
@@ -146,10 +116,6 @@ class PrioritizedReplayBuffer(BufferSettings):
     def storage(self) -> dict[str, torch.Tensor]:
         """Views ``[capacity, *shape]`` of every field's storage (read them; write through ``add``)."""
         return dict(self.rows.fields)
-
-    def __len__(self) -> int:
-        """Filled slots, as the host knows it (adds replayed from a CUDA graph show after :meth:`stats`)."""
-        return self._size
 
     def __repr__(self) -> str:
         return (
@@ -173,12 +139,13 @@ class PrioritizedReplayBuffer(BufferSettings):
         skip = n - min(n, self.capacity)
         args = self.rows.own_copies(tuple(data[name][skip:] if skip else data[name] for name in self.rows.names))
         try:
-            if not self._graphs.active:
+            graphs = self._core.graphs
+            if not graphs.active:
                 pos, replayed = self._add(args, n, skip), False
             else:
                 key = ("add", n) + tuple((a.dtype, a.device.type) for a in args)
                 on_device = all(a.device == self.device for a in args)
-                pos, replayed = self._graphs.call(key, args, lambda *xs: self._add(xs, n, skip), by_address=on_device)
+                pos, replayed = graphs.call(key, args, lambda *xs: self._add(xs, n, skip), by_address=on_device)
         except torch.OutOfMemoryError as err:
             raise out_of_memory(err, self.device, f"adding {n} transitions") from err
         self._size = min(self._size + n, self.capacity)
@@ -208,21 +175,21 @@ class PrioritizedReplayBuffer(BufferSettings):
         b = check_batch_size(batch_size)
         if self._size == 0:
             raise RuntimeError("sample(): the buffer is empty; add() transitions first")
-        graphed = self._graphs.active
+        graphs = self._core.graphs
+        graphed = graphs.active
         # the default beta was checked when it was set: only a caller's beta is checked here
-        beta_t = self._beta.tensor(self._cfg.beta if beta is None else beta, graphed, checked=beta is None)
+        beta_t = self._core.beta.tensor(self._cfg.beta if beta is None else beta, graphed, checked=beta is None)
         try:
             if not graphed:
                 batch = self._flat.batch(self._draw(b, beta_t))
             else:
-                run = self._graphs.samples.run
+                run = graphs.samples.run
                 out, replayed = run(b, lambda: self._sample(b, self.tree.beta), self._flat.with_fields)
                 batch = self._flat.batch(out, with_fields=True) if replayed else self._flat.batch(self._flat.split(out))
         except torch.OutOfMemoryError as err:
             # the outputs are allocated before any kernel runs: running out there changes nothing
             raise out_of_memory(err, self.device, f"drawing a batch of {b}") from err
-        batch.source = self._epoch
-        return batch
+        return self._core.stamp(batch)
 
     def _sample(self, b: int, beta: torch.Tensor) -> torch.Tensor:
         """A sample's outputs, as the one flat tensor a captured graph keeps."""
@@ -232,8 +199,7 @@ class PrioritizedReplayBuffer(BufferSettings):
         """A sample's outputs, each a view of ``["flat"]`` (:meth:`FlatSample.split`)."""
         flat = self._flat.empty(b, self.device)
         out = self._flat.split(flat)
-        self.tree.sample_into(self.rows.words, self.seed, self.policy.kernel_mode, beta, out)
-        self.policy.normalise(out, self.tree, beta)
+        self._core.sample_into(out, beta)
         return out | {"flat": flat}
 
     @on_own_device
@@ -248,26 +214,10 @@ class PrioritizedReplayBuffer(BufferSettings):
                 max priority and are counted (:meth:`stats`). For duplicate slots the last wins.
         """
         batch = batch_or_indices if isinstance(batch_or_indices, SampledBatch) else None
-        if batch is not None and batch.source is not self._epoch:
-            # drawn by another buffer, or by this one before a restore: every entry is stale (its
-            # indices are not checked against this buffer's size: they belong to another state)
-            check_td(td_errors, batch.indices, self.device)
-            self.tree.count_stale(batch.indices.numel())
-            return
-        raw = batch.indices if batch is not None else batch_or_indices
-        indices = check_indices(raw, self.device, self._size, self.strict, "update_priorities()")
-        td = check_td(td_errors, indices, self.device)
-        expected = check_generations(batch.generations, indices) if batch is not None else None
-        args = (indices, td) if expected is None else (indices, td, expected)
-        try:
-            self._graphs.call(("update", indices.numel(), expected is not None), args, self._update, by_address=True)
-        except torch.OutOfMemoryError as err:
-            raise out_of_memory(err, self.device, f"updating {indices.numel()} priorities") from err
-        if self.policy.count_update():  # rank mode's refresh schedule
-            self.refresh_ranks()
-
-    def _update(self, indices: torch.Tensor, td: torch.Tensor, expected: torch.Tensor | None = None) -> None:
-        self.policy.update(self.tree, indices, td, expected, self.alpha, self.eps)
+        indices = batch.indices if batch is not None else batch_or_indices
+        self._core.update_priorities(
+            batch, indices, td_errors, self._size, self.strict, self.alpha, self.eps, self.refresh_ranks
+        )
 
     def priorities(self, indices: torch.Tensor) -> torch.Tensor:
         """Stored sampling priorities of ``indices`` ([B] float32, after alpha).
@@ -300,13 +250,12 @@ class PrioritizedReplayBuffer(BufferSettings):
         Warns:
             GperWarning: when invalid indices were dropped since the last call.
         """
-        out = self.tree.read_counts()
+        out = self._core.read_counts()
         self._size = out["size"]
-        self._invalid_reported = warn_dropped(out["invalid_indices"], self._invalid_reported)
         return out
 
     def _tensors(self) -> dict[str, torch.Tensor]:
-        return {"rows": self.rows.rows} | self.tree.state_dict() | self.policy.state_dict()
+        return self._core.state_tensors()
 
     def _config(self) -> dict[str, Any]:
         return self._cfg.checkpoint(self._row_layout)
@@ -322,7 +271,7 @@ class PrioritizedReplayBuffer(BufferSettings):
     def _host_counts(self) -> dict[str, int]:
         return {"size": self._size, "updates_since_refresh": self.policy.updates_since_refresh}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any], before_copy: Callable[[], object] | None = None) -> None:
         """Restore a :meth:`state_dict` in place (tensors keep their addresses, so captured
         CUDA graphs stay valid). The restored buffer draws the same samples as the original.
 
@@ -334,15 +283,15 @@ class PrioritizedReplayBuffer(BufferSettings):
         ``rows`` and ``gen`` may hold the filled slots only (their first ``size`` entries, as
         :meth:`save` writes them); the slots past them then read as 0.
 
+        Args:
+            state: a :meth:`state_dict`.
+            before_copy: called once every check has passed and before anything changes (a
+                sharded buffer's ranks agree there: one refusal stops every rank).
+
         Raises:
             ValueError: the state comes from a buffer of another configuration, is incomplete,
                 or is corrupt (naming what is wrong); the buffer is then unchanged.
         """
-        self._load_state_dict(state)
-
-    def _load_state_dict(self, state: Mapping[str, Any], before_copy: Callable[[], object] | None = None) -> None:
-        """:meth:`load_state_dict`, calling ``before_copy()`` once every check has passed and before
-        anything changes (a sharded buffer's ranks agree there: one refusal stops every rank)."""
         state, held = widen_prefixes(state, self._tensors())
         self._restore(state, lambda rows: rows.copy_(state["rows"]), rows_held=held, before_copy=before_copy)
 
@@ -371,9 +320,13 @@ class PrioritizedReplayBuffer(BufferSettings):
             tensors[name] = tensors[name][:filled]
         return write_tensors(path, tensors, meta, progress)
 
-    def load(self, path: str | os.PathLike) -> None:
+    def load(self, path: str | os.PathLike, before_copy: Callable[[], object] | None = None) -> None:
         """Restore the state of a file written by :meth:`save`, in place, with the checks of
         :meth:`load_state_dict`; the rows are read a chunk at a time.
+
+        Args:
+            path: the file.
+            before_copy: as :meth:`load_state_dict`'s.
 
         Raises:
             ValueError: the file is missing, damaged, not a buffer file, from a buffer of other
@@ -382,10 +335,6 @@ class PrioritizedReplayBuffer(BufferSettings):
                 rows were being read: the buffer then holds part of it (the message says so). A
                 save that replaces the file meanwhile cannot do this: the open file is read.
         """
-        self._load(path)
-
-    def _load(self, path: str | os.PathLike, before_copy: Callable[[], object] | None = None) -> None:
-        """:meth:`load`, calling ``before_copy()`` once every check has passed and before anything changes."""
         with TensorFile(path) as f:
             meta = f.metadata
             state: dict[str, Any] = {"config": meta.get("config"), "seed": meta.get("seed"), "host": meta.get("host")}
@@ -441,16 +390,9 @@ class PrioritizedReplayBuffer(BufferSettings):
         if before_copy is not None:
             before_copy()
         with torch.no_grad():  # tensors that require grad must not pull the buffer into autograd
-            copy_rows(self.rows.rows)
-            self.tree.load_state_dict(state)
-            self.policy.load_state_dict(state)
-        self._seed = seed
-        self._graphs.clear()  # graphs froze the old seed
+            self._core.load_tensors(state, copy_rows)
         self._size = size  # the device's count: adds replayed from a caller's graph count too
-        self._invalid_reported = invalid  # dropped entries the saved buffer knew of are not new
-        self.policy.updates_since_refresh = int(host["updates_since_refresh"])
-        self._beta.forget()
-        self._epoch = object()  # batches drawn before the load are stale now
+        self._core.restored(seed, invalid, int(host["updates_since_refresh"]))
 
     # ---------------------------------------------------------------- copies
 
@@ -458,33 +400,10 @@ class PrioritizedReplayBuffer(BufferSettings):
         """Constructor arguments that rebuild this buffer (its current settings, its device)."""
         if isinstance(self._backend_request, ModuleType):
             raise TypeError("a buffer built with a kernel module as its backend cannot be copied or pickled")
-        cfg = self._cfg
-        return {
-            "capacity": cfg.capacity,
-            "spec": self.spec,
-            "alpha": cfg.alpha,
-            "beta": cfg.beta,
-            "eps": cfg.eps,
-            "sampling": cfg.sampling,
-            "weight_norm": cfg.weight_norm,
-            "device": str(self.device),
-            "backend": self.backend,
-            "seed": self.seed,
-            "strict": self.strict,
-            "cpu_fallback": False,
-            "rank_refresh_interval": cfg.rank_refresh_interval,
-            "arity": cfg.arity,
-            "cuda_graphs": self._graphs.enabled,
-        }
+        return self._core.init_args(self._cfg, self.strict) | {"spec": self.spec}
 
     def __reduce__(self) -> tuple:
         """``copy.deepcopy`` and ``pickle`` rebuild the buffer from its settings and state (no CUDA
         graphs are copied: the copy captures its own). To store a buffer in a file, prefer
         :meth:`save`, which streams and which :meth:`load` reads without unpickling."""
-        return (_rebuild, (self._init_args(), self.state_dict()))
-
-
-def _rebuild(args: dict[str, Any], state: Mapping[str, Any]) -> PrioritizedReplayBuffer:
-    rb = PrioritizedReplayBuffer(**args)
-    rb.load_state_dict(state)
-    return rb
+        return (rebuild, (PrioritizedReplayBuffer, self._init_args(), self.state_dict()))

@@ -107,6 +107,33 @@ def _real_cells(layout: TreeLayout, device: torch.device) -> torch.Tensor:
     return real
 
 
+def _tree_checks(
+    stored_tree: torch.Tensor, stored_min: torch.Tensor, layout: TreeLayout, device: torch.device
+) -> dict[str, torch.Tensor]:
+    """Named failed-checks of the trees' shape: padding, and inner nodes against a rebuild from the leaves."""
+    real = _real_cells(layout, device)
+    lo = layout.leaf_offset
+    checks: dict[str, torch.Tensor] = {}
+    body = slice(0, layout.numel)  # the last cell is the trash cell, which holds anything
+    checks["the trees' padding is not 0 (sum) and inf (min)"] = (~real & (stored_tree[body] != 0)).any() | (
+        ~real & (stored_min[body] != float("inf"))
+    ).any()
+    # inner nodes against a rebuild from the leaves (finite leaves only: else the check above fails)
+    tree = torch.where(torch.isfinite(stored_tree), stored_tree, 0.0)
+    mintree = torch.where(torch.isnan(stored_min), 0.0, stored_min)
+    reference.rebuild_trees(tree, mintree, layout)
+    inner = real.clone()
+    inner[lo:] = False
+    stored, want = stored_tree[body], tree[body]
+    checks["an inner node of the sum tree differs from the sum of its leaves"] = (
+        inner & ~((stored - want).abs() <= _SUM_RTOL * want.abs())
+    ).any()
+    checks["an inner node of the min tree differs from the min of its leaves"] = (
+        inner & (stored_min[body] != mintree[body])
+    ).any()
+    return checks
+
+
 def check_contents(
     state: Mapping[str, torch.Tensor],
     layout: TreeLayout,
@@ -160,24 +187,7 @@ def check_contents(
         "a filled slot has generation < 1, or a slot never filled one != 0": (written & (t["gen"] < 1)).any()
         | (~written & (t["gen"] != 0)).any(),
     }
-    real = _real_cells(layout, device)
-    body = slice(0, layout.numel)  # the last cell is the trash cell, which holds anything
-    checks["the trees' padding is not 0 (sum) and inf (min)"] = (~real & (t["tree"][body] != 0)).any() | (
-        ~real & (t["mintree"][body] != float("inf"))
-    ).any()
-    # inner nodes against a rebuild from the leaves (finite leaves only: else the check above fails)
-    tree = torch.where(torch.isfinite(t["tree"]), t["tree"], 0.0)
-    mintree = torch.where(torch.isnan(t["mintree"]), 0.0, t["mintree"])
-    reference.rebuild_trees(tree, mintree, layout)
-    inner = real.clone()
-    inner[lo:] = False
-    stored, want = t["tree"][body], tree[body]
-    checks["an inner node of the sum tree differs from the sum of its leaves"] = (
-        inner & ~((stored - want).abs() <= _SUM_RTOL * want.abs())
-    ).any()
-    checks["an inner node of the min tree differs from the min of its leaves"] = (
-        inner & (t["mintree"][body] != mintree[body])
-    ).any()
+    checks |= _tree_checks(t["tree"], t["mintree"], layout, device)
     if "key" in state:  # rank mode's sort keys
         keys = state["key"].detach().to(device)[:cap]
         checks["a rank key is negative, NaN or infinite"] = ~((keys >= 0) & (keys < float("inf"))).all()

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import torch
 
 from gper.ops import BACKENDS
 from gper.ops.layout import DEFAULT_ARITY, TreeLayout
 from gper.ops.state import P_MAX, P_MIN
 from gper.replay.checks import check_unit
-from gper.replay.sampling import SAMPLING, WEIGHT_NORMS, SamplingPolicy
-from gper.replay.storage import RowLayout
+from gper.replay.samplers import SAMPLING, WEIGHT_NORMS, SamplingPolicy
+from gper.replay.storage import RowLayout, RowStorage
 from gper.replay.tree import PriorityTree
+
+if TYPE_CHECKING:
+    from gper.replay.core import ReplayCore
 
 
 def _is_int(value: object) -> bool:
@@ -75,23 +80,60 @@ class Setting:
 class BufferSettings:
     """The settings both buffers expose, read from their checked ``_cfg`` (:class:`ReplayConfig`):
     ``alpha``, ``beta``, ``eps``, ``weight_norm`` and ``rank_refresh_interval`` may be assigned
-    (checked again), ``sampling``, ``seed`` and ``capacity`` are fixed. A buffer has ``_cfg``,
-    ``_seed``, ``policy`` and ``_graphs``."""
+    (checked again), ``sampling``, ``seed`` and ``capacity`` are fixed. A buffer has ``_cfg``, ``_size`` and
+    ``_core`` (its :class:`~gper.replay.core.ReplayCore`), whose parts it shows as ``device``,
+    ``backend``, ``rows``, ``tree`` and ``policy``."""
 
     alpha, beta, eps, sampling = Setting(), Setting(), Setting(), Setting()
     weight_norm, rank_refresh_interval = Setting(), Setting()
 
     def _settings_changed(self, name: str) -> None:
-        self.policy.configure(self._cfg.weight_norm, self._cfg.rank_refresh_interval)
+        self._core.policy.configure(self._cfg.weight_norm, self._cfg.rank_refresh_interval)
         if name in ("alpha", "eps", "weight_norm"):
             # captured graphs froze these (kernel arguments, the normalisation): calls after the
             # change capture new ones. beta is read from a device scalar, so its graphs stay
-            self._graphs.clear()
+            self._core.graphs.clear()
 
     @property
     def seed(self) -> int:
         """The sampler's Philox key (fixed; a restore takes the saved one)."""
-        return self._seed
+        return self._core.seed
+
+    def __len__(self) -> int:
+        """Filled slots, as the host knows it (adds replayed from a CUDA graph show after ``stats()``,
+        which makes it exact)."""
+        return self._size
+
+    @property
+    def core(self) -> ReplayCore:
+        """The :class:`~gper.replay.core.ReplayCore` the buffer is built on (a sharded buffer
+        drives its shard's through it)."""
+        return self._core
+
+    @property
+    def device(self) -> torch.device:
+        """Where the buffer lives (the CPU after a fall-back)."""
+        return self._core.device
+
+    @property
+    def backend(self) -> str:
+        """The back end the kernels run on: "triton" or "torch" (or a kernel module's name)."""
+        return self._core.backend
+
+    @property
+    def rows(self) -> RowStorage:
+        """The packed rows (:class:`~gper.replay.storage.RowStorage`)."""
+        return self._core.rows
+
+    @property
+    def tree(self) -> PriorityTree:
+        """The priority tree (:class:`~gper.replay.tree.PriorityTree`)."""
+        return self._core.tree
+
+    @property
+    def policy(self) -> SamplingPolicy:
+        """The sampler (one of :mod:`gper.replay.samplers`)."""
+        return self._core.policy
 
     @property
     def capacity(self) -> int:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gper.ops.trajectory.reference import AUTORESET
 from gper.replay.storage import Field, RowLayout
 
 #: the internal field that holds the flags word (never a spec name)
@@ -21,6 +22,30 @@ FLAGS = "_flags"
 RESERVED = ("terminated", "truncated", "discount", "mask", FLAGS)
 #: the flags a step carries, besides the spec's fields and its next observations
 STEP_FLAGS = ("terminated", "truncated")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_streams(capacity: int, num_envs: object, window: object, autoreset: object) -> None:
+    """The stream settings of a trajectory buffer, or a ValueError naming the first bad one."""
+    if not _is_int(num_envs) or num_envs < 1:
+        raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
+    if not _is_int(window) or window < 1:
+        raise ValueError(f"window must be an int >= 1, got {window!r}")
+    if autoreset not in AUTORESET:
+        raise ValueError(f"autoreset must be one of {tuple(AUTORESET)}, got {autoreset!r}")
+    if capacity % num_envs:
+        lo = capacity - capacity % num_envs
+        raise ValueError(
+            f"capacity ({capacity}) must be a multiple of num_envs ({num_envs}): {lo} or {lo + num_envs}, say"
+        )
+    if capacity // num_envs < window + 2:
+        raise ValueError(
+            f"each stream holds capacity // num_envs = {capacity // num_envs} rows, which must be at least "
+            f"window + 2 = {window + 2}: raise capacity or lower window"
+        )
 
 
 def next_name(key: str) -> str:

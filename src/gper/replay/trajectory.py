@@ -14,31 +14,25 @@ from typing import Any
 
 import torch
 
-from gper._device import canonical_device, on_own_device
+from gper._device import on_own_device
 from gper.ops import kernels as kernels_of
 from gper.ops.layout import DEFAULT_ARITY
-from gper.ops.state import C_SIZE, MODE_PROPORTIONAL, MODE_UNIFORM
-from gper.ops.trajectory.reference import AUTORESET, N_TCOUNTERS, T_DISCONTINUITIES, T_STEPS
-from gper.replay.backends import choose_backend
+from gper.ops.state import C_SIZE
+from gper.ops.trajectory.reference import T_DISCONTINUITIES, T_STEPS
 from gper.replay.checks import (
     check_batch_size,
-    check_generations,
     check_indices,
-    check_td,
-    check_unit,
     out_of_memory,
-    warn_cpu_fallback,
-    warn_dropped,
 )
 from gper.replay.config import BufferSettings, ReplayConfig
-from gper.replay.graphs import BufferGraphs, capturing
+from gper.replay.core import ReplayCore, rebuild
+from gper.replay.exponent import ExponentInput
+from gper.replay.graphs import capturing
 from gper.replay.her import HindsightRelabeling, Relabeler
-from gper.replay.sampling import BetaInput, SamplingPolicy
-from gper.replay.storage import RowStorage
-from gper.replay.streams import STEP_FLAGS, StepPacker, StreamLayout
+from gper.replay.stream_state import StreamState
+from gper.replay.streams import StreamLayout, check_streams
 from gper.replay.trajectory_batch import SequenceBatch, TransitionBatch, TransitionSample
 from gper.replay.trajectory_checkpoint import TrajectoryCheckpoint
-from gper.replay.tree import PriorityTree
 
 #: captured sample outputs per call shape (a batch may still be alive while the next is drawn)
 _SAMPLE_SLOTS = 3
@@ -108,27 +102,10 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
         cfg = ReplayConfig.check(
             capacity, alpha, beta, eps, sampling, weight_norm, seed, rank_refresh_interval, arity, backend
         )
-        if not _is_int(num_envs) or num_envs < 1:
-            raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
-        if not _is_int(window) or window < 1:
-            raise ValueError(f"window must be an int >= 1, got {window!r}")
-        if autoreset not in AUTORESET:
-            raise ValueError(f"autoreset must be one of {tuple(AUTORESET)}, got {autoreset!r}")
+        check_streams(capacity, num_envs, window, autoreset)
         self.autoreset = autoreset
-        if capacity % num_envs:
-            lo = capacity - capacity % num_envs
-            raise ValueError(
-                f"capacity ({capacity}) must be a multiple of num_envs ({num_envs}): {lo} or {lo + num_envs}, say"
-            )
-        if capacity // num_envs < window + 2:
-            raise ValueError(
-                f"each stream holds capacity // num_envs = {capacity // num_envs} rows, which must be at least "
-                f"window + 2 = {window + 2}: raise capacity or lower window"
-            )
         self._cfg = cfg
-        self._seed = cfg.seed
         self.strict = bool(strict)
-        self._backend_request = backend
         self.num_envs, self.window, self.rows_per_env = num_envs, window, capacity // num_envs
         self.layout = StreamLayout.build(spec, obs_keys)
         if her is not None and not isinstance(her, HindsightRelabeling):
@@ -140,53 +117,46 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
         self.nbytes_estimate = cfg.estimate_bytes(self.layout.row.row_bytes)
         if her is not None:
             self.nbytes_estimate += Relabeler.estimate_bytes(num_envs, self.rows_per_env)
-        device = canonical_device(device)
-        try:
-            self._allocate(device)
-        except torch.OutOfMemoryError:
-            if not cpu_fallback or device.type == "cpu":
-                raise
-            warn_cpu_fallback(device, capacity, self.nbytes_estimate)
-            self._allocate(torch.device("cpu"))
+        self._core = ReplayCore.build(
+            cfg,
+            self.layout.row,
+            device,
+            backend,
+            cuda_graphs,
+            _SAMPLE_SLOTS,
+            cpu_fallback,
+            self.nbytes_estimate,
+            extend=self._allocate,
+        )
         self._steps = 0  # add calls, as the host knows them
         self._size = 0  # filled rows, as the host knows them (a lower bound until stats())
-        self._invalid_reported = 0
-        self._beta = BetaInput(self.tree.beta)
-        self._gamma = BetaInput(self._gamma_scalar, "gamma")
-        self._graphs = BufferGraphs(cuda_graphs and self.device.type == "cuda", _SAMPLE_SLOTS)
+        self._gamma = ExponentInput(self._gamma_scalar, "gamma")
         self._out = TransitionSample(self.layout, relabelled=her is not None)
-        self._epoch = object()
 
-    def _allocate(self, device: torch.device) -> None:
-        self.device = device
-        self.backend, kernels = choose_backend(self._backend_request, device)
-        self._kernels = kernels_of("trajectory", self.backend)
-        cfg, e, w = self._cfg, self.num_envs, self.layout.words
-        self.rows = RowStorage(self.layout.row, cfg.capacity, device)
-        self.tree = PriorityTree(cfg.capacity, kernels, device, cfg.arity)
+    def _allocate(self, core: ReplayCore) -> None:
+        """What the trajectory buffer holds beside the core, on the core's device."""
+        device, e = core.device, self.num_envs
+        self._kernels = kernels_of("trajectory", core.backend)
         # every slot is in the tree's range: drawable starts are the slots with mass, not a prefix
-        self.tree.counters[C_SIZE] = cfg.capacity
-        self.policy = SamplingPolicy.build(
-            cfg.sampling, cfg.weight_norm, cfg.capacity, device, cfg.rank_refresh_interval
-        )
-        self.streams = torch.zeros(e, 2, dtype=torch.int64, device=device)
-        self.pending = torch.zeros(e, w, dtype=torch.int32, device=device)
-        self.tcounters = torch.zeros(N_TCOUNTERS, dtype=torch.int64, device=device)
+        core.tree.counters[C_SIZE] = core.tree.capacity
+        self._streams = StreamState(self.layout, e, self.rows_per_env, self.window, self.autoreset, core)
         self._gamma_scalar = torch.ones((), dtype=torch.float32, device=device)
-        self._obs_mask = self.layout.obs_mask(device)
-        self._packer = StepPacker(self.layout, e, device)
-        self._plan = self._packer.word_plan() if self.backend == "triton" else None
         her = self._her
         self._relabeler = (
             None
             if her is None
-            else Relabeler(her, self.layout, e, self.rows_per_env, device, kernels_of("her", self.backend))
+            else Relabeler(her, self.layout, e, self.rows_per_env, device, kernels_of("her", core.backend))
         )
 
     @property
     def spec(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """The step's fields as given (``terminated`` and ``truncated`` are the buffer's own)."""
         return self.layout.spec()
+
+    @property
+    def streams(self) -> torch.Tensor:
+        """[num_envs, 2] int64 device tensor: rows written per stream, and where its episode in progress starts."""
+        return self._streams.streams
 
     @property
     def her(self) -> HindsightRelabeling | None:
@@ -204,10 +174,6 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
         ``e`` at ``[e, k % rows_per_env]``; read them, write through ``add``)."""
         e, t = self.num_envs, self.rows_per_env
         return {n: v.unflatten(0, (e, t)) for n, v in self.layout.visible.views(self.rows.rows).items()}
-
-    def __len__(self) -> int:
-        """Filled rows, as the host knows it (exact after :meth:`stats`)."""
-        return self._size
 
     def __repr__(self) -> str:
         return (
@@ -234,12 +200,13 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
         names = self.layout.step_names()
         args = tuple(data[n] for n in names)
         try:
-            if not self._graphs.active:
+            graphs = self._core.graphs
+            if not graphs.active:
                 self._add(*args)
             else:
                 key = ("add",) + tuple((a.dtype, a.device.type) for a in args)
                 on_device = all(a.device == self.device for a in args)
-                self._graphs.call(key, args, self._add, by_address=on_device)
+                graphs.call(key, args, self._add, by_address=on_device)
         except torch.OutOfMemoryError as err:
             raise out_of_memory(err, self.device, f"adding a step of {self.num_envs} streams") from err
         self._steps += 1
@@ -247,40 +214,10 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
         self._size = max(self._size, min(self._steps, self.rows_per_env) * self.num_envs)
 
     def _add(self, *args: torch.Tensor) -> None:
-        data = dict(zip(self.layout.step_names(), args, strict=True))
-        tree = self.tree
-        direct = {}  # the Triton add reads the step's tensors itself where their fields are whole words
-        if self._plan is not None:
-            keys, plan = self._plan
-            staged = None
-            flags = tuple(data[n].detach().to(self.device, non_blocking=True).contiguous() for n in STEP_FLAGS)
-            direct = {"sources": tuple(self._packer.words_of(data, keys)), "plan": plan, "flags": flags}
-        else:
-            staged = self._packer.pack(data)
         before = self.streams.clone() if self._relabeler is not None else None
-        self._kernels.stream_add(
-            state=tree.state,
-            keys=self.policy.rank.keys if self.policy.rank is not None else None,
-            rows=self.rows.words,
-            staged=staged,
-            streams=self.streams,
-            pending=self.pending,
-            tcounters=self.tcounters,
-            obs_mask=self._obs_mask,
-            flags_col=self.layout.flags_col,
-            rows_per_env=self.rows_per_env,
-            window=self.window,
-            autoreset=AUTORESET[self.autoreset],
-            value=self._new_start_value,
-            **direct,
-        )
+        self._streams.add(self._core, dict(zip(self.layout.step_names(), args, strict=True)))
         if before is not None:
             self._relabeler.after_add(before, self.streams)
-
-    @property
-    def _new_start_value(self) -> float | None:
-        """The tree value of a start that becomes drawable: the max priority, or 1 (rank 1; uniform)."""
-        return 1.0 if self.sampling in ("rank", "uniform") else None
 
     # ---------------------------------------------------------------- sample
 
@@ -291,11 +228,6 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
                 f"after it are written, so sampling needs window + 1 = {self.window + 1} steps (or build the "
                 "buffer with a smaller window)"
             )
-
-    def _kernel_mode(self) -> int:
-        # uniform draws are proportional over the drawable starts, whose tree values are all 1
-        mode = self.policy.kernel_mode
-        return MODE_PROPORTIONAL if mode == MODE_UNIFORM else mode
 
     def _check_steps(self, name: str, value: object) -> int:
         if not _is_int(value):
@@ -342,26 +274,25 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
             raise ValueError("sample(relabel=True) needs a buffer built with her=gper.HindsightRelabeling(...)")
         relabel = self.her is not None and relabel is not False
         self._check_drawable("sample()")
-        graphed = self._graphs.active
-        beta_t = self._beta.tensor(self._cfg.beta if beta is None else beta, graphed, checked=beta is None)
+        graphs = self._core.graphs
+        graphed = graphs.active
+        beta_t = self._core.beta.tensor(self._cfg.beta if beta is None else beta, graphed, checked=beta is None)
         gamma_t = self._gamma.tensor(1.0 if gamma is None else gamma, graphed, checked=gamma is None)
         out = self._out
         try:
             if not graphed:
                 batch = out.batch(out.split(self._sample(b, n, beta_t, gamma_t, relabel)), n)
             else:
-                run = self._graphs.samples.run
+                run = graphs.samples.run
                 body = lambda: self._sample(b, n, self.tree.beta, self._gamma_scalar, relabel)  # noqa: E731
                 parts, replayed = run(("sample", b, n, relabel), body, out.with_fields)
                 batch = out.batch(parts, n, with_fields=True) if replayed else out.batch(out.split(parts), n)
         except torch.OutOfMemoryError as err:
             raise out_of_memory(err, self.device, f"drawing a batch of {b}") from err
-        batch.source = self._epoch
-        return batch
+        return self._core.stamp(batch)
 
     def _draw(self, b: int, beta: torch.Tensor, parts: dict[str, torch.Tensor]) -> None:
-        self.tree.sample_into(self.rows.words, self.seed, self._kernel_mode(), beta, parts)
-        self.policy.normalise(parts, self.tree, beta)
+        self._core.sample_into(parts, beta, self.policy.start_mode)
 
     def _sample(self, b: int, n: int, beta: torch.Tensor, gamma: torch.Tensor, relabel: bool) -> torch.Tensor:
         flat = self._out.empty(b, self.device)
@@ -375,7 +306,7 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
             state=tree.state,
             rows=self.rows.words,
             seed=self.seed,
-            mode=self._kernel_mode(),
+            mode=self.policy.start_mode,
             beta=beta,
             gamma=gamma,
             n_step=n,
@@ -425,7 +356,7 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
         if not _is_int(burn_in) or burn_in < 0:
             raise ValueError(f"burn_in must be an int >= 0, got {burn_in!r}")
         self._check_drawable("sample_sequences()")
-        beta_t = self._beta.tensor(self._cfg.beta if beta is None else beta, False, checked=beta is None)
+        beta_t = self._core.beta.tensor(self._cfg.beta if beta is None else beta, False, checked=beta is None)
         w = self.layout.words
         try:
             start = torch.empty(b, w, dtype=torch.int32, device=self.device)
@@ -438,25 +369,13 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
             self._draw(b, beta_t, parts)
             rows = torch.empty(b, burn_in + length + 1, w, dtype=torch.int32, device=self.device)
             mask = torch.empty(b, burn_in + length, dtype=torch.bool, device=self.device)
-            self._kernels.gather_sequences(
-                rows=self.rows.words,
-                streams=self.streams,
-                rows_per_env=self.rows_per_env,
-                length=length,
-                burn_in=burn_in,
-                obs_mask=self._obs_mask,
-                flags_col=self.layout.flags_col,
-                idx=parts["indices"],
-                out_rows=rows,
-                out_mask=mask,
-            )
+            self._streams.gather_sequences(self.rows.words, length, burn_in, parts["indices"], rows, mask)
         except torch.OutOfMemoryError as err:
             raise out_of_memory(err, self.device, f"drawing {b} sequences") from err
         batch = SequenceBatch(
             self.layout, rows, mask, parts["indices"], parts["weights"], parts["generations"], length, burn_in
         )
-        batch.source = self._epoch
-        return batch
+        return self._core.stamp(batch)
 
     # ---------------------------------------------------------------- priorities
 
@@ -481,39 +400,20 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
         """
         batch = batch_or_indices if isinstance(batch_or_indices, TransitionBatch | SequenceBatch) else None
         if isinstance(batch, SequenceBatch):
-            td_errors = self._sequence_td(batch, td_errors, eta)
-        if batch is not None and batch.source is not self._epoch:
-            check_td(td_errors, batch.indices, self.device)
-            self.tree.count_stale(batch.indices.numel())
-            return
-        raw = batch.indices if batch is not None else batch_or_indices
-        indices = check_indices(raw, self.device, self.capacity, self.strict, "update_priorities()")
-        td = check_td(td_errors, indices, self.device)
-        if batch is None:
-            indices = self._drawable_only(indices)
-        expected = check_generations(batch.generations, indices) if batch is not None else None
-        args = (indices, td) if expected is None else (indices, td, expected)
-        try:
-            self._graphs.call(("update", indices.numel(), expected is not None), args, self._update, by_address=True)
-        except torch.OutOfMemoryError as err:
-            raise out_of_memory(err, self.device, f"updating {indices.numel()} priorities") from err
-        if self.policy.count_update():
-            self.refresh_ranks()
-
-    def _sequence_td(self, batch: SequenceBatch, td: object, eta: object) -> torch.Tensor:
-        eta = check_unit("eta", eta)
-        if not isinstance(td, torch.Tensor):
-            raise TypeError(f"update_priorities(): td_errors must be a torch.Tensor, got {type(td).__name__}")
-        want = (batch.batch_size, batch.length)
-        if tuple(td.shape) != want or not td.dtype.is_floating_point or td.device != self.device:
-            raise ValueError(
-                f"update_priorities(): a sequence batch's td_errors must be a float tensor {want} (the steps after "
-                f"the burn-in) on {self.device}; got {tuple(td.shape)} {td.dtype} on {td.device}"
-            )
-        mask = batch.mask[:, batch.burn_in :]
-        a = torch.where(mask, td.detach().float().abs(), 0.0)
-        mean = a.sum(dim=1) / mask.sum(dim=1).clamp_min(1)
-        return eta * a.amax(dim=1) + (1.0 - eta) * mean
+            td_errors = batch.start_td(td_errors, eta, self.device)
+        indices = batch.indices if batch is not None else batch_or_indices
+        alpha = self.policy.start_alpha(self.alpha)
+        self._core.update_priorities(
+            batch,
+            indices,
+            td_errors,
+            self.capacity,
+            self.strict,
+            alpha,
+            self.eps,
+            self.refresh_ranks,
+            raw_filter=self._drawable_only,
+        )
 
     def _drawable_only(self, indices: torch.Tensor) -> torch.Tensor:
         """Raw indices with the slots that are not drawable starts replaced by -1 (dropped and
@@ -526,11 +426,6 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
                 i = int(bad[0, 0])
                 raise IndexError(f"update_priorities(): slot {int(indices[i])} is not a drawable start")
         return torch.where(ok, indices, -1)
-
-    def _update(self, indices: torch.Tensor, td: torch.Tensor, expected: torch.Tensor | None = None) -> None:
-        # uniform mode keeps every drawable start at 1: alpha 0 makes every priority 1
-        alpha = 0.0 if self.sampling == "uniform" else self.alpha
-        self.policy.update(self.tree, indices, td, expected, alpha, self.eps)
 
     def priorities(self, indices: torch.Tensor) -> torch.Tensor:
         """Stored priorities of slots ``indices`` ([B] float32; 0 where a slot is not a drawable start)."""
@@ -547,17 +442,7 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
         rank = self.policy.rank
         if rank is None:
             raise RuntimeError("refresh_ranks() applies to sampling='rank' only")
-        rank.updates_since_refresh = 0
-        ok = self.drawable()
-        keys = torch.where(ok, rank.keys[: self.capacity], -float("inf"))
-        order = torch.argsort(keys, descending=True, stable=True)
-        r = torch.empty(self.capacity, dtype=torch.float32, device=self.device)
-        r[order] = torch.arange(1, self.capacity + 1, dtype=torch.float32, device=self.device)
-        w = torch.where(ok, r.pow(-self.alpha), 0.0)
-        lo = self.tree.layout.leaf_offset
-        self.tree.tree[lo : lo + self.capacity] = w
-        self.tree.mintree[lo : lo + self.capacity] = torch.where(ok, w, float("inf"))
-        self.tree.rebuild()
+        rank.refresh(self.tree, self.capacity, self.alpha, drawable=self.drawable())
 
     # ---------------------------------------------------------------- counts
 
@@ -571,49 +456,28 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
             ``max_priority``, ``total_priority``, ``rng_offset``, ``invalid_indices``,
             ``stale_updates`` and ``nonfinite_td``.
         """
-        out = self.tree.read_counts()
+        out = self._core.read_counts()
         del out["cursor"]
-        t = self.tcounters.tolist()
+        t = self._streams.tcounters.tolist()
         held = self.streams[:, 0].clamp(max=self.rows_per_env)
         size, drawable = torch.stack((held.sum(), self.drawable().sum())).tolist()
         out |= {"size": size, "steps": t[T_STEPS], "drawable": drawable, "discontinuities": t[T_DISCONTINUITIES]}
         self._size, self._steps = size, t[T_STEPS]  # adds replayed from a caller's graph count too
-        self._invalid_reported = warn_dropped(out["invalid_indices"], self._invalid_reported)
         return out
 
     # ---------------------------------------------------------------- copies
 
     def _init_args(self) -> dict[str, Any]:
-        cfg = self._cfg
-        return {
-            "capacity": cfg.capacity,
+        """Constructor arguments that rebuild this buffer (its current settings, its device)."""
+        return self._core.init_args(self._cfg, self.strict) | {
             "num_envs": self.num_envs,
             "spec": self.spec,
-            "alpha": cfg.alpha,
-            "beta": cfg.beta,
-            "eps": cfg.eps,
-            "sampling": cfg.sampling,
-            "weight_norm": cfg.weight_norm,
             "window": self.window,
             "obs_keys": self.obs_keys,
             "autoreset": self.autoreset,
-            "device": str(self.device),
-            "backend": self.backend,
-            "seed": self.seed,
-            "strict": self.strict,
-            "cpu_fallback": False,
-            "rank_refresh_interval": cfg.rank_refresh_interval,
-            "arity": cfg.arity,
-            "cuda_graphs": self._graphs.enabled,
             "her": self.her,
         }
 
     def __reduce__(self) -> tuple:
         """``copy.deepcopy`` and ``pickle`` rebuild the buffer from its settings and state."""
-        return (_rebuild, (self._init_args(), self.state_dict()))
-
-
-def _rebuild(args: dict[str, Any], state: Mapping[str, Any]) -> TrajectoryReplayBuffer:
-    rb = TrajectoryReplayBuffer(**args)
-    rb.load_state_dict(state)
-    return rb
+        return (rebuild, (TrajectoryReplayBuffer, self._init_args(), self.state_dict()))

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import torch
 
 from gper.replay.batch import SampledBatch
+from gper.replay.checks import check_unit
 from gper.replay.streams import StreamLayout, next_name
 
 
@@ -180,3 +181,20 @@ class SequenceBatch(SampledBatch):
             f"SequenceBatch(batch_size={self.batch_size}, burn_in={self.burn_in}, length={self.length}, "
             f"fields={list(self)})"
         )
+
+    def start_td(self, td: object, eta: object, device: torch.device) -> torch.Tensor:
+        """One TD error per start from ``td`` [B, length] (the steps after the burn-in), mixed
+        over each sequence's masked steps as ``eta * max|td| + (1 - eta) * mean|td|`` (R2D2)."""
+        eta = check_unit("eta", eta)
+        if not isinstance(td, torch.Tensor):
+            raise TypeError(f"update_priorities(): td_errors must be a torch.Tensor, got {type(td).__name__}")
+        want = (self.batch_size, self.length)
+        if tuple(td.shape) != want or not td.dtype.is_floating_point or td.device != device:
+            raise ValueError(
+                f"update_priorities(): a sequence batch's td_errors must be a float tensor {want} (the steps after "
+                f"the burn-in) on {device}; got {tuple(td.shape)} {td.dtype} on {td.device}"
+            )
+        mask = self.mask[:, self.burn_in :]
+        a = torch.where(mask, td.detach().float().abs(), 0.0)
+        mean = a.sum(dim=1) / mask.sum(dim=1).clamp_min(1)
+        return eta * a.amax(dim=1) + (1.0 - eta) * mean

@@ -101,13 +101,7 @@ class TrajectoryCheckpoint:
 
     def _tensors(self) -> dict[str, torch.Tensor]:
         her = self._relabeler.state_dict() if self._relabeler is not None else {}
-        return (
-            {"rows": self.rows.rows}
-            | self.tree.state_dict()
-            | self.policy.state_dict()
-            | {"streams": self.streams, "pending": self.pending, "tcounters": self.tcounters}
-            | her
-        )
+        return self._core.state_tensors() | self._streams.state_dict() | her
 
     def _config(self) -> dict[str, Any]:
         # a buffer with hindsight relabelling holds its episode index too (strategy, ratio and the
@@ -222,18 +216,10 @@ class TrajectoryCheckpoint:
             state, flags, self.tree.layout, host["size"], steps, self.rows_per_env, self.window, self.device, more
         )
         with torch.no_grad():
-            copy_rows(self.rows.rows)
-            self.tree.load_state_dict(state)
-            self.policy.load_state_dict(state)
-            for name in ("streams", "pending", "tcounters"):
-                getattr(self, name).copy_(state[name])
+            self._core.load_tensors(state, copy_rows)
+            self._streams.load_state_dict(state)
             if self._relabeler is not None:
                 self._relabeler.load_state_dict(state)
-        self._seed = seed
-        self._graphs.clear()
         self._steps, self._size = steps, int(host["size"])  # the device's step count
-        self._invalid_reported = invalid
-        self.policy.updates_since_refresh = int(host["updates_since_refresh"])
-        self._beta.forget()
+        self._core.restored(seed, invalid, int(host["updates_since_refresh"]))
         self._gamma.forget()
-        self._epoch = object()

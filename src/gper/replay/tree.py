@@ -32,6 +32,7 @@ from gper.ops.state import (
     S_MAXP,
     TreeState,
 )
+from gper.ops.tree import reference
 from gper.replay.checkpoint import check_tensors
 
 #: the tensors of :meth:`PriorityTree.state_dict`, by checkpoint name
@@ -223,11 +224,17 @@ class PriorityTree:
         )
 
     def set_leaves(self, values: torch.Tensor) -> None:
-        """Leaves ``0 .. len(values)`` of both trees become ``values``; then :meth:`rebuild`."""
+        """Leaves ``0 .. len(values)`` of both trees become ``values`` (0: an empty leaf); then :meth:`rebuild`."""
         lo, n = self.layout.leaf_offset, values.numel()
         self.tree[lo : lo + n] = values
-        self.mintree[lo : lo + n] = values
+        self.mintree[lo : lo + n] = torch.where(values > 0, values, math.inf)  # an empty leaf is no minimum
         self.rebuild()
+
+    def batch_weights(self, indices: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+        """IS weights of ``indices`` normalised by the smallest of their own priorities (``batch``
+        normalisation), computed as the reference back end computes weights, whatever the back end."""
+        leaf = self.tree[self.layout.leaf_offset + indices]
+        return reference.is_weights(leaf, leaf.amin(), beta)
 
     def rebuild(self) -> None:
         """Recompute every inner node of both trees from the leaves (O(capacity))."""
