@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import gper
 from gper.dqn import Agent, Config, LearnState, padded_width, replay_spec, resolve, setup, trajectory_spec
-from gper.dqn.replay_feed import FlatFeed, GoalTrajectoryFeed, TrajectoryFeed, replay_feed
+from gper.dqn.replay_feed import FlatFeed, GoalTrajectoryFeed, ReplayFeed, TrajectoryFeed, replay_feed
 from gper.envs import make_env
 
 CPU = torch.device("cpu")
@@ -39,6 +39,7 @@ def test_each_buffer_gets_its_feed():
     assert type(replay_feed(cfg, env, flat)) is FlatFeed and replay_feed(cfg, env, flat).replay is flat
     feed = replay_feed(cfg, env, trajectory)
     assert type(feed) is TrajectoryFeed and feed.replay is trajectory and feed.goal_env is None
+    assert isinstance(feed, ReplayFeed) and isinstance(replay_feed(cfg, env, flat), ReplayFeed)
     # the trajectory replay's host count of adds reaches window + 1 before the collect graph is captured
     assert replay_feed(cfg, env, flat).collect_warmup == 3 and feed.collect_warmup == 3
     window5 = gper.TrajectoryReplayBuffer(32, ENVS, trajectory_spec(WIDTH), window=5, backend="torch", device=CPU)
@@ -49,7 +50,8 @@ def test_a_goal_task_gets_the_goal_feed():
     settings = dict(env="bitflip:4", device="cpu", total_steps=400, num_envs=2, learning_starts=64, batch_size=8)
     settings |= dict(buffer_size=200, epoch_steps=200, hidden=(16,), her="future", progress=False)
     _, agent, _ = setup(Config(**settings), log=lambda _: None)
-    assert type(agent.feed) is GoalTrajectoryFeed and agent.feed.goal_env is agent.env is agent.goal_env
+    assert type(agent.feed) is GoalTrajectoryFeed and isinstance(agent.feed, ReplayFeed)
+    assert agent.feed.goal_env is agent.env is agent.goal_env
 
 
 def test_the_flat_feed_keeps_done_and_gamma_apart():

@@ -22,7 +22,7 @@ fused kernel make ``gamma (1 - done)`` themselves, which keeps the trained param
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
@@ -57,8 +57,10 @@ class LearnerInputs(Protocol):
     """IS weights [B]"""
 
 
+@runtime_checkable
 class ReplayFeed(Protocol):
-    """The replay as the learner sees it: the one interface :class:`gper.dqn.Agent` uses."""
+    """The replay as the learner sees it: the one interface :class:`gper.dqn.Agent` uses.
+    ``isinstance(x, ReplayFeed)`` checks that ``x`` has its members, not their signatures."""
 
     replay: Replay
     """the buffer behind the feed (its checkpoint, its back end)"""
