@@ -257,7 +257,8 @@ class Agent:
 
     def _upload(self) -> None:
         # the batch's fields as the learner reads them: strided views of the sampled rows (obs
-        # and next_obs start 16-byte aligned, so the matmuls read them in place): no kernel
+        # and next_obs start 16-byte aligned, so the matmuls read them in place): no kernel, except
+        # a goal task's input, the observation and desired goal joined (GoalTrajectoryFeed)
         self.feed.upload(self.learn_state.batch, self.learn_state)
 
     def _fwd_bwd(self) -> None:
