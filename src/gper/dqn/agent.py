@@ -9,11 +9,8 @@ holds what they pass each other:
   annealed beta: draw, gather, IS weights).
 - ``upload``: the batch's fields as the network's inputs (strided views of the sampled rows).
 - ``fwd_bwd``: double-Q targets, Huber loss times IS weights, backward; the loss sums on the device.
-  From the flat replay (:class:`gper.PrioritizedReplayBuffer`) the target is
-  ``r + gamma (1 - done) Q'(s')``; from the trajectory replay (:class:`gper.TrajectoryReplayBuffer`)
-  it is the n-step target ``R + discount Q'(s_m)``, where the sampled batch holds the discounted
-  sum ``R`` of up to ``n_step`` rewards and ``discount`` = gamma^m (0 where the episode
-  terminated; a truncated episode bootstraps from its final observation).
+  The target is the replay feed's (:mod:`gper.dqn.replay_feed`): ``r + gamma (1 - done) Q'(s')``
+  from the flat replay, the n-step ``R + discount Q'(s_m)`` from the trajectory replay.
 - ``grad_sync`` (data-parallel training only, :mod:`gper.dqn.parallel`): the gradients averaged
   over the ranks, one all-reduce.
 - ``per_update``: priorities from the TD errors, then the beta anneal. In the one-graph step it
@@ -43,13 +40,13 @@ import torch.nn.functional as F
 from torch import nn
 
 import gper
-from gper.distributed import ShardedPrioritizedReplayBuffer
 from gper.dqn.batch_source import Batch, BatchSource
 from gper.dqn.config import Config
 from gper.dqn.fused_adam import adam_state, adam_step
 from gper.dqn.fused_loss import td_loss
-from gper.dqn.network import GOAL_OBS_KEYS, QNetwork, padded_width
-from gper.envs import Step, VecEnv, is_goal_env
+from gper.dqn.network import QNetwork, padded_width
+from gper.dqn.replay_feed import Replay, replay_feed
+from gper.envs import GoalEnv, Step, VecEnv
 from gper.training.episodes import EpisodeTracker
 from gper.training.phases import PhasedStep
 
@@ -110,10 +107,6 @@ class _NoEnv(VecEnv):
 # ---------------------------------------------------------------------------------------- agent
 
 
-#: the replays an agent learns from
-Replay = gper.PrioritizedReplayBuffer | gper.TrajectoryReplayBuffer | ShardedPrioritizedReplayBuffer
-
-
 class Agent:
     """Networks, optimizer, replay and the two steps (collect, learn) built from them.
 
@@ -129,7 +122,8 @@ class Agent:
             transition a row, 1-step targets; not for an environment whose ``autoreset`` is
             ``next-step``) or a :class:`gper.TrajectoryReplayBuffer` (each environment's steps in
             order, ``cfg.n_step``-step targets; its ``num_envs`` is the environment's and its
-            ``window`` at least ``cfg.n_step``).
+            ``window`` at least ``cfg.n_step``). The steps see it through its :attr:`feed`
+            (:func:`gper.dqn.replay_feed.replay_feed`), the one replay interface of the learner.
         total_train_steps: training steps of the run; beta reaches 1 at the last one.
         batch_source: where each learn step's batch comes from; default :meth:`sample_replay`.
             With another source the per_update phase anneals beta but updates no priorities: its
@@ -150,11 +144,8 @@ class Agent:
         grad_sync: Callable[[list[torch.Tensor | None]], None] | None = None,
         env_seed: int | None = None,
     ) -> None:
-        self.trajectory = isinstance(rb, gper.TrajectoryReplayBuffer)
-        _check_replay(cfg, env, rb, self.trajectory)
-        # a goal task's steps go to the replay as observation, achieved and desired goal (the
-        # fields hindsight relabelling reads and rewrites); the network reads the observation as is
-        self.goal_env = env if self.trajectory and is_goal_env(env) else None
+        # the replay as the learner sees it: the steps below use only this, whichever buffer it is
+        self.feed = replay_feed(cfg, env, rb, collects=not isinstance(env, _NoEnv))
         self.cfg, self.env, self.rb = cfg, env, rb
         device = self.device = env.device
         cuda = device.type == "cuda"
@@ -181,9 +172,7 @@ class Agent:
         self.batch_source: BatchSource = self.sample_replay if batch_source is None else batch_source
         self.from_replay = batch_source is None
         graphs = cfg.cuda_graphs and cuda
-        # the trajectory replay counts its adds on the host (sampling needs window + 1 of them), and
-        # replays of the collect graph add steps that the host does not see: enough eager steps first
-        warmup = max(3, rb.window + 1) if self.trajectory else 3
+        warmup = self.feed.collect_warmup
         self.collect = PhasedStep({"collect": self._collect}, device, graphs and env.graph_safe, warmup=warmup)
         self.learn_state = LearnState()
         learn = {
@@ -216,6 +205,17 @@ class Agent:
         raises). For benchmarks and tests of the learn step."""
         return cls(cfg, _NoEnv(obs_dim, n_actions, rb.device), rb, total_train_steps, batch_source)
 
+    @property
+    def trajectory(self) -> bool:
+        """Whether the replay is a :class:`gper.TrajectoryReplayBuffer` (n-step targets). Reports and
+        tests read it; the steps do not: they see the replay through :attr:`feed` alone."""
+        return isinstance(self.rb, gper.TrajectoryReplayBuffer)
+
+    @property
+    def goal_env(self) -> GoalEnv | None:
+        """The goal task whose observations the replay holds in parts (hindsight relabelling), or None."""
+        return self.feed.goal_env
+
     def pad(self, obs: torch.Tensor) -> torch.Tensor:
         """``obs`` [n, obs_dim] with zero columns up to ``obs_width`` (a new tensor)."""
         return F.pad(obs, (0, self.obs_width - obs.shape[1]))
@@ -240,65 +240,26 @@ class Agent:
         step = env.step(action)
         d = env.obs_dim
         self.next_obs[:, :d] = step.next_obs
-        if self.trajectory:
-            # one step of every stream: the buffer reads episode ends and reset steps from the flags
-            # and from whether obs continues the stream's last next_obs, on the device
-            step_fields = {"obs": self.obs, "action": action, "reward": step.reward, "next_obs": self.next_obs}
-            if self.goal_env is not None:
-                step_fields = self._goal_fields(step_fields)
-            self.rb.add(step_fields | {"terminated": step.terminated, "truncated": step.truncated})
-        else:
-            # only termination stops bootstrapping: a truncated step's next_obs is the final observation
-            done = step.terminated.to(torch.float32)
-            row = {"obs": self.obs, "next_obs": self.next_obs, "action": action, "reward": step.reward, "done": done}
-            self.rb.add(row)
+        self.feed.add(self.obs, action, step, self.next_obs)
         self.counters[0] += n
         self.episodes.record(step.reward.to(torch.float64), step.terminated | step.truncated, self.counters[0])
         self.obs[:, :d] = step.obs
-
-    def _goal_fields(self, step_fields: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """A goal task's step for the replay: each observation as (observation, achieved goal, desired goal)."""
-        env, d = self.goal_env, self.env.obs_dim
-        out = {"action": step_fields["action"], "reward": step_fields["reward"]}
-        for prefix, key in (("", "obs"), ("next_", "next_obs")):
-            parts = env.split_goal_obs(step_fields[key][:, :d])
-            for name, part in zip(GOAL_OBS_KEYS, parts, strict=True):
-                out[prefix + name] = part.contiguous()
-        return out
-
-    def goal_input(self, obs: torch.Tensor, desired_goal: torch.Tensor) -> torch.Tensor:
-        """A goal task's network input from a batch's observation and (relabelled) desired goal:
-        laid out as the environment's observation, padded to ``obs_width``."""
-        return self.pad(torch.cat((obs, desired_goal), dim=1))
 
     # ---- learn: the five phases of one training step, in the order they run
 
     def sample_replay(self) -> Batch:
         """The default batch source: ``batch_size`` transitions drawn from the replay with the annealed
         beta; from the trajectory replay, ``n_step``-step transitions discounted by ``gamma``."""
-        cfg = self.cfg
-        if self.trajectory:
-            return self.rb.sample(cfg.batch_size, n_step=cfg.n_step, gamma=cfg.gamma, beta=self.beta_t)
-        return self.rb.sample(cfg.batch_size, beta=self.beta_t)
+        return self.feed.sample(self.cfg.batch_size, self.beta_t)
 
     def _sample(self) -> None:
         self.learn_state.batch = self.batch_source()
 
     def _upload(self) -> None:
         # the batch's fields as the learner reads them: strided views of the sampled rows (obs
-        # and next_obs start 16-byte aligned, so the matmuls read them in place): no kernel
-        s = self.learn_state
-        b = s.batch
-        if self.goal_env is not None:  # the goal the batch holds: relabelled where hindsight chose one
-            s.x = self.goal_input(b["obs"], b["desired_goal"])
-            s.next_x = self.goal_input(b["next_obs"], b["next_desired_goal"])
-        else:
-            s.x, s.next_x = b["obs"], b["next_obs"]
-        s.action, s.reward, s.weights = b["action"], b["reward"], b.weights
-        if self.trajectory:
-            s.discount = b["discount"]
-        else:
-            s.done = b["done"]
+        # and next_obs start 16-byte aligned, so the matmuls read them in place): no kernel, except
+        # a goal task's input, the observation and desired goal joined (GoalTrajectoryFeed)
+        self.feed.upload(self.learn_state.batch, self.learn_state)
 
     def _fwd_bwd(self) -> None:
         s, cfg = self.learn_state, self.cfg
@@ -312,10 +273,7 @@ class Agent:
                     next_q = next_target.gather(1, next_action).squeeze(1)
                 else:
                     next_q = next_target.max(dim=1).values
-                if self.trajectory:  # R + gamma^m Q'(s_m), 0 in place of gamma^m where it terminated
-                    y = s.reward + s.discount * next_q
-                else:
-                    y = s.reward + cfg.gamma * (1.0 - s.done) * next_q
+                y = self.feed.target(s, next_q)
         loss = (F.huber_loss(q, y, reduction="none", delta=1.0) * s.weights).mean()
         loss.backward()
         # only detached values outlive the step: a kept autograd graph would hold AccumulateGrad
@@ -345,10 +303,7 @@ class Agent:
                 # joined before the loss reads them; any later use of their memory on the side
                 # stream comes after a wait on this stream, so after the loss has read them
                 main.wait_stream(side)
-        if self.trajectory:
-            discount, gamma = s.discount, None
-        else:  # the kernel makes gamma (1 - done) from the done flags
-            discount, gamma = s.done, cfg.gamma
+        discount, gamma = self.feed.loss_discount(s)
         loss, s.td = td_loss(
             q, next_online, next_target, s.action, s.reward, discount, s.weights,
             gamma=gamma, sums=self.sums, backend=self.kernels,
@@ -361,7 +316,7 @@ class Agent:
         # from another batch source (a fixed batch) there is no priority update: its rows are not
         # the replay's draws; beta is annealed all the same, so the step keeps its phases and work
         if self.from_replay:
-            self.rb.update_priorities(s.batch, s.td)
+            self.feed.update_priorities(s.batch, s.td)
         # anneal in place (two tiny kernels) rather than recomputing from the step counter
         self.beta_t.add_((1.0 - self.cfg.beta) / self.total_train_steps).clamp_(max=1.0)
 
@@ -467,25 +422,3 @@ class Agent:
                 if isinstance(step, torch.Tensor):
                     device = param.device if on_device else torch.device("cpu")
                     self.optimizer.state[param]["step"] = step.to(device, torch.float32)
-
-
-def _check_replay(cfg: Config, env: VecEnv, rb: Replay, trajectory: bool) -> None:
-    """Refuse a replay that cannot serve ``cfg`` on ``env`` (one line each)."""
-    if not trajectory:
-        if cfg.n_step > 1:
-            raise ValueError(f"n_step {cfg.n_step} needs a TrajectoryReplayBuffer, got {type(rb).__name__}")
-        if env.autoreset == "next-step":
-            raise ValueError(
-                f"{env.name} resets on the next step, which a {type(rb).__name__} cannot tell from a "
-                "transition: use a TrajectoryReplayBuffer"
-            )
-        return
-    if rb.num_envs != env.num_envs and not isinstance(env, _NoEnv):  # a learn-only agent collects nothing
-        raise ValueError(f"the TrajectoryReplayBuffer has {rb.num_envs} streams, the environment {env.num_envs} copies")
-    if rb.window < cfg.n_step:
-        raise ValueError(f"the TrajectoryReplayBuffer's window {rb.window} is shorter than n_step {cfg.n_step}")
-    if is_goal_env(env) and rb.obs_keys != GOAL_OBS_KEYS:
-        raise ValueError(
-            f"{env.name} is a goal task: its TrajectoryReplayBuffer needs obs_keys {GOAL_OBS_KEYS} "
-            f"(gper.dqn.build_replay makes one), got {rb.obs_keys}"
-        )
