@@ -9,7 +9,8 @@
 
 The package, in reading order: :mod:`~gper.dqn.config` (``Config``, the per-environment
 ``PRESETS``), :mod:`~gper.dqn.network` (the Q-network, the replay's rows),
-:mod:`~gper.dqn.batch_source` (where a learn step's batch comes from), :mod:`~gper.dqn.agent`
+:mod:`~gper.dqn.batch_source` (where a learn step's batch comes from), :mod:`~gper.dqn.replay_feed`
+(the one replay interface the learner sees, whichever buffer feeds it), :mod:`~gper.dqn.agent`
 (the collect and learn steps), :mod:`~gper.dqn.loop` (``setup``, ``train``),
 :mod:`~gper.dqn.epochs` (the schedule and the epochs),
 :mod:`~gper.dqn.evaluation` (the greedy policy's periodic evaluation), :mod:`~gper.dqn.parallel`

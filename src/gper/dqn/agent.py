@@ -166,7 +166,7 @@ class Agent:
         self.autocast = cuda and cfg.precision == "bf16"
         # the fused step's kernels follow the replay's back end (auto: what the replay chose, so a
         # GPU where the Triton probe failed, or a machine without Triton, runs the torch kernels)
-        self.kernels = rb.backend if cfg.backend == "auto" else cfg.backend
+        self.fused_backend = rb.backend if cfg.backend == "auto" else cfg.backend
         # where the fused step runs the forwards on the next observations (CUDA only)
         self._side = torch.cuda.Stream(device) if cfg.fused_step and cuda else None
         self.batch_source: BatchSource = self.sample_replay if batch_source is None else batch_source
@@ -306,7 +306,7 @@ class Agent:
         discount, gamma = self.feed.loss_discount(s)
         loss, s.td = td_loss(
             q, next_online, next_target, s.action, s.reward, discount, s.weights,
-            gamma=gamma, sums=self.sums, backend=self.kernels,
+            gamma=gamma, sums=self.sums, backend=self.fused_backend,
         )  # fmt: skip
         loss.backward()
         s.grads = [p.grad for p in self.qnet.parameters()]
@@ -342,7 +342,7 @@ class Agent:
         adam_step(
             params, [p.grad for p in params], exp_avgs, exp_avg_sqs, steps,
             lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
-            targets=list(self.target.parameters()) if soft else None, tau=cfg.tau, backend=self.kernels,
+            targets=list(self.target.parameters()) if soft else None, tau=cfg.tau, backend=self.fused_backend,
         )  # fmt: skip
         self.counters[1] += 1
 

@@ -207,6 +207,31 @@ class Relabeler:
             raise ValueError(f"her: {what} must return a [{n}] tensor on {ag.device} (one per step), got {got}")
         return out
 
+    def _reward_inputs(
+        self, parts: dict[str, torch.Tensor], rows: torch.Tensor, goal: torch.Tensor, n_step: int
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """What ``reward_fn`` gets for the m steps of each drawn transition and its new ``goal``:
+        the achieved goals, the goal repeated per step, and the info fields (all [B * n_step, ...])."""
+        her, t, layout, idx = self.her, self.rows_per_env, self.layout, parts["indices"]
+        b = idx.numel()
+        # the m steps' rewards for the new goal: step k + i reads the achieved goal of row k + i + 1
+        if n_step == 1:  # the sample gathered both rows: copies of their fields (the functions get their own)
+            ag = layout.row.view(parts["next_rows"], her.achieved_goal).clone()
+            info = {k: layout.visible.view(parts["rows"], k).clone() for k in self._info}
+            return ag, goal.clone(), info
+        pos = torch.remainder(idx, t)
+        base = idx - pos
+        ahead = pos[:, None] + torch.arange(n_step, device=idx.device, dtype=torch.int64)[None, :]
+        after = base[:, None] + torch.remainder(ahead + 1, t)  # [B, n] the next observations' slots
+        ag = self._gather(rows, after.view(-1), self._goal)
+        info = {}
+        if self._info:
+            steps = (base[:, None] + torch.remainder(ahead, t)).view(-1)
+            info = {k: self._gather(rows, steps, f) for k, f in self._info.items()}
+        gshape = goal.shape[1:]
+        goals = goal[:, None].expand(b, n_step, *gshape).reshape(b * n_step, *gshape)
+        return ag, goals, info
+
     def relabel(
         self,
         parts: dict[str, torch.Tensor],
@@ -248,25 +273,8 @@ class Relabeler:
             out_goal=goal_slot,
             out_flag=flag,
         )
-        pos = torch.remainder(idx, t)
-        base = idx - pos
         goal = self._gather(rows, goal_slot, self._goal)
-        # the m steps' rewards for the new goal: step k + i reads the achieved goal of row k + i + 1
-        if n_step == 1:  # the sample gathered both rows: copies of their fields (the functions get their own)
-            ag = layout.row.view(parts["next_rows"], her.achieved_goal).clone()
-            info = {k: layout.visible.view(parts["rows"], k).clone() for k in self._info}
-            goals = goal.clone()
-        else:
-            ahead = pos[:, None] + torch.arange(n_step, device=idx.device, dtype=torch.int64)[None, :]
-            after = base[:, None] + torch.remainder(ahead + 1, t)  # [B, n] the next observations' slots
-            ag = self._gather(rows, after.view(-1), self._goal)
-            if self._info:
-                steps = (base[:, None] + torch.remainder(ahead, t)).view(-1)
-                info = {k: self._gather(rows, steps, f) for k, f in self._info.items()}
-            else:
-                info = {}
-            gshape = goal.shape[1:]
-            goals = goal[:, None].expand(b, n_step, *gshape).reshape(b * n_step, *gshape)
+        ag, goals, info = self._reward_inputs(parts, rows, goal, n_step)
         reward = self._call(her.reward_fn, "reward_fn", ag, goals, info).to(torch.float32).reshape(b, n_step)
         hit = None
         if her.terminated_fn is not None:
