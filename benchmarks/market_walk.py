@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from gper.bench.report import ResultFiles, environment, format_markdown, header_line, print_table
+from gper.dqn.walk_settings import nest_walk
 
 WINDOWS = dict(train_months=36, val_months=12, test_months=12, step_months=12)
 SERIES = {"synthetic": None, "sp500": "arch:sp500", "nasdaq": "arch:nasdaq"}
@@ -59,7 +60,8 @@ COLUMNS = [
 
 
 def parse_settings(items: list[str]) -> dict:
-    """``["steps_per_bar=30", "hidden=64,64"]`` -> Config keyword arguments."""
+    """``["steps_per_bar=30", "hidden=64,64"]`` -> settings for :func:`gper.dqn.config.from_settings`
+    (the walk-forward ones flat)."""
     out = {}
     for item in items:
         key, _, value = item.partition("=")
@@ -74,11 +76,11 @@ def parse_settings(items: list[str]) -> dict:
 
 def worker(spec: dict) -> int:
     """One walk-forward run in this process (``--worker``): prints one JSON line with its result."""
-    from gper.dqn import Config
+    from gper.dqn.config import from_settings
     from gper.walkforward.run import walk_forward
 
     score_test = spec.pop("score_test")
-    cfg = Config(env="market", progress=False, tensorboard=False, **spec)
+    cfg = from_settings(dict(env="market", progress=False, tensorboard=False, **spec))
     torch.set_num_threads(1)
     result = walk_forward(cfg, log=lambda line: print(line, file=sys.stderr, flush=True), score_test=score_test)
     chosen = [run.chosen for run in result.folds]
@@ -176,10 +178,11 @@ def rescore(runs: Path, until: int) -> list[dict]:
             if int(record["val"]["end"][:4]) <= until:
                 scores.append(0.0 if record["chosen"]["flat"] else record["chosen"]["score"])
         hidden = ",".join(str(h) for h in settings["hidden"])
+        steps_per_bar = nest_walk(settings)["walk"]["steps_per_bar"]  # flat in a run from before Config.walk
         rows.append(
             {
                 "candidate": int(c[1:]),
-                "settings": f"steps_per_bar={settings['steps_per_bar']} hidden={hidden}",
+                "settings": f"steps_per_bar={steps_per_bar} hidden={hidden}",
                 "val_score": sum(scores) / len(scores),
                 "folds": len(scores),
             }

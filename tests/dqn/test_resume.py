@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from gper.cli import main
-from gper.dqn import Config, epochs, setup, train
+from gper.dqn import Config, WalkForward, epochs, setup, train
 from gper.dqn.checkpoint import fixed_settings, stored_config
 from gper.training.checkpoints import CheckpointError, list_checkpoints, step_of
 from gper.training.runlog import read_metrics
@@ -69,6 +69,23 @@ def test_a_run_resumed_mid_way_ends_where_the_whole_run_does(run, tmp_path, samp
     resumed = json.loads((tmp_path / "resumed" / "summary.json").read_text())
     for key in ("env_steps", "train_steps", "episodes", "mean_return_last100", "best_mean_return_last100"):
         assert resumed[key] == whole[key], key
+
+
+def test_a_checkpoint_with_the_walk_settings_flat_resumes_as_before(run, tmp_path):
+    """A checkpoint written before ``Config.walk`` (its trainer.pt's settings with ``steps_per_bar``,
+    ``validations``, ... among the others) reads back with them in ``walk`` and resumes bit for bit."""
+    train(Config(**run, run_name="whole"), **QUIET)
+    middle = tmp_path / "whole" / "checkpoints" / "step-000000000400"
+    old = tmp_path / "old" / middle.name
+    shutil.copytree(middle, old)
+    trainer = old / "trainer.pt"
+    state = torch.load(trainer, weights_only=True)
+    walk = state["config"].pop("walk")
+    state["config"] |= walk
+    torch.save(state, trainer)
+    assert stored_config(old).walk == WalkForward()
+    train(Config(**run, run_name="resumed", resume=str(old)), **QUIET)
+    assert_same_training(tmp_path / "whole", tmp_path / "resumed")
 
 
 @pytest.mark.gpu

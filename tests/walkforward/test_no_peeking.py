@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 
-from gper.dqn import Config
+from gper.dqn.config import from_settings
 from gper.envs.folds import WalkSpec, walk_forward_folds
 from gper.envs.market_data import Bars, synthetic_bars
 from gper.walkforward.fold import run_fold
@@ -46,7 +46,7 @@ def with_closes(bars: Bars, close: torch.Tensor) -> Bars:
 
 
 def run(bars, fold, **kw):
-    return run_fold(Config(**(TINY | kw)), bars, fold, torch.device("cpu"))
+    return run_fold(from_settings(TINY | kw), bars, fold, torch.device("cpu"))
 
 
 def same_selection(a, b) -> bool:

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from gper.cli import main
-from gper.dqn import Config, train
+from gper.dqn import Config, WalkForward, train
+from gper.dqn.config import from_settings
 
 SMALL = [
     "--env", "market", "--device", "cpu", "--backend", "torch", "--bars", "700",
@@ -82,7 +83,8 @@ def test_bad_walk_forward_settings_are_refused_in_one_line(flags, message, tmp_p
 
 def test_the_plain_trainer_refuses_walk_forward_windows():
     with pytest.raises(ValueError, match="gper.walkforward"):
-        train(Config(env="market", fold_train_bars=100, fold_val_bars=10, fold_test_bars=10, device="cpu"))
+        windows = WalkForward(fold_train_bars=100, fold_val_bars=10, fold_test_bars=10)
+        train(Config(env="market", walk=windows, device="cpu"))
 
 
 @pytest.mark.parametrize(
@@ -90,7 +92,7 @@ def test_the_plain_trainer_refuses_walk_forward_windows():
 )
 def test_walk_forward_settings_without_windows_are_refused(field, value):
     with pytest.raises(ValueError, match=f"{field} is a walk-forward setting"):
-        train(Config(env="market", device="cpu", **{field: value}))
+        train(Config(env="market", device="cpu", walk=WalkForward(**{field: value})))
 
 
 def test_annual_sharpe_counts_the_gaps_between_test_windows_as_time(tmp_path):
@@ -99,7 +101,7 @@ def test_annual_sharpe_counts_the_gaps_between_test_windows_as_time(tmp_path):
     from gper.walkforward.run import walk_forward
 
     flags = dict(fold_train_bars=200, fold_val_bars=60, fold_test_bars=60, fold_step_bars=120)
-    cfg = Config(**(CFG | flags | dict(run_dir=str(tmp_path), run_name="gaps")))
+    cfg = from_settings(CFG | flags | dict(run_dir=str(tmp_path), run_name="gaps"))
     report = walk_forward(cfg, log=lambda line: None).report
     per_year = report["out_of_sample"]["bars_per_year"]
     assert 255 < per_year < 265  # weekday bars: 365.25 * 5 / 7 = 260.9
@@ -151,3 +153,34 @@ def test_a_resume_that_changes_what_a_fold_computes_is_refused(tmp_path, capsys)
     assert main(["train", "--resume", str(tmp_path / "a"), "--learning-rate", "0.01"]) == 2
     err = capsys.readouterr().err
     assert "learning_rate was None, now 0.01" in err and "Traceback" not in err  # None: the preset's
+
+
+def test_a_walk_forward_run_whose_config_json_holds_the_walk_settings_flat_resumes(tmp_path, monkeypatch, capsys):
+    """A run folder written before ``Config.walk`` (its ``config.json`` with ``steps_per_bar``,
+    ``fold_train_bars``, ... among the other settings) resumes as one written since."""
+    import gper.walkforward.run as run_module
+
+    torch.set_num_threads(1)
+    real = run_module.run_fold
+    calls = []
+
+    def stop_in_the_third(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(run_module, "run_fold", stop_in_the_third)
+    assert main(["train", *SMALL, "--run-dir", str(tmp_path), "--run-name", "old"]) == 130
+    monkeypatch.setattr(run_module, "run_fold", real)
+    stored = tmp_path / "old" / "config.json"
+    meta = json.loads(stored.read_text())
+    walk = meta["config"].pop("walk")
+    meta["config"] |= walk
+    stored.write_text(json.dumps(meta))
+    resumed = run_module.resume_config(tmp_path / "old")
+    assert resumed.walk.steps_per_bar == 6 and resumed.walk.fold_train_bars == 200 and resumed.walk.validations == 3
+    capsys.readouterr()
+    assert main(["train", "--resume", str(tmp_path / "old"), "--progress", "False"]) == 0
+    assert capsys.readouterr().out.count("(done before)") == 2
+    assert len(json.loads((tmp_path / "old" / "report.json").read_text())["folds"]) == 4

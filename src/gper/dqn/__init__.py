@@ -8,7 +8,8 @@
     results = train(Config(env="cartpole", total_steps=100_000))
 
 The package, in reading order: :mod:`~gper.dqn.config` (``Config``, the per-environment
-``PRESETS``), :mod:`~gper.dqn.network` (the Q-network, the replay's rows),
+``PRESETS``; its walk-forward section ``WalkForward`` in :mod:`~gper.dqn.walk_settings`),
+:mod:`~gper.dqn.network` (the Q-network, the replay's rows),
 :mod:`~gper.dqn.batch_source` (where a learn step's batch comes from), :mod:`~gper.dqn.replay_feed`
 (the one replay interface the learner sees, whichever buffer feeds it), :mod:`~gper.dqn.agent`
 (the collect and learn steps), :mod:`~gper.dqn.loop` (``setup``, ``train``),
@@ -49,6 +50,7 @@ from gper.dqn.epochs import plan_steps, trains_at
 from gper.dqn.loop import build_env, build_replay, setup, train
 from gper.dqn.network import QNetwork, padded_width, replay_spec, trajectory_spec
 from gper.dqn.report import Results
+from gper.dqn.walk_settings import WalkForward
 
 __all__ = [
     "PRESETS",
@@ -60,6 +62,7 @@ __all__ = [
     "LearnState",
     "QNetwork",
     "Results",
+    "WalkForward",
     "build_env",
     "build_replay",
     "padded_width",

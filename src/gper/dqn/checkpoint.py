@@ -40,9 +40,10 @@ import torch
 
 import gper
 from gper.dqn.agent import Agent
-from gper.dqn.config import Config
+from gper.dqn.config import Config, from_settings
 from gper.dqn.parallel import Launch
 from gper.dqn.report import RunReport
+from gper.dqn.walk_settings import nest_walk
 from gper.training.checkpoints import (
     TEMP_PREFIX,
     CheckpointError,
@@ -145,8 +146,9 @@ class Checkpoint:
 
     @property
     def config(self) -> dict[str, Any]:
-        """The settings of the run that wrote it (a setting it predates: the value it ran with, :data:`ADDED`)."""
-        return ADDED | self.state["config"]
+        """The settings of the run that wrote it (a setting it predates: the value it ran with, :data:`ADDED`),
+        the walk-forward ones in ``walk`` (a checkpoint written before :attr:`Config.walk` holds them flat)."""
+        return nest_walk(ADDED | self.state["config"])
 
     @property
     def iteration(self) -> int:
@@ -261,7 +263,7 @@ def stored_config(resume: str | Path) -> Config:
     settings = {k: v for k, v in ckpt.config.items() if k in names}
     if isinstance(settings.get("hidden"), list | tuple):
         settings["hidden"] = tuple(settings["hidden"])
-    return Config(**settings, resume=str(resume))
+    return from_settings(settings | {"resume": str(resume)})
 
 
 def check_settings(cfg: Config, ckpt: Checkpoint) -> None:

@@ -14,6 +14,7 @@ import torch
 
 from gper._device import canonical_device
 from gper.dqn.presets import PRESETS as PRESETS  # the per-environment defaults (gper.dqn.config.PRESETS, as before)
+from gper.dqn.walk_settings import WALK_ONLY, WalkForward, nest_walk
 from gper.envs import registry
 from gper.envs.folds import WalkSpec, spec_from
 from gper.training.tensorboard import installed as tensorboard_installed
@@ -153,47 +154,8 @@ class Config:
     """market, synthetic prices: bars of the held-out test series the greedy policy is scored on"""
     cost_bps: float = 1.0
     """market: transaction cost in basis points of the traded position"""
-    train_months: int | None = None
-    """market walk-forward (with val_months and test_months): each fold trains on this many calendar
-    months, keeps the checkpoint that scores best on the next val_months, scores it once on the
-    test_months after those, and the next fold starts step_months later (docs/training.md,
-    "Walk-forward"); the same in days (train_days ...) or bars (fold_train_bars ...)"""
-    val_months: int | None = None
-    """market walk-forward: calendar months of each fold's validation window (checkpoint choice)"""
-    test_months: int | None = None
-    """market walk-forward: calendar months of each fold's test window (scored once)"""
-    step_months: int | None = None
-    """market walk-forward: calendar months from one fold's start to the next's (default test_months;
-    at least test_months, so that test windows never overlap)"""
-    train_days: int | None = None
-    """market walk-forward in calendar days: the training window"""
-    val_days: int | None = None
-    """market walk-forward in calendar days: the validation window"""
-    test_days: int | None = None
-    """market walk-forward in calendar days: the test window"""
-    step_days: int | None = None
-    """market walk-forward in calendar days: from one fold's start to the next's (default test_days)"""
-    fold_train_bars: int | None = None
-    """market walk-forward in bars (intraday data): the training window"""
-    fold_val_bars: int | None = None
-    """market walk-forward in bars: the validation window"""
-    fold_test_bars: int | None = None
-    """market walk-forward in bars: the test window"""
-    fold_step_bars: int | None = None
-    """market walk-forward in bars: from one fold's start to the next's (default fold_test_bars)"""
-    select_metric: Literal["sharpe", "log_pnl"] = "sharpe"
-    """market walk-forward: the validation score that picks a fold's checkpoint: Sharpe after costs
-    or log P&L after costs"""
-    flat_fallback: bool = True
-    """market walk-forward: a fold whose best checkpoint does not beat flat on validation (a score
-    of 0 or less) stays flat over its test window"""
-    steps_per_bar: int | None = None
-    """market walk-forward: training env steps per bar of a fold's training window (total_steps, when
-    not given, is this times the window's bars)"""
-    validations: int = 10
-    """market walk-forward: each fold's greedy policy is scored on its validation window every
-    total_steps / validations env steps, and once more at the end of training when that falls
-    after the last of them (the best one is kept)"""
+    walk: WalkForward = dataclasses.field(default_factory=WalkForward)
+    """market walk-forward: the windows and how each fold trains (gper.dqn.walk_settings; flat on the command line)"""
     gym_autoreset: Literal["same-step", "next-step"] = "same-step"
     """gym:<ID>: when Gymnasium resets an ended copy: in the step that ended it (same-step), or in a reset
     step after it that belongs to no episode (next-step, Gymnasium's own default; the replay must then be
@@ -271,22 +233,26 @@ def replay_kind(cfg: Config, autoreset: str) -> str:
     return "trajectory" if cfg.n_step > 1 or autoreset == "next-step" or goal else "flat"
 
 
+def from_settings(settings: dict[str, Any]) -> Config:
+    """The :class:`Config` of ``settings`` (keyword arguments of ``Config``, or a ``config.json``'s
+    dict), where the walk-forward settings may be flat (``steps_per_bar=30``, as on the command
+    line and in a config.json written before :attr:`Config.walk`) or a ``walk`` dict."""
+    nested = nest_walk(settings)
+    return Config(**nested | {"walk": WalkForward(**nested["walk"])})
+
+
 def walk_spec(config: Config) -> WalkSpec | None:
     """The walk-forward windows ``config`` asks for (gper.walkforward), or None for a plain run.
 
     Raises:
         ValueError: windows in two units, or train, val or test missing.
     """
-    c = config
+    c = config.walk
     return spec_from(
         (c.train_months, c.val_months, c.test_months, c.step_months),
         (c.train_days, c.val_days, c.test_days, c.step_days),
         (c.fold_train_bars, c.fold_val_bars, c.fold_test_bars, c.fold_step_bars),
     )
-
-
-#: settings that only a walk-forward run reads
-WALK_ONLY = ("steps_per_bar", "validations", "select_metric", "flat_fallback")
 
 
 def check_plain_run(config: Config) -> None:
@@ -301,9 +267,9 @@ def check_plain_run(config: Config) -> None:
             "walk-forward windows (train/val/test months, days or bars) are run by gper.walkforward.walk_forward "
             "or the gper train command, not gper.dqn.train"
         )
-    defaults = {f.name: f.default for f in dataclasses.fields(Config)}
+    defaults = WalkForward()
     for name in WALK_ONLY:
-        if getattr(config, name) != defaults[name]:
+        if getattr(config.walk, name) != getattr(defaults, name):
             raise ValueError(
                 f"{name} is a walk-forward setting: give the windows too (--train-months, --val-months, "
                 "--test-months, or days, or bars), or leave it out"
@@ -340,7 +306,12 @@ def resolve(config: Config, device: torch.device, family: str | None = None) -> 
         for f in dataclasses.fields(config)
         if getattr(config, f.name) is None and f.name in preset
     }
-    cfg = dataclasses.replace(config, **filled)
+    walk = {
+        f.name: preset[f.name]
+        for f in dataclasses.fields(config.walk)
+        if getattr(config.walk, f.name) is None and f.name in preset
+    }
+    cfg = dataclasses.replace(config, **filled, walk=dataclasses.replace(config.walk, **walk))
     cfg.hidden = tuple(int(h) for h in cfg.hidden)
     _check(cfg)
     return cfg
@@ -372,16 +343,8 @@ def _check(cfg: Config) -> None:
     if cfg.solve_return is not None and not math.isfinite(cfg.solve_return):
         raise ValueError(f"solve_return must be a finite number, got {cfg.solve_return}")
     # every other integer setting (bars, seed, learning_starts, ...): an int, not a float (NaN, inf)
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        if f.type in ("int", int) and (not isinstance(value, int) or isinstance(value, bool)):
-            raise ValueError(f"{f.name} must be an integer, got {value!r}")
-        if (
-            f.type in ("int | None", "Optional[int]")
-            and value is not None
-            and (not isinstance(value, int) or isinstance(value, bool))
-        ):
-            raise ValueError(f"{f.name} must be an integer, got {value!r}")
+    for settings in (cfg, cfg.walk):
+        _check_integers(settings)
     if cfg.seed < 0:
         raise ValueError(f"seed must be >= 0, got {cfg.seed}")
     if cfg.threads is not None and cfg.threads < 1:
@@ -398,6 +361,21 @@ def _check(cfg: Config) -> None:
         raise ValueError(f"eval_episodes must be an integer >= 1, got {cfg.eval_episodes}")
     if not isinstance(cfg.keep_checkpoints, int) or cfg.keep_checkpoints < 1:
         raise ValueError(f"keep_checkpoints must be an integer >= 1, got {cfg.keep_checkpoints!r}")
+
+
+def _check_integers(settings: Config | WalkForward) -> None:
+    """Every integer setting of ``settings`` (bars, seed, learning_starts, steps_per_bar, ...): an
+    int, not a float (NaN, inf) or a bool."""
+    for f in dataclasses.fields(settings):
+        value = getattr(settings, f.name)
+        if f.type in ("int", int) and (not isinstance(value, int) or isinstance(value, bool)):
+            raise ValueError(f"{f.name} must be an integer, got {value!r}")
+        if (
+            f.type in ("int | None", "Optional[int]")
+            and value is not None
+            and (not isinstance(value, int) or isinstance(value, bool))
+        ):
+            raise ValueError(f"{f.name} must be an integer, got {value!r}")
 
 
 def _check_replay(cfg: Config) -> None:

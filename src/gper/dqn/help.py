@@ -2,7 +2,8 @@
 
 :class:`~gper.dqn.config.Config` leaves those settings ``None`` (the environment's preset on the
 device that runs). Shown as ``(default: None)`` they say nothing, so the command parses into a
-copy of ``Config`` whose help hints name the value that will run: for the ``--env`` and
+copy of ``Config`` (its :attr:`~gper.dqn.Config.walk` section's settings flat among the others,
+as ``--train-months``, ``--steps-per-bar``, ...) whose help hints name the value that will run: for the ``--env`` and
 ``--device`` on the command line (cartpole, and this machine's device, when not given), and the
 description lists the presets of every environment on both kinds of device.
 """
@@ -20,23 +21,34 @@ import torch
 
 from gper.dqn import config as config_module
 from gper.dqn.config import Config, env_family
+from gper.dqn.walk_settings import WALK_FIELDS, WalkForward
 from gper.envs import registry
 
 
 def field_docs() -> dict[str, str]:
-    """Each :class:`Config` field's docstring (the string under it in the source), one line each;
-    ``env``'s lists the registered environments with their help lines."""
+    """Each :class:`Config` and :class:`~gper.dqn.walk_settings.WalkForward` field's docstring (the
+    string under it in the source), one line each; ``env``'s lists the registered environments with
+    their help lines."""
     docs = {"env": env_help()}
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(Config)))
-    except (OSError, TypeError):  # installed without its sources: the flags go without help text
-        return docs
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    for node, nxt in zip(body, body[1:], strict=False):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id not in docs:
-            if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
-                docs[node.target.id] = " ".join(nxt.value.value.split())
+    for cls in (Config, WalkForward):
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+        except (OSError, TypeError):  # installed without its sources: the flags go without help text
+            return docs
+        body = tree.body[0].body  # type: ignore[attr-defined]
+        for node, nxt in zip(body, body[1:], strict=False):
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id not in docs:
+                text = nxt.value.value if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) else None
+                if isinstance(text, str):
+                    docs[node.target.id] = " ".join(text.split())
     return docs
+
+
+def flat_fields() -> list[tuple[dataclasses.Field, bool]]:
+    """:class:`Config`'s fields in order, its ``walk`` section's in its place, each with whether it
+    belongs to the section: the command line's settings."""
+    walk = [(f, True) for f in dataclasses.fields(WalkForward)]
+    return [item for f in dataclasses.fields(Config) for item in (walk if f.name == "walk" else [(f, False)])]
 
 
 def env_help() -> str:
@@ -103,6 +115,7 @@ def command_config(env: str, device: torch.device, default: Config | None = None
     import tyro
 
     hints = typing.get_type_hints(Config, include_extras=True, localns=vars(config_module))
+    hints |= typing.get_type_hints(WalkForward, include_extras=True)
     docs = field_docs()
     spec = registry.lookup(env)
     walk = walk and spec is not None and spec.walk_forward_presets is not None
@@ -113,9 +126,10 @@ def command_config(env: str, device: torch.device, default: Config | None = None
         values["total_steps"] = "steps-per-bar x each fold's training bars"
         values["epoch_steps"] = "total-steps / validations"
     fields = []
-    for f in dataclasses.fields(Config):
+    for f, in_walk in flat_fields():
         hint: str | None = None
-        unset = (f.default if default is None else getattr(default, f.name)) is None
+        stored = default if default is None or not in_walk else default.walk
+        unset = (f.default if stored is None else getattr(stored, f.name)) is None
         if unset and f.name in own_defaults:
             hint = f"(default for --env {env}: {own_defaults[f.name]})"
         elif unset and f.name in values:
@@ -129,10 +143,12 @@ def command_config(env: str, device: torch.device, default: Config | None = None
 
 
 def to_config(parsed: Any) -> Config:
-    """The :class:`Config` holding the settings of an instance of a :func:`command_config` class."""
-    return Config(**{f.name: getattr(parsed, f.name) for f in dataclasses.fields(Config)})
+    """The :class:`Config` holding the settings of an instance of a :func:`command_config` class
+    (the walk-forward ones gathered into its ``walk`` section)."""
+    walk = WalkForward(**{name: getattr(parsed, name) for name in WALK_FIELDS})
+    return Config(**{f.name: getattr(parsed, f.name) for f, in_walk in flat_fields() if not in_walk}, walk=walk)
 
 
 def from_config(cls: type, config: Config) -> Any:
     """An instance of the :func:`command_config` class ``cls`` holding ``config``'s settings."""
-    return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(Config)})
+    return cls(**{f.name: getattr(config.walk if in_walk else config, f.name) for f, in_walk in flat_fields()})

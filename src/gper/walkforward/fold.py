@@ -52,20 +52,20 @@ def fold_config(config: Config, fold: Fold, device: torch.device) -> Config:
     Raises:
         ValueError: bad settings, or a fold too short to train (fewer steps than ``learning_starts``).
     """
-    spb = config.steps_per_bar
+    walk = config.walk
+    spb = walk.steps_per_bar
     if spb is None:
-        spb = resolve(dataclasses.replace(config, total_steps=1, epoch_steps=1), device, "market-walk").steps_per_bar
+        preset = resolve(dataclasses.replace(config, total_steps=1, epoch_steps=1), device, "market-walk")
+        spb = preset.walk.steps_per_bar
     if not isinstance(spb, int) or isinstance(spb, bool) or spb < 1:
         raise ValueError(f"steps_per_bar must be an integer >= 1, got {spb!r}")
-    if not isinstance(config.validations, int) or isinstance(config.validations, bool) or config.validations < 1:
-        raise ValueError(f"validations must be an integer >= 1, got {config.validations!r}")
+    if not isinstance(walk.validations, int) or isinstance(walk.validations, bool) or walk.validations < 1:
+        raise ValueError(f"validations must be an integer >= 1, got {walk.validations!r}")
     total = config.total_steps if config.total_steps is not None else spb * fold.train.bars
-    epoch = config.epoch_steps if config.epoch_steps is not None else max(1, total // config.validations)
-    cfg = resolve(
-        dataclasses.replace(config, total_steps=total, epoch_steps=epoch, steps_per_bar=spb, time_every=0),
-        device,
-        "market-walk",
-    )
+    epoch = config.epoch_steps if config.epoch_steps is not None else max(1, total // walk.validations)
+    walk = dataclasses.replace(walk, steps_per_bar=spb)
+    asked = dataclasses.replace(config, total_steps=total, epoch_steps=epoch, walk=walk, time_every=0)
+    cfg = resolve(asked, device, "market-walk")
     if cfg.learning_starts >= cfg.total_steps:
         given = "total_steps" if config.total_steps is not None else f"{fold.train.bars} bars x {spb} steps_per_bar"
         more = "raise total_steps" if config.total_steps is not None else "raise steps_per_bar"
@@ -155,8 +155,8 @@ def run_fold(
     try:
         val_env = window_env(prices, fold.val.start, fold.val.end, env)
         record, best, best_state = _train_and_validate(cfg, agent, val_env, iterations, progress)
-        flat = best is None or (cfg.flat_fallback and best["score"] <= 0)
-        chosen = dict(best or {}) | {"flat": flat, "metric": cfg.select_metric}
+        flat = best is None or (cfg.walk.flat_fallback and best["score"] <= 0)
+        chosen = dict(best or {}) | {"flat": flat, "metric": cfg.walk.select_metric}
         test = None
         if score_test:
             test = _test_walk(prices, bars.time_ns, fold, env, agent, best_state, flat)
@@ -183,7 +183,7 @@ def _train_and_validate(cfg: Config, agent: Agent, val_env: MarketEnv, iteration
         if train_steps == 0:  # still collecting: nothing learnt to score
             continue
         pnl, traded = trade(agent.greedy, val_env)
-        value = score(pnl, cfg.select_metric)
+        value = score(pnl, cfg.walk.select_metric)
         if not math.isfinite(value):
             raise ValueError(f"validation score {value} at env step {(it + 1) * n}: training diverged")
         entry = {

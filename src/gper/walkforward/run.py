@@ -28,8 +28,9 @@ import torch
 
 from gper.dqn import parallel
 from gper.dqn._extra import require
-from gper.dqn.config import Config, as_run, cpu_threads, pick_device, walk_spec
+from gper.dqn.config import Config, as_run, cpu_threads, from_settings, pick_device, walk_spec
 from gper.dqn.network import padded_width
+from gper.dqn.walk_settings import WALK_FIELDS
 from gper.envs.folds import Fold, WalkSpec, walk_forward_folds
 from gper.envs.market import N_ACTIONS, OBS_DIM
 from gper.envs.market_data import Bars, synthetic_bars
@@ -222,6 +223,11 @@ def _asked(config: Config) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items()}
 
 
+def _flat(asked: dict[str, Any]) -> dict[str, Any]:
+    """``asked`` with its ``walk`` section's settings at the top level, named as their flags are."""
+    return {k: v for k, v in asked.items() if k != "walk"} | asked["walk"]
+
+
 def resume_config(path: str | Path) -> Config | None:
     """The settings a walk-forward run folder was started with (its ``config.json``), or None when
     ``path`` is not a walk-forward run folder (a plain run's checkpoint, say)."""
@@ -237,8 +243,8 @@ def resume_config(path: str | Path) -> Config | None:
     asked = dict(meta["config"])
     if asked.get("hidden") is not None:
         asked["hidden"] = tuple(asked["hidden"])
-    names = {f.name for f in dataclasses.fields(Config)}
-    return Config(**{k: v for k, v in asked.items() if k in names})
+    names = {f.name for f in dataclasses.fields(Config)} | set(WALK_FIELDS)  # flat: written before Config.walk
+    return from_settings({k: v for k, v in asked.items() if k in names})
 
 
 def _resumed(config: Config) -> dict[str, Any]:
@@ -250,7 +256,7 @@ def _resumed(config: Config) -> dict[str, Any]:
     stored = resume_config(config.resume)
     if stored is None:
         raise ValueError(f"{config.resume} is not a walk-forward run folder (no config.json with windows)")
-    before, now = _asked(stored), _asked(config)
+    before, now = _flat(_asked(stored)), _flat(_asked(config))
     for name, value in now.items():
         if name not in RESUMABLE and before.get(name) != value:
             raise ValueError(
