@@ -342,7 +342,6 @@ def _check(cfg: Config) -> None:
         raise ValueError(f"cost_bps must be a finite number >= 0, got {cfg.cost_bps}")
     if cfg.solve_return is not None and not math.isfinite(cfg.solve_return):
         raise ValueError(f"solve_return must be a finite number, got {cfg.solve_return}")
-    # every other integer setting (bars, seed, learning_starts, ...): an int, not a float (NaN, inf)
     for settings in (cfg, cfg.walk):
         _check_integers(settings)
     if cfg.seed < 0:

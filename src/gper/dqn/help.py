@@ -3,9 +3,9 @@
 :class:`~gper.dqn.config.Config` leaves those settings ``None`` (the environment's preset on the
 device that runs). Shown as ``(default: None)`` they say nothing, so the command parses into a
 copy of ``Config`` (its :attr:`~gper.dqn.Config.walk` section's settings flat among the others,
-as ``--train-months``, ``--steps-per-bar``, ...) whose help hints name the value that will run: for the ``--env`` and
-``--device`` on the command line (cartpole, and this machine's device, when not given), and the
-description lists the presets of every environment on both kinds of device.
+as ``--train-months``, ``--steps-per-bar``, ...) whose help hints name the value that will run:
+for the ``--env`` and ``--device`` on the command line (cartpole, and this machine's device, when
+not given), and the description lists the presets of every environment on both kinds of device.
 """
 
 from __future__ import annotations
@@ -128,8 +128,8 @@ def command_config(env: str, device: torch.device, default: Config | None = None
     fields = []
     for f, in_walk in flat_fields():
         hint: str | None = None
-        stored = default if default is None or not in_walk else default.walk
-        unset = (f.default if stored is None else getattr(stored, f.name)) is None
+        owner = default.walk if default is not None and in_walk else default  # the resumed run's section
+        unset = (f.default if owner is None else getattr(owner, f.name)) is None
         if unset and f.name in own_defaults:
             hint = f"(default for --env {env}: {own_defaults[f.name]})"
         elif unset and f.name in values:
