@@ -117,3 +117,18 @@ def test_train_command_shows_a_real_import_error_with_its_traceback(monkeypatch)
     monkeypatch.setattr("gper.commands.train.train", broken)
     with pytest.raises(ImportError, match="cannot import name"):
         main(["train", "--device", "cpu", "--progress", "False"])
+
+
+def test_the_walk_forward_flags_are_flat_and_fill_config_walk():
+    import torch
+    import tyro
+
+    from gper.dqn import WalkForward
+    from gper.dqn.help import command_config, from_config, to_config
+
+    cls = command_config("market", torch.device("cpu"))
+    flags = ["--steps-per-bar", "30", "--fold-train-bars", "100", "--select-metric", "log_pnl", "--seed", "3"]
+    cfg = to_config(tyro.cli(cls, args=flags, config=(tyro.conf.FlagConversionOff,)))
+    assert cfg.walk == WalkForward(steps_per_bar=30, fold_train_bars=100, select_metric="log_pnl")
+    assert cfg.seed == 3 and not hasattr(cfg, "steps_per_bar")
+    assert to_config(from_config(cls, cfg)) == cfg
