@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from typing import Any
 
 import torch
 
@@ -74,3 +76,30 @@ def add_timing(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--repeats", type=int, help="timed repeats per measurement; the median is reported (default 5)")
     p.add_argument("--iters", type=int, help="calls per repeat (default: enough for a repeat of 10-20 ms)")
+
+
+def timing_settings(
+    args: argparse.Namespace,
+    prog: str,
+    device: torch.device,
+    defaults: tuple[tuple[int, ...], tuple[int, ...], int, float],
+) -> dict[str, Any]:
+    """The settings of a timed sweep (:class:`gper.bench.harness.TimedSweep`) from the flags of
+    :func:`add_timing` and :func:`add_sizes`, the device's ``defaults`` (log2 capacities, batches,
+    repeats, ms per repeat) filling what was not given; ``--graph`` off, with a line, off CUDA."""
+    caps, batches, repeats, target_ms = defaults
+    graph = device.type == "cuda" if args.graph is None else args.graph
+    if graph and device.type != "cuda":
+        print(f"{prog}: --graph needs CUDA; timing eager calls only", file=sys.stderr)
+        graph = False
+    capacities, batch_sizes = sizes_of(args, prog)
+    return {
+        "capacities": capacities or [2**k for k in caps],
+        "batches": batch_sizes or list(batches),
+        "device": device,
+        "backend": args.backend,
+        "graph": graph,
+        "repeats": args.repeats or repeats,
+        "iters": args.iters,
+        "target_ms": target_ms,
+    }

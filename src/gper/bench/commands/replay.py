@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-from gper.bench.flags import OUT_HELP, add_sizes, add_timing, device_of, sizes_of
+from gper.bench.flags import OUT_HELP, add_sizes, add_timing, device_of, timing_settings
 from gper.bench.peers import canonical_name
 from gper.bench.report import DEFAULT_OUT
 
@@ -46,21 +45,9 @@ def replay_config(args: argparse.Namespace):
 
     prog = "gper bench replay"
     device = device_of(args.device, prog)
-    caps, batches, repeats, target_ms = REPLAY_DEFAULTS[("cuda" if device.type == "cuda" else "cpu", args.quick)]
-    graph = device.type == "cuda" if args.graph is None else args.graph
-    if graph and device.type != "cuda":
-        print(f"{prog}: --graph needs CUDA; timing eager calls only", file=sys.stderr)
-        graph = False
-    capacities, batch_sizes = sizes_of(args, prog)
+    defaults = REPLAY_DEFAULTS[("cuda" if device.type == "cuda" else "cpu", args.quick)]
     return BenchConfig(
-        capacities=capacities or [2**k for k in caps],
-        batches=batch_sizes or list(batches),
-        device=device,
-        backend=args.backend,
-        graph=graph,
-        repeats=args.repeats or repeats,
-        iters=args.iters,
-        target_ms=target_ms,
+        **timing_settings(args, prog, device, defaults),
         impls=list(dict.fromkeys(args.impls)),
         ops=[op for op in OPS if op in args.ops],
         out=Path(args.out),

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
-from gper.bench.flags import OUT_HELP, add_sizes, add_timing, device_of, sizes_of
+from gper.bench.flags import OUT_HELP, add_sizes, add_timing, device_of, timing_settings
 from gper.bench.report import DEFAULT_OUT
 
 # trajectory: (capacities as log2, batches, repeats, ms per repeat) by device and --quick
@@ -56,12 +55,7 @@ def trajectory_config(args: argparse.Namespace):
     prog = "gper bench trajectory"
     device = device_of(args.device, prog)
     cuda = device.type == "cuda"
-    caps, batches, repeats, target_ms = TRAJ_DEFAULTS[("cuda" if cuda else "cpu", args.quick)]
-    graph = cuda if args.graph is None else args.graph
-    if graph and not cuda:
-        print(f"{prog}: --graph needs CUDA; timing eager calls only", file=sys.stderr)
-        graph = False
-    capacities, batch_sizes = sizes_of(args, prog)
+    timing = timing_settings(args, prog, device, TRAJ_DEFAULTS[("cuda" if cuda else "cpu", args.quick)])
     defaults = {} if cuda else TRAJ_CPU
     traj = TrajectoryWorkload(
         num_envs=args.num_envs or defaults.get("num_envs", 256),
@@ -74,14 +68,7 @@ def trajectory_config(args: argparse.Namespace):
     if traj.seq_length > traj.window:
         raise SystemExit(f"{prog}: --seq-length {traj.seq_length} is longer than --window {traj.window}")
     return TrajectoryBenchConfig(
-        capacities=capacities or [2**k for k in caps],
-        batches=batch_sizes or list(batches),
-        device=device,
-        backend=args.backend,
-        graph=graph,
-        repeats=args.repeats or repeats,
-        iters=args.iters,
-        target_ms=target_ms,
+        **timing,
         ops=[op for op in TRAJ_OPS if op in args.ops],
         flat=not args.no_flat,
         traj=traj,
