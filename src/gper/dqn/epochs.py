@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -113,6 +113,13 @@ class EpochLoop:
     evaluator: Evaluator | None = None
     launch: Launch | None = None
     tqdm: Any = None
+    # the run's own, set by run(): phase timer, epoch readback, progress bar, training steps done,
+    # and the last checkpoint written
+    timer: PhaseTimer = field(init=False)
+    readback: AsyncReadback = field(init=False)
+    bar: Any = field(init=False, default=None)
+    train_steps: int = field(init=False, default=0)
+    path: Path | None = field(init=False, default=None)
 
     def run(self, start_it: int, iterations: int, report_state: dict[str, Any] | None) -> Reached:
         """Iterations ``start_it`` to ``iterations``; ``report_state``: the report of a resumed run."""
