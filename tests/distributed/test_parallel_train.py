@@ -114,7 +114,7 @@ TORCHRUN_ENV = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR"
 
 
 def test_the_mode_follows_the_launch():
-    from gper.dqn.parallel import resolve_mode
+    from gper.training.parallel import resolve_mode
 
     assert resolve_mode("auto", {}) == "off" and resolve_mode("off", {}) == "off"
     assert resolve_mode("auto", TORCHRUN_ENV) == "exact" and resolve_mode("local", TORCHRUN_ENV) == "local"

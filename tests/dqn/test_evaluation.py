@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gper.dqn import Config, build_env, resolve, train
-from gper.dqn.evaluation import Evaluator, due, eval_seed
+from gper.training.evaluation import Evaluator, due, eval_seed
 from gper.training.runlog import read_metrics
 from helpers import assert_same_training, computed_records
 
@@ -71,7 +71,7 @@ def test_an_evaluation_depends_on_the_policy_and_the_run_seed_only(smoke):
     """Every evaluation replays the same start states: the same network scores the same, whatever
     ran before; its seed is not the training environment's."""
     cfg = resolve(Config(**smoke, eval_episodes=4), CPU)
-    evaluator = Evaluator(cfg, lambda c, **kw: build_env(c, CPU, **kw))
+    evaluator = Evaluator(cfg, CPU)
     net = torch.nn.Linear(4, 2)
     policy = lambda obs: net(obs).argmax(dim=1)  # noqa: E731
     first = evaluator.run(policy)
@@ -86,7 +86,7 @@ def test_an_evaluation_depends_on_the_policy_and_the_run_seed_only(smoke):
 def test_the_market_is_evaluated_on_its_held_out_prices(smoke, tmp_path):
     market = dict(env="market", num_envs=4, episode_len=32, hidden=(32,), bars=5000, test_bars=1000)
     cfg = resolve(Config(**{**smoke, **market}, eval_episodes=3), CPU)
-    evaluator = Evaluator(cfg, lambda c, **kw: build_env(c, CPU, **kw))
+    evaluator = Evaluator(cfg, CPU)
     test = build_env(dataclasses.replace(cfg, num_envs=1), CPU, split="test")
     assert torch.equal(evaluator.env.prices, test.prices) and len(test.prices) == 1000
     results = train(Config(**{**smoke, **market}, eval_every=1, run_dir=str(tmp_path), run_name="m"), **QUIET)

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from gper.dqn import Config, epochs, train
+from gper.dqn import Config, train
+from gper.training import epochs
 from gper.training.checkpoints import list_checkpoints, step_of
 from gper.training.tensorboard import event_files
 from helpers import assert_same_training, computed_records, event_scalars, jsonl_scalars, run_checkpoint

@@ -10,7 +10,8 @@ import torch
 
 from gper.dqn import Config, resolve
 from gper.dqn.agent import N_SUMS, SUM_ABS_TD, SUM_LOSS, SUM_Q
-from gper.dqn.report import RunReport, busy_fraction, format_phase_line
+from gper.dqn.algorithm import LOSS_METRICS, PHASE_ORDER
+from gper.training.report import RunReport, busy_fraction, format_phase_line
 from gper.training.runlog import RunLog, read_metrics
 
 CPU = torch.device("cpu")
@@ -24,12 +25,12 @@ def test_phase_line_format():
         "adam": (0.10, 178),
         "per_update": (0.01, 178),
     }
-    line = format_phase_line(summary, torch.device("cuda"))
+    line = format_phase_line(summary, torch.device("cuda"), PHASE_ORDER)
     assert line == (
         "GPU phase timing (178 batches avg): per_sample=0.02ms upload=0.01ms fwd_bwd=0.90ms adam=0.10ms "
         "per_update=0.01ms total=1.04ms"
     )
-    with_collect = format_phase_line({**summary, "collect": (0.05, 40)}, CPU)
+    with_collect = format_phase_line({**summary, "collect": (0.05, 40)}, CPU, PHASE_ORDER)
     assert with_collect.startswith("CPU phase timing (178 batches avg)")
     assert with_collect.endswith("| collect=0.050ms (40 collections avg)")
     assert format_phase_line({"collect": (0.05, 40)}, CPU) == (
@@ -48,7 +49,7 @@ def test_epoch_report_windows_solve_point_and_loss_metrics(tmp_path, smoke):
     cfg = resolve(Config(**smoke, solve_return=6.0), CPU)
     runlog = RunLog(tmp_path / "run")
     lines: list[str] = []
-    report = RunReport(cfg, CPU, runlog, [1.0] * 60, lines.append)  # 60 episodes from before a resume
+    report = RunReport(cfg, CPU, runlog, [1.0] * 60, lines.append, LOSS_METRICS)  # 60 episodes from before a resume
     report.start(t0=0.0, sums=torch.zeros(N_SUMS, dtype=torch.float64), train_steps=5)
     sums = torch.zeros(N_SUMS, dtype=torch.float64)
     sums[SUM_LOSS], sums[SUM_Q], sums[SUM_ABS_TD] = 4.0, 8.0, 2.0
@@ -57,7 +58,7 @@ def test_epoch_report_windows_solve_point_and_loss_metrics(tmp_path, smoke):
     # k = 107 (6.13), 8.6 at k = 120
     episodes = [(1.0 if i < 20 else 20.0, 9, 1000 + i) for i in range(60)]
     host = {"sums": sums, "beta": torch.tensor(0.5)}
-    common = dict(env_step=1200, iterations=300, epsilon=0.3, now=2.0)
+    common = dict(env_step=1200, iterations=300, charts={"charts/epsilon": 0.3, "charts/beta": 0.5}, now=2.0)
     metrics = report.end_epoch(host, episodes, 0, train_steps=9, phases={}, **common)
     assert len(report.returns) == 120
     assert report.best == pytest.approx(8.6)
@@ -83,13 +84,13 @@ def test_the_first_epoch_after_a_resume_inside_it_rates_only_its_own_steps(tmp_p
     before.start(t0=time.perf_counter(), sums=torch.zeros(N_SUMS, dtype=torch.float64), train_steps=2)
     state = before.state_dict()  # the checkpoint inside the epoch: its start's sums and steps
     before.runlog.close()
-    report = RunReport(cfg, CPU, RunLog(tmp_path / "run"), [], lambda _: None)
+    report = RunReport(cfg, CPU, RunLog(tmp_path / "run"), [], lambda _: None, LOSS_METRICS)
     report.start(t0=0.0, sums=torch.zeros(N_SUMS, dtype=torch.float64), train_steps=5)
     report.load_state_dict(state)
     sums = torch.zeros(N_SUMS, dtype=torch.float64)
     sums[SUM_LOSS] = 7.0
     host = {"sums": sums, "beta": torch.tensor(0.5)}
-    common = dict(env_step=1200, iterations=300, epsilon=0.3, phases={})
+    common = dict(env_step=1200, iterations=300, charts={}, phases={})
     metrics = report.end_epoch(host, [], 0, train_steps=9, now=2.0, **common)
     assert metrics["losses/td_loss"] == 1.0
     assert metrics["charts/train_steps_per_s"] == 4 / 2.0 and metrics["charts/SPS"] == 300 * cfg.num_envs / 2.0

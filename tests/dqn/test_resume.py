@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from gper.cli import main
-from gper.dqn import Config, WalkForward, epochs, setup, train
-from gper.dqn.checkpoint import fixed_settings, stored_config
+from gper.dqn import Config, WalkForward, setup, train
+from gper.dqn.algorithm import fixed_settings, stored_config
+from gper.training import epochs
 from gper.training.checkpoints import CheckpointError, list_checkpoints, step_of
 from gper.training.runlog import read_metrics
 from helpers import assert_same_training, run_checkpoint

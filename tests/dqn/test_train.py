@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gper.dqn import Config, setup, train
-from gper.dqn.checkpoint import stored_config
+from gper.dqn.algorithm import stored_config
 from gper.training.runlog import read_metrics
 from gper.training.timing import PhaseTimer
 from helpers import run_checkpoint

@@ -10,7 +10,7 @@ by tyro from :class:`gper.dqn.Config` (each field's docstring is its ``--help`` 
     torchrun --nproc-per-node 8 -m gper train --env market   # data-parallel: docs/distributed.md
 
 With ``--resume``, the flags not given keep the checkpoint's settings
-(:func:`gper.dqn.checkpoint.stored_config`). After SIGINT the command writes a checkpoint and
+(:func:`gper.dqn.stored_config`). After SIGINT the command writes a checkpoint and
 exits with status 130; after SIGTERM, with 143.
 """
 
@@ -24,13 +24,12 @@ import sys
 
 import torch
 
-from gper.dqn import parallel
-from gper.dqn._extra import MissingExtra, require
-from gper.dqn.checkpoint import stored_config
+from gper.dqn.algorithm import stored_config, train
 from gper.dqn.config import Config, pick_device, walk_spec
 from gper.dqn.help import command_config, from_config, presets_table, to_config
-from gper.dqn.loop import train
-from gper.dqn.parallel import PeerFailed
+from gper.training import parallel
+from gper.training.extras import MissingExtra, require
+from gper.training.parallel import PeerFailed
 from gper.walkforward.run import resume_config, walk_forward
 
 

@@ -7,18 +7,17 @@
     from gper.dqn import Config, train
     results = train(Config(env="cartpole", total_steps=100_000))
 
-The package, in reading order: :mod:`~gper.dqn.config` (``Config``, the per-environment
+DQN is one algorithm on the trainer core (:mod:`gper.training`: the run's lifecycle, epochs,
+checkpoints and resume, run folder, report, evaluation, data-parallel plumbing); this package holds
+what is DQN's. In reading order: :mod:`~gper.dqn.config` (``Config``, the per-environment
 ``PRESETS``; its walk-forward section ``WalkForward`` in :mod:`~gper.dqn.walk_settings`),
 :mod:`~gper.dqn.network` (the Q-network, the replay's rows),
 :mod:`~gper.dqn.batch_source` (where a learn step's batch comes from), :mod:`~gper.dqn.replay_feed`
 (the one replay interface the learner sees, whichever buffer feeds it), :mod:`~gper.dqn.agent`
-(the collect and learn steps), :mod:`~gper.dqn.loop` (``setup``, ``train``),
-:mod:`~gper.dqn.epochs` (the schedule and the epochs),
-:mod:`~gper.dqn.evaluation` (the greedy policy's periodic evaluation), :mod:`~gper.dqn.parallel`
-(data-parallel training under torchrun on the sharded replay), :mod:`~gper.dqn.report`
-(what an epoch and a run report), :mod:`~gper.dqn.run_folder` (which folder a run writes, what a
-resume continues there), :mod:`~gper.dqn.checkpoint` (what a checkpoint holds, the resume
-rules); ``gper train`` is :mod:`gper.commands.train`, above it.
+(the collect and learn steps, the target update, exploration), :mod:`~gper.dqn.build` (``setup``:
+the agent and its replay), :mod:`~gper.dqn.parallel` (what data-parallel DQN accepts),
+:mod:`~gper.dqn.algorithm` (``DQN``, the algorithm the core runs; ``train``; what a resume may
+change); ``gper train`` is :mod:`gper.commands.train`, above it.
 
 What runs where, on a GPU:
 
@@ -44,15 +43,18 @@ eagerly and the phase times are host times.
 """
 
 from gper.dqn.agent import Agent, LearnState
+from gper.dqn.algorithm import DQN, stored_config, train
 from gper.dqn.batch_source import Batch, BatchSource, FixedBatch
+from gper.dqn.build import build_replay, setup
 from gper.dqn.config import PRESETS, Config, pick_device, resolve
-from gper.dqn.epochs import plan_steps, trains_at
-from gper.dqn.loop import build_env, build_replay, setup, train
 from gper.dqn.network import QNetwork, padded_width, replay_spec, trajectory_spec
-from gper.dqn.report import Results
 from gper.dqn.walk_settings import WalkForward
+from gper.training.environment import build_env
+from gper.training.epochs import plan_steps, trains_at
+from gper.training.report import Results
 
 __all__ = [
+    "DQN",
     "PRESETS",
     "Agent",
     "Batch",
@@ -71,6 +73,7 @@ __all__ = [
     "replay_spec",
     "resolve",
     "setup",
+    "stored_config",
     "train",
     "trains_at",
     "trajectory_spec",

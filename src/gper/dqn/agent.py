@@ -11,7 +11,7 @@ holds what they pass each other:
 - ``fwd_bwd``: double-Q targets, Huber loss times IS weights, backward; the loss sums on the device.
   The target is the replay feed's (:mod:`gper.dqn.replay_feed`): ``r + gamma (1 - done) Q'(s')``
   from the flat replay, the n-step ``R + discount Q'(s_m)`` from the trajectory replay.
-- ``grad_sync`` (data-parallel training only, :mod:`gper.dqn.parallel`): the gradients averaged
+- ``grad_sync`` (data-parallel training only, :mod:`gper.training.parallel`): the gradients averaged
   over the ranks, one all-reduce.
 - ``per_update``: priorities from the TD errors, then the beta anneal. In the one-graph step it
   runs on a side stream alongside ``adam`` (neither reads what the other writes).
@@ -49,6 +49,7 @@ from gper.dqn.replay_feed import Replay, replay_feed
 from gper.envs import GoalEnv, Step, VecEnv
 from gper.training.episodes import EpisodeTracker
 from gper.training.phases import PhasedStep
+from gper.training.timing import PhaseTimer
 
 
 @dataclass
@@ -128,7 +129,7 @@ class Agent:
         batch_source: where each learn step's batch comes from; default :meth:`sample_replay`.
             With another source the per_update phase anneals beta but updates no priorities: its
             batch is not a draw from the replay.
-        grad_sync: data-parallel training (:mod:`gper.dqn.parallel`): a phase ``grad_sync`` after
+        grad_sync: data-parallel training (:mod:`gper.training.parallel`): a phase ``grad_sync`` after
             ``fwd_bwd`` calls it with the online network's gradients, which it averages in place
             over the ranks. ``rb`` is then a :class:`~gper.distributed.ShardedPrioritizedReplayBuffer`.
         env_seed: the seed of the environments' first reset (default ``cfg.seed``; each rank its own).
@@ -365,6 +366,38 @@ class Agent:
         """Greedy actions for ``obs`` (evaluation)."""
         with torch.no_grad():
             return self.qnet(self.pad(obs)).argmax(dim=1)
+
+    # ---- what the trainer core drives (gper.training.algorithm.Learner)
+
+    def collect_step(self, timer: PhaseTimer | None) -> None:
+        """One collection iteration: the collect step (timed into ``timer`` when given)."""
+        self.collect.run(timer)
+
+    def learn_step(self, train_step: int, timer: PhaseTimer | None) -> None:
+        """Training step ``train_step`` (counted from 1): the learn step, then the target update due after it."""
+        self.learn.run(timer)
+        self.update_target(train_step)
+
+    def device_values(self) -> dict[str, torch.Tensor]:
+        """What the trainer reads back once an epoch besides the sums and episodes: beta."""
+        return {"beta": self.beta_t}
+
+    def after_sync(self) -> None:
+        """At the epoch's synchronisation, rank sampling re-sorts its ranks: the buffer's own
+        schedule counts host calls, which graph replays are not; ``stats()`` first refreshes its
+        count of stored items."""
+        if self.cfg.sampling == "rank":
+            self.rb.stats()
+            self.rb.refresh_ranks()
+
+    def charts(self, host: dict[str, torch.Tensor], env_step: int) -> dict[str, float]:
+        """The epoch's exploration rate and beta."""
+        return {"charts/epsilon": float(self.epsilon(env_step)), "charts/beta": float(host["beta"])}
+
+    def honour_settings(self) -> None:
+        """After a checkpoint was loaded: Adam runs at this run's learning rate."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.cfg.learning_rate
 
     # ---- checkpoint
 

@@ -375,6 +375,22 @@ def market_settings(run: Any, split: str) -> dict[str, Any]:
     return kwargs
 
 
+def final_test(policy: Callable[[torch.Tensor], torch.Tensor], env: MarketEnv) -> dict[str, float]:
+    """The trainer's test at a run's end (:attr:`EnvSpec.final_test`): :func:`evaluate` over ``env``'s whole series."""
+    return evaluate(policy, env)
+
+
+def describe_final_test(result: dict[str, float], run: Any) -> str:
+    """The log line of :func:`final_test`'s scores for a run of settings ``run``."""
+    # the eval lines' greedy return is another number: a mean over short episodes of the same series
+    return (
+        f"market test, one walk over the whole held-out series ({result['bars']} bars): greedy policy log P&L "
+        f"{result['total_log_pnl']:+.4f} (Sharpe/bar {result['sharpe_per_bar']:+.4f}), buy-and-hold "
+        f"{result['buy_and_hold_log_pnl']:+.4f}, flat {result['flat_log_pnl']:+.4f} (the eval lines: the mean "
+        f"return of {run.eval_episodes} episodes of {run.episode_len} bars of it, in the training reward's units)"
+    )
+
+
 # The trainer's presets (gper.envs.registry.PRESETS), a line per concern as cartpole's. Walk-forward
 # (gper.walkforward): a fold trains on a window of a few hundred to a few thousand bars, so the network
 # is small and training is counted in passes over the window (steps_per_bar), with validation picking
@@ -390,6 +406,9 @@ SPEC = EnvSpec(
     MarketEnv.from_source,
     data=True,
     settings=market_settings,
+    eval_split="test",
+    final_test=final_test,
+    describe_final_test=describe_final_test,
     presets={
         "cuda": dict(
             total_steps=2_000_000, num_envs=256, hidden=(512, 512), buffer_size=2**21, batch_size=4096,

@@ -57,6 +57,13 @@ class EnvSpec:
     """Trainer settings whose default the environment gives itself, each with what it is."""
     walk_forward_presets: Mapping[str, Mapping[str, Any]] | None = None
     """Presets for walk-forward training (folds of a few thousand bars), family ``<family>-walk``."""
+    eval_split: str = "train"
+    """The data split a trainer's periodic evaluations play (market: ``"test"``, the held-out prices)."""
+    final_test: Callable[[Callable[[torch.Tensor], torch.Tensor], VecEnv], dict[str, float]] | None = None
+    """A test a trainer runs at a run's end: ``final_test(policy, env)`` on one copy of the ``"test"``
+    split -> its scores (market: one walk over the held-out prices); None: none."""
+    describe_final_test: Callable[[dict[str, float], Any], str] | None = None
+    """The log line of :attr:`final_test`'s scores, from them and the run's settings."""
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*(:<[A-Za-z]+>)?", self.name):

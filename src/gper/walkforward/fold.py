@@ -26,13 +26,13 @@ import numpy as np
 import torch
 
 from gper.dqn.agent import Agent
+from gper.dqn.build import build_replay
 from gper.dqn.config import Config, resolve
-from gper.dqn.epochs import collect_iterations, step_iteration, train_steps_before
-from gper.dqn.loop import build_replay
 from gper.dqn.network import padded_width
 from gper.envs.folds import HISTORY, Fold
 from gper.envs.market import N_ACTIONS, WARMUP, MarketEnv, return_std, trade
 from gper.envs.market_data import Bars
+from gper.training.epochs import collect_iterations, step_iteration, train_steps_before
 from gper.walkforward.scores import buy_and_hold
 
 FLAT_ACTION = N_ACTIONS // 2

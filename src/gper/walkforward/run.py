@@ -26,8 +26,6 @@ from typing import Any
 
 import torch
 
-from gper.dqn import parallel
-from gper.dqn._extra import require
 from gper.dqn.config import Config, as_run, cpu_threads, from_settings, pick_device, walk_spec
 from gper.dqn.network import padded_width
 from gper.dqn.walk_settings import WALK_FIELDS
@@ -35,6 +33,8 @@ from gper.envs.folds import Fold, WalkSpec, walk_forward_folds
 from gper.envs.market import N_ACTIONS, OBS_DIM
 from gper.envs.market_data import Bars, synthetic_bars
 from gper.envs.packaged import PREFIX, is_packaged, read_bars
+from gper.training import parallel
+from gper.training.extras import require
 from gper.walkforward import report as wf_report
 from gper.walkforward.fold import FoldRun, fold_config, run_fold
 from gper.walkforward.outcome import FoldOutcome, Window

@@ -1,19 +1,21 @@
-"""The trainer's checkpoints: what ``gper train`` writes to ``<run folder>/checkpoints/step-<env step:012d>/``
-and what ``--resume`` reads back.
+"""A training run's checkpoints, whatever the algorithm: what ``gper train`` writes to
+``<run folder>/checkpoints/step-<env step:012d>/`` and what ``--resume`` reads back.
 
 A checkpoint directory holds two files, complete together or not at all
 (:func:`gper.training.checkpoints.write_checkpoint`):
 
-- ``trainer.pt``: everything but the replay buffer: the networks, optimizer, device counters,
-  loss sums, beta, episode records, observations and environment state (:meth:`Agent.state_dict`
-  without the replay), torch's random generator states, the collection iteration, the returns of
-  the episodes so far, the report's state, the length of ``metrics.jsonl``, the replay's counts
-  and the settings;
-- ``replay.safetensors``: the replay buffer (:func:`save_replay`, :func:`load_replay`).
+- ``trainer.pt``: everything but the replay buffer: the learner's state
+  (:meth:`~gper.training.algorithm.Learner.state_dict` without the replay; DQN's: the networks,
+  optimizer, device counters, loss sums, beta, episode records, observations and environment
+  state), torch's random generator states, the collection iteration, the returns of the episodes
+  so far, the report's state, the length of ``metrics.jsonl``, the replay's counts, the algorithm's
+  name and the settings;
+- ``replay.safetensors``: the replay buffer (its ``save`` and ``load``: streamed a chunk at a time,
+  checked whole before anything is copied, nothing unpickled).
 
-A data-parallel run (:mod:`gper.dqn.parallel`) writes one pair per rank into the same directory:
+A data-parallel run (:mod:`gper.training.parallel`) writes one pair per rank into the same directory:
 rank 0's under these names (its ``trainer.pt`` also records the world size), rank ``r``'s as
-``trainer.rank<r>.pt`` and ``replay.rank<r>.safetensors`` (its agent, environments, generators and
+``trainer.rank<r>.pt`` and ``replay.rank<r>.safetensors`` (its learner, environments, generators and
 replay shard; the networks and optimizer are the same on every rank). Every rank writes its own
 files into the temporary directory, rank 0 renames it into place once all have written: the
 directory is complete for every rank or for none. It resumes only at the world size that wrote it.
@@ -38,12 +40,7 @@ from typing import Any
 
 import torch
 
-import gper
-from gper.dqn.agent import Agent
-from gper.dqn.config import Config, from_settings
-from gper.dqn.parallel import Launch
-from gper.dqn.report import RunReport
-from gper.dqn.walk_settings import nest_walk
+from gper.training.algorithm import AlgorithmSpec, Learner
 from gper.training.checkpoints import (
     TEMP_PREFIX,
     CheckpointError,
@@ -55,7 +52,9 @@ from gper.training.checkpoints import (
     write_checkpoint,
     write_files,
 )
-from gper.training.runlog import RunLog
+from gper.training.parallel import Launch
+from gper.training.report import RunReport
+from gper.training.settings import RUN_FREE, RUN_HONOURED
 
 #: the run folder's subfolder of checkpoints
 CHECKPOINTS = "checkpoints"
@@ -63,44 +62,9 @@ TRAINER, REPLAY = "trainer.pt", "replay.safetensors"
 #: the layout of trainer.pt; a checkpoint of another one is refused
 FORMAT = 1
 
-#: settings a resumed run takes from its own configuration: it trains on up to ``total_steps``
-#: (epsilon and beta then follow the new length) with Adam at ``learning_rate``
-HONOURED = ("total_steps", "learning_rate")
-#: where the run computes and what it writes and shows: free to change on resume
-FREE = (
-    "device",
-    "threads",
-    "backend",
-    "precision",
-    "cuda_graphs",
-    "fused_step",
-    "time_every",
-    "epoch_steps",
-    "run_dir",
-    "run_name",
-    "save",
-    "checkpoint_every",
-    "keep_checkpoints",
-    "resume",
-    "progress",
-    "solve_return",
-    "eval_every",
-    "eval_episodes",
-    "tensorboard",
-)
 #: the replay's counts that trainer.pt records, so a replay.safetensors of another step is refused
 #: (the flat replay counts its cursor, the trajectory replay its steps: each records those it has)
 REPLAY_COUNTS = ("size", "cursor", "steps", "rng_offset")
-#: settings that came after checkpoints of this format were first written, with the value those ran with
-ADDED = {
-    "n_step": 1,
-    "replay": "flat",
-    "gym_autoreset": "same-step",
-    "her": "none",
-    "her_ratio": 0.8,
-    "weight_norm": "global",
-    "distributed": "off",
-}
 
 
 def rank_files(rank: int) -> tuple[str, str]:
@@ -111,21 +75,15 @@ def rank_files(rank: int) -> tuple[str, str]:
     return f"trainer.rank{rank}.pt", f"replay.rank{rank}.safetensors"
 
 
-def fixed_settings() -> tuple[str, ...]:
-    """The settings a resumed run must share with its checkpoint (they set shapes or the method)."""
-    return tuple(f.name for f in dataclasses.fields(Config) if f.name not in HONOURED + FREE)
+def honoured_settings(spec: AlgorithmSpec) -> tuple[str, ...]:
+    """The settings a resumed run of ``spec`` takes from its own configuration."""
+    return RUN_HONOURED + spec.honoured
 
 
-def save_replay(rb: gper.PrioritizedReplayBuffer | gper.TrajectoryReplayBuffer, path: Path) -> None:
-    """Write the replay buffer ``rb`` to the file ``path``: streamed a chunk at a time, so a
-    buffer of many GB needs no more host memory than one chunk (:meth:`~gper.PrioritizedReplayBuffer.save`)."""
-    rb.save(path)
-
-
-def load_replay(rb: gper.PrioritizedReplayBuffer | gper.TrajectoryReplayBuffer, path: Path) -> None:
-    """Restore the replay buffer ``rb`` from the file ``path`` that :func:`save_replay` wrote (checked
-    whole before anything is copied; nothing is unpickled)."""
-    rb.load(path)
+def fixed_settings(spec: AlgorithmSpec) -> tuple[str, ...]:
+    """The settings a resumed run of ``spec`` must share with its checkpoint (they set shapes or the method)."""
+    free = honoured_settings(spec) + RUN_FREE + spec.free
+    return tuple(f.name for f in dataclasses.fields(spec.settings) if f.name not in free)
 
 
 @dataclass
@@ -144,11 +102,10 @@ class Checkpoint:
         """The run folder it belongs to (None for a directory outside a ``checkpoints`` folder)."""
         return self.path.parent.parent if self.path.parent.name == CHECKPOINTS else None
 
-    @property
-    def config(self) -> dict[str, Any]:
-        """The settings of the run that wrote it (a setting it predates: the value it ran with, :data:`ADDED`),
-        the walk-forward ones in ``walk`` (a checkpoint written before :attr:`Config.walk` holds them flat)."""
-        return nest_walk(ADDED | self.state["config"])
+    def settings(self, spec: AlgorithmSpec) -> dict[str, Any]:
+        """The settings of the run that wrote it, in today's form (:attr:`AlgorithmSpec.upgrade`:
+        a setting it predates holds the value it ran with)."""
+        return spec.upgrade(dict(self.state["config"]))
 
     @property
     def iteration(self) -> int:
@@ -253,34 +210,36 @@ def _read_trainer(ckpt: Checkpoint, trainer: Path) -> dict[str, Any]:
     return state
 
 
-def stored_config(resume: str | Path) -> Config:
-    """The settings of the checkpoint ``resume`` names, as the :class:`Config` to resume it with:
-    ``run_dir`` and ``run_name`` are the defaults (so the run continues in the checkpoint's run
-    folder) and ``resume`` is ``resume``. ``gper train --resume`` starts from these; the flags
-    given change them. From Python: ``train(dataclasses.replace(stored_config(path), total_steps=...))``."""
+def stored_settings(spec: AlgorithmSpec, resume: str | Path) -> Any:
+    """The settings of the checkpoint ``resume`` names, as the settings object of ``spec`` to resume
+    it with: ``run_dir`` and ``run_name`` are the defaults (so the run continues in the checkpoint's
+    run folder) and ``resume`` is ``resume``. ``gper train --resume`` starts from these; the flags
+    given change them."""
     ckpt = read(resume)
-    names = {f.name for f in dataclasses.fields(Config)} - {"run_dir", "run_name", "resume"}
-    settings = {k: v for k, v in ckpt.config.items() if k in names}
-    if isinstance(settings.get("hidden"), list | tuple):
-        settings["hidden"] = tuple(settings["hidden"])
-    return from_settings(settings | {"resume": str(resume)})
+    names = {f.name for f in dataclasses.fields(spec.settings)} - {"run_dir", "run_name", "resume"}
+    settings = {k: v for k, v in ckpt.settings(spec).items() if k in names}
+    return spec.settings_of(settings | {"resume": str(resume)})
 
 
-def check_settings(cfg: Config, ckpt: Checkpoint) -> None:
-    """Refuse to resume ``ckpt`` with ``cfg`` (resolved) when a fixed setting differs, or when
-    ``total_steps`` is behind the checkpoint.
+def check_settings(spec: AlgorithmSpec, cfg: Any, ckpt: Checkpoint) -> None:
+    """Refuse to resume ``ckpt`` with ``cfg`` (resolved settings of ``spec``) when it was written by
+    another algorithm, when a fixed setting differs, or when ``total_steps`` is behind the checkpoint.
 
     Raises:
-        ValueError: one line listing every differing setting, with the checkpoint's value.
+        ValueError: one line naming the algorithm, or listing every differing setting with the
+            checkpoint's value.
     """
-    ours, theirs = dataclasses.asdict(cfg), ckpt.config
+    algorithm = ckpt.state.get("algorithm", spec.name)  # checkpoints before the name was recorded: DQN's
+    if algorithm != spec.name:
+        raise ValueError(f"cannot resume {ckpt.path} with {spec.name}: it is a checkpoint of {algorithm}")
+    ours, theirs = dataclasses.asdict(cfg), ckpt.settings(spec)
     missing = object()
-    differ = [name for name in fixed_settings() if theirs.get(name, missing) != ours[name]]
+    differ = [name for name in fixed_settings(spec) if theirs.get(name, missing) != ours[name]]
     if differ:
         changes = ", ".join(f"{name} {ours[name]!r} (checkpoint: {theirs.get(name, 'not set')!r})" for name in differ)
         raise ValueError(
             f"cannot resume {ckpt.path} with other settings: {changes}; a resumed run may change "
-            f"{' and '.join(HONOURED)}, and where it runs and what it writes, not its shapes or method"
+            f"{' and '.join(honoured_settings(spec))}, and where it runs and what it writes, not its shapes or method"
         )
     if math.ceil(cfg.total_steps / cfg.num_envs) < ckpt.iteration:
         raise ValueError(
@@ -289,18 +248,22 @@ def check_settings(cfg: Config, ckpt: Checkpoint) -> None:
         )
 
 
-def save(agent: Agent, iteration: int, report: RunReport, runlog: RunLog, launch: Launch | None = None) -> Path:
-    """Write the checkpoint of ``agent`` after ``iteration`` collection iterations to the run folder
-    of ``runlog``, keeping the newest ``keep_checkpoints``; return its directory. With ``launch``
-    (a data-parallel run) a collective: every rank writes its own files (see the module docstring)."""
-    cfg = agent.cfg
-    counts = agent.rb.stats()  # also brings the buffer's host view of its size up to date
+def save(
+    spec: AlgorithmSpec, learner: Learner, iteration: int, report: RunReport, launch: Launch | None = None
+) -> Path:
+    """Write the checkpoint of ``learner`` (an algorithm of ``spec``) after ``iteration`` collection
+    iterations to the run folder of ``report``, keeping the newest ``keep_checkpoints``; return its
+    directory. With ``launch`` (a data-parallel run) a collective: every rank writes its own files
+    (see the module docstring)."""
+    cfg, runlog = report.cfg, report.runlog
+    counts = learner.rb.stats()  # also brings the buffer's host view of its size up to date
     if launch is not None:
         counts = counts["shard"]
     state = {
         "format": FORMAT,
-        "agent": agent.state_dict(replay=False),
-        "rng": _rng_state(agent.device),
+        "algorithm": spec.name,
+        "agent": learner.state_dict(replay=False),  # "agent": the name format 1 has always had
+        "rng": _rng_state(learner.device),
         "iteration": iteration,
         "returns": list(report.returns),
         "report": report.state_dict(),
@@ -310,26 +273,25 @@ def save(agent: Agent, iteration: int, report: RunReport, runlog: RunLog, launch
     }
     folder, step = runlog.folder / CHECKPOINTS, iteration * cfg.num_envs
     if launch is None:
-        files = {TRAINER: lambda path: torch.save(state, path), REPLAY: lambda path: save_replay(agent.rb, path)}
+        files = {TRAINER: lambda path: torch.save(state, path), REPLAY: learner.rb.save}
         return write_checkpoint(folder, step, files, keep=cfg.keep_checkpoints)
-    return _save_ranks(agent, state, folder, step, launch)
+    return _save_ranks(learner, state, folder, step, launch, cfg.keep_checkpoints)
 
 
-def _save_ranks(agent: Agent, state: dict[str, Any], folder: Path, step: int, launch: Launch) -> Path:
+def _save_ranks(learner: Learner, state: dict[str, Any], folder: Path, step: int, launch: Launch, keep: int) -> Path:
     """Every rank's files into one temporary directory, which rank 0 renames into place once all are written."""
     state |= {"world_size": launch.world_size, "rank": launch.rank}
     trainer_name, replay_name = rank_files(launch.rank)
 
     def replay(path: Path) -> None:  # first: trainer.pt records the group's part of the replay's state
-        state["replay_group"] = agent.rb.save(path)
+        state["replay_group"] = learner.rb.save(path)
 
     files = {replay_name: replay, trainer_name: lambda path: torch.save(state, path)}
     tmp = folder / f"{TEMP_PREFIX}{checkpoint_name(step)}"
     launch.agree(lambda: start_checkpoint(folder, step) if launch.main else None, "starting a checkpoint")
     try:
         launch.agree(lambda: write_files(tmp, files), f"writing the checkpoint files of step {step}")
-        final = launch.agree(lambda: finish_checkpoint(tmp, agent.cfg.keep_checkpoints) if launch.main else None,
-                             "completing a checkpoint")  # fmt: skip
+        final = launch.agree(lambda: finish_checkpoint(tmp, keep) if launch.main else None, "completing a checkpoint")
     except BaseException:
         if launch.main:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -337,55 +299,52 @@ def _save_ranks(agent: Agent, state: dict[str, Any], folder: Path, step: int, la
     return final if final is not None else folder / checkpoint_name(step)
 
 
-def restore(agent: Agent, ckpt: Checkpoint, launch: Launch | None = None) -> None:
-    """Load ``ckpt`` into ``agent`` (built with the settings :func:`check_settings` accepted), its
-    replay included, and torch's random generators; Adam then runs at the agent's learning rate.
+def restore(learner: Learner, ckpt: Checkpoint, launch: Launch | None = None) -> None:
+    """Load ``ckpt`` into ``learner`` (built with the settings :func:`check_settings` accepted), its
+    replay included, and torch's random generators; then the learner applies the settings a resumed
+    run honours (:meth:`~gper.training.algorithm.Learner.honour_settings`: DQN's Adam runs at the
+    new learning rate).
     With ``launch`` (a data-parallel run, ``ckpt`` read for this rank) a collective: each rank loads
     its own files, and a file refused on one rank is an error on every rank.
 
     Raises:
-        CheckpointError: a file cannot be read or does not fit the agent.
+        CheckpointError: a file cannot be read or does not fit the learner.
     """
     if launch is None:
-        _restore(agent, ckpt, None)
+        _restore_trainer(learner, ckpt, ckpt.path / TRAINER)
+        _restore_replay(learner, ckpt, None)
         return
     launch.agree(
-        lambda: _restore_trainer(agent, ckpt, ckpt.path / rank_files(launch.rank)[0]), "restoring a checkpoint"
+        lambda: _restore_trainer(learner, ckpt, ckpt.path / rank_files(launch.rank)[0]), "restoring a checkpoint"
     )
-    launch.agree(lambda: _restore_replay(agent, ckpt, launch), "restoring a checkpoint's replay")
+    launch.agree(lambda: _restore_replay(learner, ckpt, launch), "restoring a checkpoint's replay")
 
 
-def _restore(agent: Agent, ckpt: Checkpoint, launch: Launch | None) -> None:
-    _restore_trainer(agent, ckpt, ckpt.path / TRAINER)
-    _restore_replay(agent, ckpt, launch)
-
-
-def _restore_trainer(agent: Agent, ckpt: Checkpoint, trainer: Path) -> None:
+def _restore_trainer(learner: Learner, ckpt: Checkpoint, trainer: Path) -> None:
     state = ckpt.state
     try:
-        agent.load_state_dict(state["agent"], replay=False)
-        _set_rng_state(state["rng"], agent.device)
+        learner.load_state_dict(state["agent"], replay=False)
+        _set_rng_state(state["rng"], learner.device)
     except (KeyError, RuntimeError, TypeError, ValueError) as err:
         raise ckpt.refuse(trainer, f"wrong content: {_one_line(err)}") from None
-    for group in agent.optimizer.param_groups:
-        group["lr"] = agent.cfg.learning_rate
+    learner.honour_settings()
 
 
-def _restore_replay(agent: Agent, ckpt: Checkpoint, launch: Launch | None) -> None:
+def _restore_replay(learner: Learner, ckpt: Checkpoint, launch: Launch | None) -> None:
     state = ckpt.state
     replay = ckpt.path / rank_files(0 if launch is None else launch.rank)[1]
     if not replay.is_file():
         raise ckpt.refuse(replay, "missing")
     try:
         if launch is None:
-            load_replay(agent.rb, replay)
+            learner.rb.load(replay)
         else:
             # the group's part is checked on every rank alike (a collective) before the shard is read
-            agent.rb.load(replay, state.get("replay_group", {}))
+            learner.rb.load(replay, state.get("replay_group", {}))
     except Exception as err:
         raise ckpt.refuse(replay, f"cannot be loaded: {_one_line(err)}") from None
     # the shard's own counts (the sharded buffer's stats() would be a collective)
-    found = _replay_counts(agent.rb.stats() if launch is None else agent.rb.shard.stats())
+    found = _replay_counts(learner.rb.stats() if launch is None else learner.rb.shard.stats())
     if found != state["replay_counts"]:
         raise ckpt.refuse(replay, f"wrong content: counts {found}, trainer.pt says {state['replay_counts']}")
 
@@ -405,7 +364,7 @@ def _load(ckpt: Checkpoint, path: Path, map_location: str | torch.device) -> Any
 
 
 def _rng_state(device: torch.device) -> dict[str, torch.Tensor]:
-    # the collect step's epsilon-greedy draws and the device environments' resets come from
+    # the collect step's draws (DQN's epsilon-greedy) and the device environments' resets come from
     # torch's default generators (seeded once in setup)
     state = {"torch": torch.get_rng_state()}
     if device.type == "cuda":

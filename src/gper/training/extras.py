@@ -1,6 +1,6 @@
 """The trainer's third-party packages (tyro, tqdm, matplotlib) come with the ``train`` extra,
 tensorboard with the ``tensorboard`` extra; each is imported where it is used, and a missing one
-gives one line that names the extra."""
+gives one line that names the extra (the same for every algorithm on the trainer core)."""
 
 from __future__ import annotations
 

@@ -17,63 +17,59 @@ from typing import Any, NamedTuple
 
 import torch
 
-from gper.dqn import checkpoint, evaluation
-from gper.dqn.agent import Agent
-from gper.dqn.config import Config
-from gper.dqn.evaluation import Evaluator
-from gper.dqn.parallel import Launch
-from gper.dqn.report import RunReport
+from gper.training import evaluation, run_checkpoint
+from gper.training.algorithm import AlgorithmSpec, Learner
+from gper.training.evaluation import Evaluator
+from gper.training.parallel import Launch
 from gper.training.readback import AsyncReadback
+from gper.training.report import RunReport
+from gper.training.settings import RunSettings
 from gper.training.signals import StopSignals
 from gper.training.timing import PhaseTimer
 
 
-def trains_at(cfg: Config, iteration: int) -> bool:
+def trains_at(cfg: RunSettings, iteration: int) -> bool:
     """Whether collection iteration ``iteration`` (0-based) is followed by a training step."""
     start = math.ceil(cfg.learning_starts / cfg.num_envs)
     return iteration >= start and (iteration - start) % cfg.train_every == 0
 
 
-def collect_iterations(cfg: Config) -> int:
+def collect_iterations(cfg: RunSettings) -> int:
     """Collection iterations of a run (each steps every environment once)."""
     return math.ceil(cfg.total_steps / cfg.num_envs)
 
 
-def train_steps_before(cfg: Config, iteration: int) -> int:
+def train_steps_before(cfg: RunSettings, iteration: int) -> int:
     """Training steps done before collection iteration ``iteration`` (0-based)."""
     return sum(trains_at(cfg, it) for it in range(iteration))
 
 
-def plan_steps(cfg: Config) -> tuple[int, int]:
+def plan_steps(cfg: RunSettings) -> tuple[int, int]:
     """(collection iterations, training steps) of a run: the host knows both without asking the GPU."""
     iterations = collect_iterations(cfg)
     return iterations, train_steps_before(cfg, iterations)
 
 
-def step_iteration(cfg: Config, agent: Agent, it: int, timer: PhaseTimer | None, train_steps: int) -> bool:
-    """Collection iteration ``it``, and the training step after it when one is due (the target
-    update after it too); every ``time_every``-th iteration phase by phase into ``timer``.
-    Returns whether it trained."""
+def step_iteration(cfg: RunSettings, learner: Learner, it: int, timer: PhaseTimer | None, train_steps: int) -> bool:
+    """Collection iteration ``it``, and the training step after it when one is due (with what
+    follows it, such as a target update); every ``time_every``-th iteration phase by phase into
+    ``timer``. Returns whether it trained."""
     timed = timer if timer is not None and cfg.time_every > 0 and it % cfg.time_every == 0 else None
-    agent.collect.run(timed)
+    learner.collect_step(timed)
     if not trains_at(cfg, it):
         return False
-    agent.learn.run(timed)
-    agent.update_target(train_steps + 1)
+    learner.learn_step(train_steps + 1, timed)
     return True
 
 
-def sync_epoch(cfg: Config, agent: Agent, readback: AsyncReadback) -> tuple[dict[str, torch.Tensor], float]:
-    """The epoch's end, its only synchronisation with the device: the host copy of the sums, beta
-    and episode ring, and the time it arrived."""
+def sync_epoch(learner: Learner, readback: AsyncReadback) -> tuple[dict[str, torch.Tensor], float]:
+    """The epoch's end, its only synchronisation with the device: the host copy of the sums, the
+    learner's device values and the episode ring, and the time it arrived; then the learner's
+    host upkeep (:meth:`~gper.training.algorithm.Learner.after_sync`)."""
     readback.start()
     host = readback.wait()
     now = time.perf_counter()
-    if cfg.sampling == "rank":
-        # ranks are re-sorted here, at the epoch's sync: the buffer's own schedule counts host
-        # calls, which graph replays are not; stats() refreshes its count of stored items
-        agent.rb.stats()
-        agent.rb.refresh_ranks()
+    learner.after_sync()
     return host, now
 
 
@@ -93,7 +89,7 @@ class Reached(NamedTuple):
 class EpochLoop:
     """Collection iterations in epochs of ``cfg.epoch_steps`` env steps, with a progress bar when
     ``tqdm`` (the class) is given, and evaluations of the greedy policy after the epochs
-    :func:`gper.dqn.evaluation.due` names.
+    :func:`gper.training.evaluation.due` names.
 
     Epochs end at multiples of ``epoch_steps`` counted from the run's start, so a run resumed from
     any iteration ends its epochs (and re-sorts ranks, and evaluates) where the uninterrupted run
@@ -102,12 +98,13 @@ class EpochLoop:
     epoch, with a checkpoint of that point (with ``save``) and then a report of the epoch so far
     (which a resumed run cuts away from ``metrics.jsonl``, to report the whole epoch); at an
     epoch's end, after its evaluation, with a checkpoint. In a data-parallel run (``launch``) the
-    ranks agree on a stop at each epoch's end (:class:`~gper.dqn.parallel.GroupStop`), so a signal
+    ranks agree on a stop at each epoch's end (:class:`~gper.training.parallel.GroupStop`), so a signal
     stops it there, never inside an epoch.
     """
 
-    cfg: Config
-    agent: Agent
+    spec: AlgorithmSpec
+    cfg: RunSettings
+    learner: Learner
     report: RunReport
     stop: StopSignals
     evaluator: Evaluator | None = None
@@ -123,10 +120,11 @@ class EpochLoop:
 
     def run(self, start_it: int, iterations: int, report_state: dict[str, Any] | None) -> Reached:
         """Iterations ``start_it`` to ``iterations``; ``report_state``: the report of a resumed run."""
-        cfg, agent, report = self.cfg, self.agent, self.report
+        cfg, learner, report = self.cfg, self.learner, self.report
         epoch_its = max(1, cfg.epoch_steps // cfg.num_envs)
-        self.timer = PhaseTimer(agent.device)
-        self.readback = AsyncReadback({"sums": agent.sums, "beta": agent.beta_t, **agent.episodes.snapshot()})
+        self.timer = PhaseTimer(learner.device)
+        values = {"sums": learner.sums, **learner.device_values(), **learner.episodes.snapshot()}
+        self.readback = AsyncReadback(values)
         self.bar = None
         if self.tqdm is not None:
             n = cfg.num_envs
@@ -135,7 +133,7 @@ class EpochLoop:
         t0 = time.perf_counter()
         self.train_steps = train_steps_before(cfg, start_it)
         # a copy: on the CPU .cpu() would return the live tensor, and the first epoch would read 0 losses
-        report.start(t0, agent.sums.to("cpu", copy=True), self.train_steps)
+        report.start(t0, learner.sums.to("cpu", copy=True), self.train_steps)
         if report_state is not None:
             report.load_state_dict(report_state)
         it, self.path = start_it, None
@@ -155,7 +153,7 @@ class EpochLoop:
         """Iterations ``it`` to ``end``; (where they stopped, whether a stop signal cut the epoch)."""
         n = self.cfg.num_envs
         for i in range(it, end):
-            if step_iteration(self.cfg, self.agent, i, self.timer, self.train_steps):
+            if step_iteration(self.cfg, self.learner, i, self.timer, self.train_steps):
                 self.train_steps += 1
             if self.bar is not None and (i + 1) % 64 == 0:
                 self.bar.update(64 * n)
@@ -167,11 +165,11 @@ class EpochLoop:
 
     def _report_epoch(self, it: int, end: int) -> None:
         """The epoch from ``it`` to ``end``: read back, reported, shown on the bar."""
-        cfg, agent, n = self.cfg, self.agent, self.cfg.num_envs
-        host, now = sync_epoch(cfg, agent, self.readback)
+        learner, n = self.learner, self.cfg.num_envs
+        host, now = sync_epoch(learner, self.readback)
         if self.launch is not None:
             self.stop.agree()  # every rank stops after the same epoch
-        episodes, lost = agent.episodes.drain(host)
+        episodes, lost = learner.episodes.drain(host)
         metrics = self.report.end_epoch(
             host,
             episodes,
@@ -179,7 +177,7 @@ class EpochLoop:
             env_step=end * n,
             iterations=end - it,
             train_steps=self.train_steps,
-            epsilon=float(agent.epsilon(end * n)),
+            charts=learner.charts(host, end * n),
             phases=self.timer.summary(),
             now=now,
         )
@@ -191,7 +189,7 @@ class EpochLoop:
         """Epoch ``epoch``'s evaluation and checkpoint; whether a stop signal ends the run here."""
         cfg = self.cfg
         if self.evaluator is not None and evaluation.due(cfg, epoch, last=it == iterations):
-            self.report.end_evaluation(it * cfg.num_envs, self.evaluator.run(self.agent.greedy), time.perf_counter())
+            self.report.end_evaluation(it * cfg.num_envs, self.evaluator.run(self.learner.greedy), time.perf_counter())
         due = cfg.checkpoint_every > 0 and epoch % cfg.checkpoint_every == 0
         if it < iterations and (due or self.stop.requested):
             self.path = self._save(it)
@@ -202,4 +200,4 @@ class EpochLoop:
         """A checkpoint after ``iteration`` with ``save``, else None."""
         if not self.cfg.save:
             return None
-        return checkpoint.save(self.agent, iteration, self.report, self.report.runlog, self.launch)
+        return run_checkpoint.save(self.spec, self.learner, iteration, self.report, self.launch)

@@ -13,26 +13,19 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
 
-from gper.dqn.agent import SUM_ABS_TD, SUM_LOSS, SUM_Q
-from gper.dqn.config import Config
 from gper.training.runlog import RunLog
-
-#: the learn step's phases in the order the phase line prints them (they run per_sample, upload,
-#: fwd_bwd, grad_sync (data-parallel runs only), per_update, adam: see gper.dqn.agent)
-PHASE_ORDER = ("per_sample", "upload", "fwd_bwd", "grad_sync", "adam", "per_update")
-
-#: the metric each device sum is reported as, per training step
-LOSS_METRICS = {SUM_LOSS: "losses/td_loss", SUM_Q: "losses/q_values", SUM_ABS_TD: "losses/abs_td"}
+from gper.training.settings import RunSettings
 
 
 @dataclass
 class Results:
-    """What :func:`gper.dqn.train` returns (also written to the run folder's ``summary.json``)."""
+    """What a training run returns (:func:`gper.training.train`, :func:`gper.dqn.train`; also written
+    to the run folder's ``summary.json``)."""
 
     run_dir: str
     device: str
@@ -50,7 +43,8 @@ class Results:
     phase_ms: dict[str, float]
     """mean ms per phase over the last epoch that was timed"""
     evaluation: dict[str, float] | None = None
-    """market: greedy test P&L on held-out prices against buy-and-hold and flat"""
+    """the environment's test at the run's end (:attr:`gper.envs.registry.EnvSpec.final_test`; market:
+    greedy test P&L on held-out prices against buy-and-hold and flat), or None"""
     notes: list[str] = dataclasses.field(default_factory=list)
     eval_mean_return: float | None = None
     """the greedy policy's mean return at the last periodic evaluation (``eval_every``)"""
@@ -83,12 +77,23 @@ class RunReport:
         runlog: the run folder the episodes and metrics go to.
         returns: the returns of the episodes finished so far (a resumed run's history); grows.
         log: receives the human-readable lines.
+        sum_metrics: the metric each slot of the learner's device sums is reported as (the mean
+            per training step; :attr:`~gper.training.algorithm.AlgorithmSpec.sum_metrics`).
+        learn_phases: the learn step's phases in the phase line's order (:func:`format_phase_line`).
     """
 
     def __init__(
-        self, cfg: Config, device: torch.device, runlog: RunLog, returns: list[float], log: Callable[[str], object]
+        self,
+        cfg: RunSettings,
+        device: torch.device,
+        runlog: RunLog,
+        returns: list[float],
+        log: Callable[[str], object],
+        sum_metrics: Mapping[int, str] | None = None,
+        learn_phases: tuple[str, ...] = (),
     ) -> None:
         self.cfg, self.device, self.runlog, self.returns, self.log = cfg, device, runlog, returns, log
+        self.sum_metrics, self.learn_phases = dict(sum_metrics or {}), learn_phases
         self.best = -math.inf
         self.solved_at: tuple[int, float] | None = None
         """(env step, wall seconds) of the first 100-episode window at ``solve_return``"""
@@ -182,15 +187,16 @@ class RunReport:
         env_step: int,
         iterations: int,
         train_steps: int,
-        epsilon: float,
+        charts: dict[str, float],
         phases: dict[str, tuple[float, int]],
         now: float,
     ) -> dict[str, float]:
         """Report the epoch that ends at ``env_step`` after ``iterations`` collection iterations,
         with ``train_steps`` training steps done in all; return its metrics.
 
-        ``host``: the readback of the device sums and beta; ``episodes``, ``lost``: what
-        :meth:`~gper.training.episodes.EpisodeTracker.drain` returned; ``phases``: the
+        ``host``: the readback of the device sums; ``episodes``, ``lost``: what
+        :meth:`~gper.training.episodes.EpisodeTracker.drain` returned; ``charts``: the learner's own
+        ``charts/`` metrics (:meth:`~gper.training.algorithm.Learner.charts`); ``phases``: the
         :meth:`~gper.training.timing.PhaseTimer.summary` of the epoch; ``now``: its end."""
         wall, self._t_epoch = now - self._t_epoch, now
         self._record_episodes(episodes, lost)
@@ -199,11 +205,11 @@ class RunReport:
             self.last_phase = {name: ms for name, (ms, _) in phases.items()}
         trained, self._train_steps = train_steps - self._train_steps, train_steps
         timed, self._rate_train_steps = train_steps - self._rate_train_steps, train_steps
-        metrics = self._metrics(host, iterations, trained, timed, epsilon, phases, wall)
+        metrics = self._metrics(host, iterations, trained, timed, charts, phases, wall)
         self.runlog.log(env_step, **metrics)
         self.runlog.flush()
-        busy = busy_fraction(phases, iterations, timed, wall, self.device.type == "cuda")
-        self.log(format_phase_line(phases, self.device))
+        busy = busy_fraction(phases, iterations, timed, wall, self.device.type == "cuda", self.learn_phases)
+        self.log(format_phase_line(phases, self.device, self.learn_phases))
         self.log(
             f"step {env_step:>9d}  return(last100) {metrics['charts/mean_return_last100']:8.2f}  "
             f"episodes {len(self.returns):6d}  env steps/s {metrics['charts/SPS']:9.0f}  "
@@ -270,7 +276,7 @@ class RunReport:
         iterations: int,
         trained: int,
         timed: int,
-        epsilon: float,
+        charts: dict[str, float],
         phases: dict[str, tuple[float, int]],
         wall: float,
     ) -> dict[str, float]:
@@ -280,31 +286,46 @@ class RunReport:
         metrics = {
             "charts/SPS": iterations * self.cfg.num_envs / wall,
             "charts/train_steps_per_s": timed / wall,
-            "charts/epsilon": epsilon,
-            "charts/beta": float(host["beta"]),
+            **charts,
             "charts/mean_return_last100": mean_last100(self.returns),
         }
         if trained:
-            metrics.update({name: float(delta[slot] / trained) for slot, name in LOSS_METRICS.items()})
+            metrics.update({name: float(delta[slot] / trained) for slot, name in self.sum_metrics.items()})
         metrics.update({f"timing/{name}_ms": ms for name, (ms, _) in phases.items()})
         return metrics
 
 
+def learn_phase_names(summary: dict[str, tuple[float, int]], order: tuple[str, ...] = ()) -> list[str]:
+    """The learn step's phases among ``summary``'s: those of ``order`` in its order, or, with no
+    ``order``, every phase but ``collect`` in the summary's order."""
+    if order:
+        return [name for name in order if name in summary]
+    return [name for name in summary if name != "collect"]
+
+
 def busy_fraction(
-    phases: dict[str, tuple[float, int]], collects: int, trains: int, wall: float, cuda: bool
+    phases: dict[str, tuple[float, int]],
+    collects: int,
+    trains: int,
+    wall: float,
+    cuda: bool,
+    learn_phases: tuple[str, ...] = (),
 ) -> float | None:
     """Mean GPU phase times times step counts over the epoch's wall time: how busy the GPU was."""
     if "collect" not in phases or wall <= 0 or not cuda:
         return None
-    learn = sum(phases[name][0] for name in PHASE_ORDER if name in phases)
+    learn = sum(phases[name][0] for name in learn_phase_names(phases, learn_phases))
     return (phases["collect"][0] * collects + learn * trains) / 1e3 / wall
 
 
-def format_phase_line(summary: dict[str, tuple[float, int]], device: torch.device) -> str:
-    """The phase line (see the module docstring): the learn step's mean phase times, then the
-    data-collection phase (``collect``) on its own."""
+def format_phase_line(
+    summary: dict[str, tuple[float, int]], device: torch.device, learn_phases: tuple[str, ...] = ()
+) -> str:
+    """The phase line (see the module docstring): the learn step's mean phase times (in the order
+    of ``learn_phases``, see :func:`learn_phase_names`), then the data-collection phase
+    (``collect``) on its own."""
     kind = "GPU" if torch.device(device).type == "cuda" else "CPU"
-    learn = [name for name in PHASE_ORDER if name in summary]
+    learn = learn_phase_names(summary, learn_phases)
     parts = []
     if learn:
         n = max(summary[name][1] for name in learn)
