@@ -400,9 +400,11 @@ def _check_replay(cfg: Config) -> None:
         )
     if cfg.gym_autoreset not in ("same-step", "next-step"):
         raise ValueError(f"gym_autoreset must be same-step or next-step, got {cfg.gym_autoreset!r}")
-    gym = cfg.env.startswith("gym:")
+    spec = registry.lookup(cfg.env)
+    gym = spec is not None and "next-step" in spec.autoreset  # an environment that can reset either way
     if cfg.gym_autoreset == "next-step" and not gym:
-        raise ValueError(f"gym_autoreset next-step is for gym:<ID> environments; {cfg.env} resets in the same step")
+        both = ", ".join(s.name for s in registry.specs() if "next-step" in s.autoreset)
+        raise ValueError(f"gym_autoreset next-step is for {both} environments; {cfg.env} resets in the same step")
     if cfg.replay == "flat" and cfg.n_step > 1:
         raise ValueError(f"n_step {cfg.n_step} needs the trajectory replay: use --replay trajectory (or auto)")
     # what the environment will say (VecEnv.autoreset); setup asks the environment itself too
