@@ -51,19 +51,18 @@ def build_replay(
     With ``launch`` (a data-parallel run) this rank's part of one
     :class:`~gper.distributed.ShardedPrioritizedReplayBuffer` of ``buffer_size`` slots over the group,
     in ``launch.mode``: flat replay only (:func:`gper.dqn.parallel.check_settings`)."""
+    # the replay settings every kind takes from the run's
+    common = dict(
+        alpha=cfg.alpha,
+        beta=cfg.beta,
+        sampling=cfg.sampling,
+        weight_norm=cfg.weight_norm,
+        device=device,
+        backend=cfg.backend,
+        seed=cfg.seed,
+    )
     if launch is not None:
-        return ShardedPrioritizedReplayBuffer(
-            cfg.buffer_size,
-            replay_spec(obs_dim),
-            alpha=cfg.alpha,
-            beta=cfg.beta,
-            sampling=cfg.sampling,
-            weight_norm=cfg.weight_norm,
-            mode=launch.mode,
-            device=device,
-            backend=cfg.backend,
-            seed=cfg.seed,
-        )
+        return ShardedPrioritizedReplayBuffer(cfg.buffer_size, replay_spec(obs_dim), mode=launch.mode, **common)
     if replay_kind(cfg, autoreset) == "trajectory":
         goal: dict[str, Any] = {}
         spec = trajectory_spec(obs_dim)
@@ -80,28 +79,12 @@ def build_replay(
             trajectory_capacity(cfg),
             cfg.num_envs,
             spec,
-            alpha=cfg.alpha,
-            beta=cfg.beta,
-            sampling=cfg.sampling,
-            weight_norm=cfg.weight_norm,
             window=cfg.n_step,
             autoreset=autoreset,  # the env says how it resets: nothing is left to the buffer's guess
-            device=device,
-            backend=cfg.backend,
-            seed=cfg.seed,
+            **common,
             **goal,
         )
-    return gper.PrioritizedReplayBuffer(
-        cfg.buffer_size,
-        replay_spec(obs_dim),
-        alpha=cfg.alpha,
-        beta=cfg.beta,
-        sampling=cfg.sampling,
-        weight_norm=cfg.weight_norm,
-        device=device,
-        backend=cfg.backend,
-        seed=cfg.seed,
-    )
+    return gper.PrioritizedReplayBuffer(cfg.buffer_size, replay_spec(obs_dim), **common)
 
 
 def setup(config: Config, log: Any = print, launch: Launch | None = None) -> tuple[Config, Agent, list[str]]:
