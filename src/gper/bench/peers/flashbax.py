@@ -159,10 +159,8 @@ class FlashbaxPeer(JaxPeer):
         self.jax.block_until_ready(self.state)
 
     def prepare(self, b: int, first: bool) -> None:
+        super().prepare(b, first)
         jax, jnp, cap = self.jax, self.jnp, self.capacity
-        if not first:
-            self.randomize_priorities()
-        self.td = self.gen_td(self._next_key(), b)
         self.new = self.gen_data(self._next_key(), b // self.add_batch) if b % self.add_batch == 0 else None
         buffer = self.make(b)
 

@@ -154,10 +154,8 @@ class FlashbaxTrajPeer(JaxPeer):
         self.jax.block_until_ready(self.state)
 
     def prepare(self, b: int, first: bool) -> None:
+        super().prepare(b, first)
         jax, jnp, cap = self.jax, self.jnp, self.capacity
-        if not first:
-            self.randomize_priorities()
-        self.td = self.gen_td(self._next_key(), b)
         self.new = self.gen_steps(self._next_key(), 1)
         samplers = {n: self.make(b, n) for n in (1, N_STEP)}
         adder = self.adder

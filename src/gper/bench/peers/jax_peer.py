@@ -39,6 +39,13 @@ class JaxPeer(Peer):
             idx = jnp.arange(lo, hi, dtype=self.int_dtype)
             self.state = self.set_all(self.state, idx, jnp.abs(self.gen_td(self._next_key(), hi - lo)) + EPS)
 
+    def prepare(self, b: int, first: bool) -> None:
+        """Fresh random priorities (but for the first batch size: the fill set them) and batch
+        ``b``'s TD errors; a subclass then draws its new data and builds its jitted calls."""
+        if not first:
+            self.randomize_priorities()
+        self.td = self.gen_td(self._next_key(), b)
+
     def steps_per_call(self, mode: str) -> int:
         return SCAN_STEPS if mode == "jit-scan" else 1
 
