@@ -88,7 +88,9 @@ def test_index_and_weights_agree_with_gper_and_torchrl_formula():
     rb = _rb(capacity=100, seed=11)
     td = _data(40)
     rb.extend(td)
-    ref = gper.PrioritizedReplayBuffer(100, rb.buffer.spec, ALPHA, BETA, EPS, device="cpu", backend="torch", seed=11)
+    ref = gper.PrioritizedReplayBuffer(
+        100, rb.buffer.spec, alpha=ALPHA, beta=BETA, eps=EPS, device="cpu", backend="torch", seed=11
+    )
     ref.add({".".join(k): td[k] for k in rb.keys})
     p = torch.rand(40) * 5
     rb.update_priority(torch.arange(40), p)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import zlib
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,13 +23,16 @@ from gper.distributed.batch import ShardedBatch
 from gper.distributed.checkpoint import load_agreed, state_problem
 from gper.distributed.collectives import Group
 from gper.ops import kernels
-from gper.ops.layout import DEFAULT_ARITY
 from gper.ops.state import C_INVALID, C_NONFINITE, C_STALE
 from gper.ops.tree import reference
 from gper.replay import PrioritizedReplayBuffer
 from gper.replay.checks import check_batch_size, check_td
+from gper.replay.config import CommonSettings, check_seed, takes_settings, with_defaults
 from gper.replay.exponent import ExponentInput
 from gper.replay.samplers import SHARDED_SAMPLING
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's own from Python 3.11
 
 MODES = ("exact", "local")
 SAMPLING = SHARDED_SAMPLING
@@ -46,18 +49,22 @@ class ShardedPrioritizedReplayBuffer:
 
     Args:
         capacity: slots over all ranks, a multiple of the world size.
-        spec, alpha, beta, eps, weight_norm, backend, strict, arity, cuda_graphs: as
-            :class:`gper.PrioritizedReplayBuffer` (the shard's settings).
-        sampling: "proportional", "stratified" or "uniform". "rank" is refused: a global rank
-            needs a sort over every shard.
+        spec: as :class:`gper.PrioritizedReplayBuffer`.
+
+    Keyword Args:
         mode: "exact" (the distribution of one buffer over every shard; rows move to the rank
             that drew them) or "local" (each rank draws its own shard; weights carry the shard
             ratio ``world_size * T_k / sum T``; no row moves).
         group: the process group, default the world.
-        device: this rank's device (default the current CUDA device, else the CPU). With NCCL,
-            call ``torch.cuda.set_device(local_rank)`` first.
-        seed: Philox key of every stream (the shared one and each shard's own): the same seed,
-            world size and calls give the same samples.
+        **settings: the shard's settings, :class:`~gper.replay.config.CommonSettings` (``alpha``,
+            ``beta``, ``eps``, ``sampling``, ``weight_norm``, ``device``, ``backend``, ``seed``,
+            ``strict``, ``arity``, ``cuda_graphs``), with the defaults and meaning documented in
+            :class:`gper.PrioritizedReplayBuffer`, except: ``sampling`` is "proportional",
+            "stratified" or "uniform" ("rank" is refused: a global rank needs a sort over every
+            shard); ``device`` is this rank's (default the current CUDA device, else the CPU; with
+            NCCL, call ``torch.cuda.set_device(local_rank)`` first); ``seed`` is the Philox key of
+            every stream (the shared one and each shard's own): the same seed, world size and
+            calls give the same samples. A shard never falls back to the CPU.
 
     Raises:
         RuntimeError: ``torch.distributed`` is not initialised.
@@ -65,24 +72,18 @@ class ShardedPrioritizedReplayBuffer:
             differ between ranks (checked with one all-gather at construction).
     """
 
+    @takes_settings(CommonSettings)
     def __init__(
         self,
         capacity: int,
         spec: Mapping[str, tuple],
-        alpha: float = 0.6,
-        beta: float = 0.4,
-        eps: float = 1e-6,
-        sampling: str = "proportional",
-        weight_norm: str = "global",
+        *,
         mode: str = "exact",
         group: Any = None,
-        device: str | torch.device | None = None,
-        backend: str = "auto",
-        seed: int = 0,
-        strict: bool = False,
-        arity: int = DEFAULT_ARITY,
-        cuda_graphs: bool = True,
+        **settings: Unpack[CommonSettings],
     ) -> None:
+        given = with_defaults("ShardedPrioritizedReplayBuffer", settings, CommonSettings)
+        sampling, seed, device = given["sampling"], given["seed"], given["device"]
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if sampling == "rank":
@@ -99,8 +100,7 @@ class ShardedPrioritizedReplayBuffer:
                 f"capacity {capacity} is not a multiple of the world size {w}: every rank holds "
                 f"capacity / world_size slots (e.g. {capacity - capacity % w or w})"
             )
-        if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
-            raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
+        check_seed(seed)
         self.mode = mode
         self._seed = seed
         self._shared_key = shards.derive_key(seed, 0)
@@ -109,18 +109,8 @@ class ShardedPrioritizedReplayBuffer:
             self.shard = PrioritizedReplayBuffer(
                 capacity // w if isinstance(capacity, int) else capacity,
                 spec,
-                alpha=alpha,
-                beta=beta,
-                eps=eps,
-                sampling=sampling,
-                weight_norm=weight_norm,
-                device=device,
-                backend=backend,
-                seed=shards.derive_key(seed, 1 + self.group.rank),
-                strict=strict,
-                cpu_fallback=False,  # a shard on another device than its peers' would break the collectives
-                arity=arity,
-                cuda_graphs=cuda_graphs,
+                # a shard on another device than its peers' would break the collectives: no fall-back
+                **given | {"seed": shards.derive_key(seed, 1 + self.group.rank), "cpu_fallback": False},
             )
         except Exception:
             # the other ranks wait in the settings' all-gather below: join it (as failed), so that

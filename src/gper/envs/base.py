@@ -27,6 +27,13 @@ def canonical_device(device: torch.device | str) -> torch.device:
     return device
 
 
+def check_num_envs(num_envs: object) -> int:
+    """``num_envs``, or a ValueError unless it is an int >= 1 (a bool is not)."""
+    if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
+        raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
+    return num_envs
+
+
 class Step(NamedTuple):
     """The result of :meth:`VecEnv.step`, every tensor ``[num_envs, ...]`` on the env's device."""
 

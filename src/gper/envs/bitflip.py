@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from gper.envs._rng import EnvRng
-from gper.envs.base import Step, VecEnv, canonical_device
+from gper.envs.base import Step, VecEnv, canonical_device, check_num_envs
 from gper.envs.goals import GoalEnv, GoalInfo
 from gper.envs.registry import EnvSpec
 
@@ -71,8 +71,7 @@ class BitFlip(VecEnv, GoalEnv):
     ) -> None:
         if not isinstance(n_bits, int) or isinstance(n_bits, bool) or not 1 <= n_bits <= MAX_BITS:
             raise ValueError(f"n_bits must be an int in [1, {MAX_BITS}], got {n_bits!r}")
-        if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
-            raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
+        check_num_envs(num_envs)
         self.n_bits = n_bits
         self.name = f"bitflip:{n_bits}"
         self.obs_dim = 2 * n_bits

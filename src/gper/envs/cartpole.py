@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from gper.envs._rng import EnvRng
-from gper.envs.base import Step, VecEnv, canonical_device
+from gper.envs.base import Step, VecEnv, canonical_device, check_num_envs
 from gper.envs.registry import EnvSpec
 
 GRAVITY = 9.8
@@ -68,9 +68,7 @@ class CartPole(VecEnv):
         generator: torch.Generator | None = None,
         graph_safe_rng: bool = False,
     ) -> None:
-        if not isinstance(num_envs, int) or num_envs < 1:
-            raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
-        self.num_envs = num_envs
+        self.num_envs = check_num_envs(num_envs)
         self.device = canonical_device(device)
         self._rng = EnvRng(self.device, seed, generator, graph_safe_rng)
         self.state = torch.zeros(num_envs, 4, dtype=torch.float64, device=self.device)

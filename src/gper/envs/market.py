@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from gper.envs._rng import EnvRng
-from gper.envs.base import Step, VecEnv, canonical_device
+from gper.envs.base import Step, VecEnv, canonical_device, check_num_envs
 from gper.envs.market_data import SYNTHETIC_KINDS, load_bars_csv, synthetic_prices
 from gper.envs.packaged import read_bars
 from gper.envs.registry import EnvSpec
@@ -134,8 +134,7 @@ class MarketEnv(VecEnv):
         graph_safe_rng: bool = False,
         sigma: float | None = None,
     ) -> None:
-        if not isinstance(num_envs, int) or num_envs < 1:
-            raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
+        check_num_envs(num_envs)
         if not isinstance(episode_len, int) or episode_len < 1:
             raise ValueError(f"episode_len must be an int >= 1, got {episode_len!r}")
         if not (math.isfinite(cost_bps) and cost_bps >= 0):

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from gper.envs.base import AUTORESET_MODES, Autoreset, VecEnv
+from gper.envs.base import AUTORESET_MODES, Autoreset, VecEnv, check_num_envs
 
 #: the trainer's settings that ``None`` stands for, per preset family, then per device type (``"cuda"``:
 #: the values; ``"cpu"``: what a CPU run changes of them); kept up to date by :func:`register`
@@ -171,8 +171,7 @@ def make_env(
         ValueError: a bad ``num_envs`` or ``autoreset``; :class:`UnknownEnvironment` for a name no
             registration matches.
     """
-    if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
-        raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
+    check_num_envs(num_envs)
     if autoreset is not None and autoreset not in AUTORESET_MODES:
         raise ValueError(f"autoreset must be one of {', '.join(AUTORESET_MODES)}, got {autoreset!r}")
     spec = lookup(name)

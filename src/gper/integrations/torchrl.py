@@ -34,9 +34,8 @@ import gper
 from gper._device import canonical_device
 from gper.integrations._tensordict import KeyLayout, NestedKey, as_key, reduce_priority, show, stored_leaves
 from gper.integrations._torchrl_state import TorchRLState
-from gper.ops.layout import DEFAULT_ARITY
 from gper.replay.checks import check_batch_size
-from gper.replay.config import MUTABLE, ReplayConfig
+from gper.replay.config import MUTABLE, ReplayConfig, with_defaults
 
 #: TorchRL's name for the slots drawn (TensorDictReplayBuffer writes it into every sample)
 INDEX_KEY = "index"
@@ -107,24 +106,12 @@ class PrioritizedReplayBuffer(TorchRLState):
     ) -> None:
         if seed is None:
             seed = int(torch.randint(2**62, ()))
-        # every setting checked now, though the buffer is built at the first extend
-        cfg = ReplayConfig.check(
-            capacity, alpha, beta, eps, sampling, weight_norm, seed, rank_refresh_interval, DEFAULT_ARITY, backend
-        )
-        if reduction not in REDUCTIONS:
-            raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
-        self._batch_size = None if batch_size is None else check_batch_size(batch_size)
-        self._priority_key, self._weight_key = as_key(priority_key), as_key(weight_key)
-        self._reduction = reduction
-        self._device = canonical_device(device)
-        self._args: dict[str, Any] = dict(
-            capacity=capacity,
-            alpha=cfg.alpha,
-            beta=cfg.beta,
-            eps=cfg.eps,
+        settings: dict[str, Any] = dict(
+            alpha=alpha,
+            beta=beta,
+            eps=eps,
             sampling=sampling,
             weight_norm=weight_norm,
-            device=self._device,
             backend=backend,
             seed=seed,
             strict=strict,
@@ -132,6 +119,17 @@ class PrioritizedReplayBuffer(TorchRLState):
             rank_refresh_interval=rank_refresh_interval,
             cuda_graphs=cuda_graphs,
         )
+        # every setting checked now, though the buffer is built at the first extend
+        cfg = ReplayConfig.check(capacity, with_defaults("PrioritizedReplayBuffer", settings))
+        if reduction not in REDUCTIONS:
+            raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+        self._batch_size = None if batch_size is None else check_batch_size(batch_size)
+        self._priority_key, self._weight_key = as_key(priority_key), as_key(weight_key)
+        self._reduction = reduction
+        self._device = canonical_device(device)
+        # the gper buffer's arguments, with the checked floats
+        checked = dict(capacity=capacity, device=self._device, alpha=cfg.alpha, beta=cfg.beta, eps=cfg.eps)
+        self._args: dict[str, Any] = settings | checked
         self._metadata = {(INDEX_KEY,), (GENERATION_KEY,), (STATE_KEY,), self._weight_key, self._priority_key}
         self._layout: KeyLayout | None = None
         self._rb: gper.PrioritizedReplayBuffer | None = None

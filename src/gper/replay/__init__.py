@@ -6,6 +6,8 @@
   stratified, rank or uniform, and the IS-weight normalisation;
 * :class:`ReplayCore` (``core.py``): the three above, the buffer's CUDA graphs and state
   identity, and the add/update/restore/copy paths every buffer shares;
+* :class:`ReplaySettings` (``config.py``): the keyword settings every buffer takes, declared once
+  with their defaults (``DEFAULTS``) and checks;
 * :class:`SampledBatch` (``batch.py``): what ``sample`` returns;
 * :class:`PrioritizedReplayBuffer` (``buffer.py``): the façade over a core (its CUDA graphs:
   ``graphs.py``);
@@ -22,6 +24,7 @@ trainers or benchmarks.
 from gper.replay.batch import SampledBatch
 from gper.replay.buffer import PrioritizedReplayBuffer
 from gper.replay.checks import GperWarning
+from gper.replay.config import ReplaySettings
 from gper.replay.core import ReplayCore
 from gper.replay.her import HindsightRelabeling
 from gper.replay.samplers import SamplingPolicy
@@ -36,6 +39,7 @@ __all__ = [
     "PrioritizedReplayBuffer",
     "PriorityTree",
     "ReplayCore",
+    "ReplaySettings",
     "RowLayout",
     "RowStorage",
     "SampledBatch",

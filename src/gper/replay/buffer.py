@@ -15,12 +15,11 @@ import json
 import os
 from collections.abc import Callable, Mapping
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from gper._device import on_own_device
-from gper.ops.layout import DEFAULT_ARITY
 from gper.replay.batch import FlatSample, SampledBatch
 from gper.replay.checkpoint import PREFIX_TENSORS, check_contents, check_state, widen_prefixes
 from gper.replay.checks import (
@@ -28,10 +27,13 @@ from gper.replay.checks import (
     check_indices,
     out_of_memory,
 )
-from gper.replay.config import BufferSettings, ReplayConfig
+from gper.replay.config import BufferSettings, ReplayConfig, ReplaySettings, takes_settings, with_defaults
 from gper.replay.core import ReplayCore, rebuild
 from gper.replay.files import TensorFile, write_tensors
 from gper.replay.storage import RowLayout
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's own from Python 3.11
 
 #: captured sample outputs per batch size: a batch may still be alive while the next is drawn
 _SAMPLE_SLOTS = 3
@@ -40,70 +42,63 @@ _SAMPLE_SLOTS = 3
 class PrioritizedReplayBuffer(BufferSettings):
     """A ring buffer of transitions with prioritized sampling, entirely on one device.
 
+    Every argument after ``spec`` is a keyword-only setting. They are declared once, as
+    :class:`~gper.replay.config.ReplaySettings`, with their defaults in
+    :data:`gper.replay.config.DEFAULTS`; the other buffers take them too and refer here.
+
     Args:
         capacity: slots, any integer >= 1. When full, each ``add`` overwrites the oldest items.
         spec: ``{name: (shape, dtype)}`` of a transition, e.g. ``{"obs": ((51,), torch.float32)}``.
-        alpha: priority exponent in [0, 1]: a TD error ``d`` gives priority ``(|d| + eps) ** alpha``
-            (in "rank" mode, sampling probability is proportional to ``rank ** -alpha``).
-        beta: default importance-sampling exponent in [0, 1] (``sample(beta=...)`` overrides it).
-        eps: positive offset that keeps every priority above zero.
-        sampling: "proportional" (independent draws, p_i / sum p), "stratified" (one draw in each
-            of B equal-mass segments), "rank" (p ∝ 1/rank^alpha, ranks refreshed every
-            ``rank_refresh_interval`` updates) or "uniform".
-        weight_norm: "global" divides IS weights by the largest weight any stored item could get
-            (as in the PER paper); "batch" by the largest weight in the batch.
-        device: where everything lives; default "cuda" when available, else "cpu".
-        backend: "auto" (Triton on CUDA, torch elsewhere), "triton" or "torch"; or, for kernel
-            experiments, a module with the functions of :class:`gper.ops.ReplayKernels`. Before
-            Triton is used on a device, a small run of its kernels is checked against the torch
-            back end (once per device and process, :mod:`gper.ops.probe`): if they fail to
-            compile, launch or agree, "auto" warns and uses the torch back end on the same
-            device (same samples, slower), and "triton" raises.
-        seed: Philox key of the sampler; same seed and same calls give the same samples.
-        strict: also check index ranges on CUDA at once (costs one host sync per call); by
-            default, out-of-range indices are dropped on the device, counted, and reported by
+
+    Keyword Args:
+        alpha (default 0.6): priority exponent in [0, 1]: a TD error ``d`` gives priority
+            ``(|d| + eps) ** alpha`` (in "rank" mode, sampling probability is proportional to
+            ``rank ** -alpha``).
+        beta (default 0.4): default importance-sampling exponent in [0, 1] (``sample(beta=...)``
+            overrides it).
+        eps (default 1e-06): positive offset that keeps every priority above zero.
+        sampling (default "proportional"): "proportional" (independent draws, p_i / sum p), "stratified"
+            (one draw in each of B equal-mass segments), "rank" (p ∝ 1/rank^alpha, ranks
+            refreshed every ``rank_refresh_interval`` updates) or "uniform".
+        weight_norm (default "global"): "global" divides IS weights by the largest weight any stored item
+            could get (as in the PER paper); "batch" by the largest weight in the batch.
+        device (default None): where everything lives; None is "cuda" when available, else "cpu".
+        backend (default "auto"): "auto" (Triton on CUDA, torch elsewhere), "triton" or "torch"; or, for
+            kernel experiments, a module with the functions of :class:`gper.ops.ReplayKernels`.
+            Before Triton is used on a device, a small run of its kernels is checked against the
+            torch back end (once per device and process, :mod:`gper.ops.probe`): if they fail to
+            compile, launch or agree, "auto" warns and uses the torch back end on the same device
+            (same samples, slower), and "triton" raises.
+        seed (default 0): Philox key of the sampler; same seed and same calls give the same samples.
+        strict (default False): also check index ranges on CUDA at once (costs one host sync per call);
+            otherwise out-of-range indices are dropped on the device, counted, and reported by
             :meth:`stats`. On the CPU they always raise at once.
-        cpu_fallback: if the device runs out of memory at construction, warn and build the
-            buffer on the CPU instead of raising.
-        rank_refresh_interval: "rank" mode re-sorts the priorities every this many
-            ``update_priorities`` calls (an O(N log N) sort; see :meth:`refresh_ranks`).
-        arity: children per tree node (a power of two); 32 reads all children in one 128-byte load.
-        cuda_graphs: on CUDA, capture each call shape (``add`` of n items, ``sample`` of B,
+        arity (default 32): children per tree node (a power of two); 32 reads all children in one
+            128-byte load.
+        cuda_graphs (default True): on CUDA, capture each call shape (``add`` of n items, ``sample`` of B,
             ``update_priorities`` of B) once and replay it on later calls, which cuts the host
             time of an eager call several-fold. Calls made while the caller is capturing its own
             graph launch their kernels directly either way.
+        cpu_fallback (default True): if the device runs out of memory at construction, warn and build the
+            buffer on the CPU instead of raising.
+        rank_refresh_interval (default 100): "rank" mode re-sorts the priorities every this many
+            ``update_priorities`` calls (an O(N log N) sort; see :meth:`refresh_ranks`).
+
+    Raises:
+        TypeError, ValueError: a bad or unknown setting, before anything is allocated.
     """
 
-    def __init__(
-        self,
-        capacity: int,
-        spec: Mapping[str, tuple],
-        alpha: float = 0.6,
-        beta: float = 0.4,
-        eps: float = 1e-6,
-        sampling: str = "proportional",
-        weight_norm: str = "global",
-        device: str | torch.device | None = None,
-        backend: str | ModuleType = "auto",
-        seed: int = 0,
-        strict: bool = False,
-        cpu_fallback: bool = True,
-        rank_refresh_interval: int = 100,
-        arity: int = DEFAULT_ARITY,
-        cuda_graphs: bool = True,
-    ) -> None:
-        cfg = ReplayConfig.check(
-            capacity, alpha, beta, eps, sampling, weight_norm, seed, rank_refresh_interval, arity, backend
-        )
+    @takes_settings(ReplaySettings)
+    def __init__(self, capacity: int, spec: Mapping[str, tuple], **settings: Unpack[ReplaySettings]) -> None:
+        given = with_defaults("PrioritizedReplayBuffer", settings)
+        cfg = ReplayConfig.check(capacity, given)
         self._cfg = cfg
-        self.strict = bool(strict)
-        self._backend_request = backend
+        self.strict = bool(given["strict"])
+        self._backend_request = given["backend"]
         self._row_layout = RowLayout.build(spec)
         #: bytes of memory the buffer holds (an upper bound, before its CUDA graphs' outputs)
         self.nbytes_estimate = cfg.estimate_bytes(self._row_layout.row_bytes)  # checks arity too
-        self._core = ReplayCore.build(
-            cfg, self._row_layout, device, backend, cuda_graphs, _SAMPLE_SLOTS, cpu_fallback, self.nbytes_estimate
-        )
+        self._core = ReplayCore.build(cfg, self._row_layout, given, _SAMPLE_SLOTS, self.nbytes_estimate)
         self._add_plan = self.tree.add_plan(self.rows.field_bytes, self._row_layout.words)
         self._size = 0  # filled slots, as the host knows it (adds replayed from a graph show after stats())
         self._flat = FlatSample(self._row_layout)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 import torch
 
@@ -17,6 +20,86 @@ from gper.replay.tree import PriorityTree
 
 if TYPE_CHECKING:
     from gper.replay.core import ReplayCore
+
+
+class CommonSettings(TypedDict, total=False):
+    """The keyword-only settings every buffer takes, the sharded one's too. Each is documented,
+    with its default (:data:`DEFAULTS`), in :class:`~gper.PrioritizedReplayBuffer`; the other
+    buffers' docstrings say where theirs differ."""
+
+    alpha: float
+    beta: float
+    eps: float
+    sampling: str
+    weight_norm: str
+    device: str | torch.device | None
+    backend: str | ModuleType
+    seed: int
+    strict: bool
+    arity: int
+    cuda_graphs: bool
+
+
+class ReplaySettings(CommonSettings, total=False):
+    """The keyword-only settings of a buffer on one device: :class:`CommonSettings` and these."""
+
+    cpu_fallback: bool
+    rank_refresh_interval: int
+
+
+#: the default of every setting (the one place they are written)
+DEFAULTS: ReplaySettings = {
+    "alpha": 0.6,
+    "beta": 0.4,
+    "eps": 1e-6,
+    "sampling": "proportional",
+    "weight_norm": "global",
+    "device": None,
+    "backend": "auto",
+    "seed": 0,
+    "strict": False,
+    "arity": DEFAULT_ARITY,
+    "cuda_graphs": True,
+    "cpu_fallback": True,
+    "rank_refresh_interval": 100,
+}
+
+
+def with_defaults(owner: str, given: Mapping[str, Any], accepted: type = ReplaySettings) -> dict[str, Any]:
+    """Every setting ``accepted`` (a settings TypedDict) declares: ``given``'s, else its default.
+    A keyword it does not declare raises the TypeError Python raises for an unknown keyword of
+    ``owner``'s ``__init__``."""
+    names = accepted.__annotations__
+    for name in given:
+        if name not in names:
+            raise TypeError(f"{owner}.__init__() got an unexpected keyword argument {name!r}")
+    return {name: given.get(name, DEFAULTS[name]) for name in names}
+
+
+def _hints(accepted: type) -> dict[str, object]:
+    """``accepted``'s annotations as written (a TypedDict keeps them as forward references)."""
+    return {name: getattr(hint, "__forward_arg__", hint) for name, hint in accepted.__annotations__.items()}
+
+
+_Init = TypeVar("_Init", bound=Callable[..., None])
+
+
+def takes_settings(accepted: type) -> Callable[[_Init], _Init]:
+    """Gives an ``__init__(..., **settings: Unpack[accepted])`` the signature it accepts: its own
+    parameters, then each setting as keyword-only with its default, which ``help()``,
+    ``inspect.signature`` and editors then show."""
+
+    def mark(init: _Init) -> _Init:
+        own = inspect.signature(init)
+        params = [p for p in own.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        params += [
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=DEFAULTS[name], annotation=hint)
+            for name, hint in _hints(accepted).items()
+        ]
+        init.__signature__ = own.replace(parameters=params)  # type: ignore[attr-defined]
+        return init
+
+    return mark
 
 
 def _is_int(value: object) -> bool:
@@ -34,6 +117,12 @@ def check_eps(value: object) -> float:
             f"the largest priority; got {value!r}"
         )
     return float(value)
+
+
+def check_seed(value: object) -> int:
+    if not _is_int(value) or not 0 <= value < 2**63:
+        raise ValueError(f"seed must be an int in [0, 2**63), got {value!r}")
+    return value
 
 
 def check_weight_norm(value: object) -> str:
@@ -143,33 +232,27 @@ class BufferSettings:
 
 @dataclass(frozen=True)
 class ReplayConfig:
-    """The constructor arguments of :class:`~gper.PrioritizedReplayBuffer` that define its contents
-    (see its docstring); :meth:`check` validates them before anything is allocated."""
+    """The settings of a buffer that define its contents (see :class:`~gper.PrioritizedReplayBuffer`'s
+    docstring; their defaults are :data:`DEFAULTS`); :meth:`check` validates them before anything
+    is allocated."""
 
     capacity: int
-    alpha: float = 0.6
-    beta: float = 0.4
-    eps: float = 1e-6
-    sampling: str = "proportional"
-    weight_norm: str = "global"
-    seed: int = 0
-    rank_refresh_interval: int = 100
-    arity: int = DEFAULT_ARITY
+    alpha: float
+    beta: float
+    eps: float
+    sampling: str
+    weight_norm: str
+    seed: int
+    rank_refresh_interval: int
+    arity: int
 
     @staticmethod
-    def check(
-        capacity: object,
-        alpha: object,
-        beta: object,
-        eps: object,
-        sampling: object,
-        weight_norm: object,
-        seed: object,
-        rank_refresh_interval: object,
-        arity: object,
-        backend: object,
-    ) -> ReplayConfig:
-        """The checked settings, or a TypeError/ValueError naming the first bad one."""
+    def check(capacity: object, settings: Mapping[str, Any]) -> ReplayConfig:
+        """The checked settings (``settings`` as :func:`with_defaults` gives them; ``backend`` is
+        checked too), or a TypeError/ValueError naming the first bad one."""
+        alpha, beta, eps, sampling = settings["alpha"], settings["beta"], settings["eps"], settings["sampling"]
+        weight_norm, backend, seed = settings["weight_norm"], settings["backend"], settings["seed"]
+        rank_refresh_interval, arity = settings["rank_refresh_interval"], settings["arity"]
         if not _is_int(capacity):
             raise TypeError(f"capacity must be an int, got {type(capacity).__name__}")
         if capacity < 1:
@@ -180,8 +263,7 @@ class ReplayConfig:
         check_weight_norm(weight_norm)
         if isinstance(backend, str) and backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        if not _is_int(seed) or not 0 <= seed < 2**63:
-            raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
+        check_seed(seed)
         check_refresh_interval(rank_refresh_interval)
         if not _is_int(arity):
             raise TypeError(f"arity must be an int (a power of two >= 2), got {arity!r}")

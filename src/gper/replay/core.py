@@ -27,7 +27,7 @@ from gper.replay.checks import (
     warn_cpu_fallback,
     warn_dropped,
 )
-from gper.replay.config import ReplayConfig
+from gper.replay.config import ReplayConfig, ReplaySettings
 from gper.replay.exponent import ExponentInput
 from gper.replay.graphs import BufferGraphs
 from gper.replay.samplers import SamplingPolicy
@@ -83,16 +83,16 @@ class ReplayCore:
         cls,
         cfg: ReplayConfig,
         row_layout: RowLayout,
-        device: str | torch.device | None,
-        backend: str | ModuleType,
-        cuda_graphs: bool,
+        settings: ReplaySettings,
         sample_slots: int,
-        cpu_fallback: bool,
         nbytes: int,
         extend: Callable[[ReplayCore], object] | None = None,
     ) -> ReplayCore:
-        """A core on ``device``, then ``extend(core)`` (what a buffer allocates beside it); if the
-        device runs out of memory meanwhile and ``cpu_fallback``, a warning and both on the CPU."""
+        """A core on the ``device`` of ``settings`` (every setting given, as
+        :func:`~gper.replay.config.with_defaults` returns them), then ``extend(core)`` (what a buffer
+        allocates beside it); if the device runs out of memory meanwhile and ``cpu_fallback``, a
+        warning and both on the CPU."""
+        backend, cuda_graphs = settings["backend"], settings["cuda_graphs"]
 
         def make(where: torch.device) -> ReplayCore:
             core = cls(cfg, row_layout, where, backend, cuda_graphs, sample_slots)
@@ -100,11 +100,11 @@ class ReplayCore:
                 extend(core)
             return core
 
-        device = canonical_device(device)
+        device = canonical_device(settings["device"])
         try:
             return make(device)
         except torch.OutOfMemoryError:
-            if not cpu_fallback or device.type == "cpu":
+            if not settings["cpu_fallback"] or device.type == "cpu":
                 raise
             warn_cpu_fallback(device, cfg.capacity, nbytes)
         return make(torch.device("cpu"))

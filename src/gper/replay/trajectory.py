@@ -10,13 +10,12 @@ are drawable, and what each sample holds.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from gper._device import on_own_device
 from gper.ops import kernels as kernels_of
-from gper.ops.layout import DEFAULT_ARITY
 from gper.ops.state import C_SIZE
 from gper.ops.trajectory.reference import T_DISCONTINUITIES, T_STEPS
 from gper.replay.checks import (
@@ -24,7 +23,7 @@ from gper.replay.checks import (
     check_indices,
     out_of_memory,
 )
-from gper.replay.config import BufferSettings, ReplayConfig
+from gper.replay.config import BufferSettings, ReplayConfig, ReplaySettings, takes_settings, with_defaults
 from gper.replay.core import ReplayCore, rebuild
 from gper.replay.exponent import ExponentInput
 from gper.replay.graphs import capturing
@@ -33,6 +32,9 @@ from gper.replay.stream_state import StreamState
 from gper.replay.streams import StreamLayout, check_streams
 from gper.replay.trajectory_batch import SequenceBatch, TransitionBatch, TransitionSample
 from gper.replay.trajectory_checkpoint import TrajectoryCheckpoint
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's own from Python 3.11
 
 #: captured sample outputs per call shape (a batch may still be alive while the next is drawn)
 _SAMPLE_SLOTS = 3
@@ -55,9 +57,8 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
         spec: ``{name: (shape, dtype)}`` of a step, with every ``obs_keys`` field and a float32
             scalar ``reward``, e.g. ``{"obs": ((51,), torch.float32), "action": ((), torch.int64),
             "reward": ((), torch.float32)}``. ``terminated`` and ``truncated`` are added for you.
-        alpha, beta, eps, sampling, weight_norm, seed, strict, cpu_fallback, rank_refresh_interval,
-        arity, cuda_graphs, device, backend: as :class:`~gper.PrioritizedReplayBuffer` (``backend``
-            "auto", "triton" or "torch"). Priorities and IS weights are those of the start steps.
+
+    Keyword Args:
         window: the longest look-ahead of any sample: ``n_step`` of :meth:`sample` and ``length`` of
             :meth:`sample_sequences` are at most ``window``. A step becomes drawable once the
             ``window`` steps after it are written, or its episode ended within them.
@@ -72,40 +73,35 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
         her: a :class:`~gper.HindsightRelabeling` to relabel goals when sampling (the goal fields
             among ``obs_keys``; ``docs/trajectory.md``, *Hindsight relabelling*), or None. With it,
             ``add`` also keeps an episode index (about 12 bytes a slot) and batches have ``relabelled``.
+        **settings: every setting of :class:`~gper.replay.config.ReplaySettings` (``alpha``,
+            ``beta``, ``eps``, ``sampling``, ``weight_norm``, ``device``, ``backend``, ``seed``,
+            ``strict``, ``arity``, ``cuda_graphs``, ``cpu_fallback``, ``rank_refresh_interval``),
+            with the defaults and meaning documented in :class:`~gper.PrioritizedReplayBuffer`,
+            except that ``backend`` is "auto", "triton" or "torch". Priorities and IS weights are
+            those of the start steps.
     """
 
+    @takes_settings(ReplaySettings)
     def __init__(
         self,
         capacity: int,
         num_envs: int,
         spec: Mapping[str, tuple],
-        alpha: float = 0.6,
-        beta: float = 0.4,
-        eps: float = 1e-6,
-        sampling: str = "proportional",
-        weight_norm: str = "global",
+        *,
         window: int = 80,
         obs_keys: tuple[str, ...] = ("obs",),
         autoreset: str = "auto",
-        device: str | torch.device | None = None,
-        backend: str = "auto",
-        seed: int = 0,
-        strict: bool = False,
-        cpu_fallback: bool = True,
-        rank_refresh_interval: int = 100,
-        arity: int = DEFAULT_ARITY,
-        cuda_graphs: bool = True,
         her: HindsightRelabeling | None = None,
+        **settings: Unpack[ReplaySettings],
     ) -> None:
-        if not isinstance(backend, str):
-            raise TypeError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
-        cfg = ReplayConfig.check(
-            capacity, alpha, beta, eps, sampling, weight_norm, seed, rank_refresh_interval, arity, backend
-        )
+        given = with_defaults("TrajectoryReplayBuffer", settings)
+        if not isinstance(given["backend"], str):
+            raise TypeError(f"backend must be 'auto', 'triton' or 'torch', got {given['backend']!r}")
+        cfg = ReplayConfig.check(capacity, given)
         check_streams(capacity, num_envs, window, autoreset)
         self.autoreset = autoreset
         self._cfg = cfg
-        self.strict = bool(strict)
+        self.strict = bool(given["strict"])
         self.num_envs, self.window, self.rows_per_env = num_envs, window, capacity // num_envs
         self.layout = StreamLayout.build(spec, obs_keys)
         if her is not None and not isinstance(her, HindsightRelabeling):
@@ -117,17 +113,7 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
         self.nbytes_estimate = cfg.estimate_bytes(self.layout.row.row_bytes)
         if her is not None:
             self.nbytes_estimate += Relabeler.estimate_bytes(num_envs, self.rows_per_env)
-        self._core = ReplayCore.build(
-            cfg,
-            self.layout.row,
-            device,
-            backend,
-            cuda_graphs,
-            _SAMPLE_SLOTS,
-            cpu_fallback,
-            self.nbytes_estimate,
-            extend=self._allocate,
-        )
+        self._core = ReplayCore.build(cfg, self.layout.row, given, _SAMPLE_SLOTS, self.nbytes_estimate, self._allocate)
         self._steps = 0  # add calls, as the host knows them
         self._size = 0  # filled rows, as the host knows them (a lower bound until stats())
         self._gamma = ExponentInput(self._gamma_scalar, "gamma")

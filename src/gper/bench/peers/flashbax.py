@@ -36,10 +36,10 @@ import torch
 
 import gper
 from gper.bench.checks import ExactConfig, run_checks
-from gper.bench.harness import Group, Probed, Row, Sweep, chunks, fill, first_line, make_log
+from gper.bench.harness import Group, Probed, Row, Sweep, fill, first_line, make_log
 from gper.bench.peers import flashbax_traj
 from gper.bench.peers.base import OPS, ExactSampler, Peer, Setting, Skip, flashbax_status, require, version
-from gper.bench.timing import Timing, time_sync
+from gper.bench.peers.jax_peer import SCAN_STEPS, JaxPeer
 from gper.bench.workload import (
     ALPHA,
     BETA,
@@ -53,8 +53,6 @@ from gper.bench.workload import (
 NAMES = ("flashbax", "flashbax-x64")
 #: every variant the worker process times (the flat buffer's two, and the trajectory buffer)
 WORKER_NAMES = NAMES + flashbax_traj.NAMES
-#: PER steps per call of the ``jit-scan`` mode (a jitted lax.scan: JAX's counterpart of a CUDA graph)
-SCAN_STEPS = 64
 WORKER_MODULE = "gper.bench.peers.flashbax"
 WHERE_TIME_GOES = {
     "flashbax": "sample: a vmapped descent per sample (fori_loop, a lax.cond per level) and a gather of two items per "
@@ -84,7 +82,7 @@ def jax_versions(x64: bool) -> str:
 # timing
 
 
-class FlashbaxPeer(Peer):
+class FlashbaxPeer(JaxPeer):
     """flashbax's prioritised flat buffer, every call jitted, the state donated to add and set_priorities.
 
     The buffer is a [A, N / A] trajectory layout (A = ``add_batch_size``): an add of B transitions
@@ -145,10 +143,6 @@ class FlashbaxPeer(Peer):
         self.set_all = jax.jit(buffer.set_priorities, donate_argnums=0)
         self.randomize_priorities()
 
-    def _next_key(self):
-        self.key, sub = self.jax.random.split(self.key)
-        return sub
-
     def _random_transitions(self, key, t: int) -> dict:
         jax, jnp, a = self.jax, self.jnp, self.add_batch
         k = jax.random.split(key, 5)
@@ -161,17 +155,12 @@ class FlashbaxPeer(Peer):
         }
 
     def randomize_priorities(self) -> None:
-        jnp = self.jnp
-        for lo, hi in chunks(self.capacity):
-            idx = jnp.arange(lo, hi, dtype=self.int_dtype)
-            self.state = self.set_all(self.state, idx, jnp.abs(self.gen_td(self._next_key(), hi - lo)) + EPS)
+        self._set_random_priorities()
         self.jax.block_until_ready(self.state)
 
     def prepare(self, b: int, first: bool) -> None:
+        super().prepare(b, first)
         jax, jnp, cap = self.jax, self.jnp, self.capacity
-        if not first:
-            self.randomize_priorities()
-        self.td = self.gen_td(self._next_key(), b)
         self.new = self.gen_data(self._next_key(), b // self.add_batch) if b % self.add_batch == 0 else None
         buffer = self.make(b)
 
@@ -265,15 +254,6 @@ class FlashbaxPeer(Peer):
         return (
             ("jit", "jit-split", "jit-scan") if op == "step" else ("jit", "jit-split") if op == "step+add" else ("jit",)
         )
-
-    def steps_per_call(self, mode: str) -> int:
-        return SCAN_STEPS if mode == "jit-scan" else 1
-
-    def sync(self, out: object) -> None:
-        self.jax.block_until_ready(out)
-
-    def time(self, fn: Callable[[], object], warmup: int, iters: int, repeats: int) -> Timing:
-        return time_sync(fn, self.sync, warmup, iters, repeats)
 
 
 def build(impls: tuple[str, ...], capacity: int, setting: Setting) -> Peer:

@@ -26,16 +26,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
-from gper.bench.harness import chunks, fill
-from gper.bench.peers.base import Peer, Setting, Skip, flashbax_status, require, trajectory_ops_at
-from gper.bench.timing import Timing, time_sync
+from gper.bench.harness import fill
+from gper.bench.peers.base import Setting, Skip, flashbax_status, require, trajectory_ops_at
+from gper.bench.peers.jax_peer import SCAN_STEPS, JaxPeer
 from gper.bench.workload import ALPHA, BETA, EPS, FILL_CHUNK, GAMMA, N_STEP, jax_td_errors
 
 NAMES = ("flashbax-traj",)
 #: the ops it is timed on (no sequences: their length is fixed when the buffer is made)
 FLASHBAX_TRAJ_OPS = ("sample-n1", "sample-n3", "step-n1", "step-n3", "add-envs")
-#: PER steps per call of the ``jit-scan`` mode
-SCAN_STEPS = 64
 WHERE_TIME_GOES = {
     "flashbax-traj": "sample: stratified descent of the sum tree (a lax.cond per level), get_probability, then a "
     "gather of n + 1 steps per sample ([B, n + 1] indices into [num_envs, T]) and the n-step return from them; "
@@ -79,7 +77,7 @@ def nstep_transitions(jnp, seq: dict, n: int, gamma: float) -> dict:
     }
 
 
-class FlashbaxTrajPeer(Peer):
+class FlashbaxTrajPeer(JaxPeer):
     """flashbax's prioritised trajectory buffer, every call jitted, the state donated to add and set_priorities."""
 
     modes = ("jit",)
@@ -94,6 +92,7 @@ class FlashbaxTrajPeer(Peer):
 
         w = self.w = setting.traj
         self.jax, self.jnp, self.get_invalid_indices = jax, jnp, get_invalid_indices
+        self.int_dtype = jnp.int32
         self.impls = NAMES
         self.rows = capacity // w.num_envs  # the time axis
         if capacity % w.num_envs or self.rows < N_STEP + 2:
@@ -133,10 +132,6 @@ class FlashbaxTrajPeer(Peer):
         self.set_all = jax.jit(self.adder.set_priorities, donate_argnums=0)
         self.randomize_priorities()
 
-    def _next_key(self):
-        self.key, sub = self.jax.random.split(self.key)
-        return sub
-
     def _random_steps(self, key, t: int) -> dict:
         """``[num_envs, t]`` random steps, ending episodes at ``end_prob`` (half terminated, half truncated)."""
         jax, jnp, e, p = self.jax, self.jnp, self.w.num_envs, self.w.end_prob
@@ -153,18 +148,14 @@ class FlashbaxTrajPeer(Peer):
     def randomize_priorities(self) -> None:
         """Every start at the priority of a random TD error, then the starts whose 4 steps cross the write head at 0."""
         jnp = self.jnp
-        for lo, hi in chunks(self.capacity):
-            idx = jnp.arange(lo, hi, dtype=jnp.int32)
-            self.state = self.set_all(self.state, idx, jnp.abs(self.gen_td(self._next_key(), hi - lo)) + EPS)
+        self._set_random_priorities()
         invalid = self.get_invalid_indices(self.state, N_STEP + 1, 1, self.w.num_envs, self.rows).reshape(-1)
         self.state = self.set_all(self.state, invalid, jnp.zeros(invalid.shape, jnp.float32))
         self.jax.block_until_ready(self.state)
 
     def prepare(self, b: int, first: bool) -> None:
+        super().prepare(b, first)
         jax, jnp, cap = self.jax, self.jnp, self.capacity
-        if not first:
-            self.randomize_priorities()
-        self.td = self.gen_td(self._next_key(), b)
         self.new = self.gen_steps(self._next_key(), 1)
         samplers = {n: self.make(b, n) for n in (1, N_STEP)}
         adder = self.adder
@@ -238,15 +229,6 @@ class FlashbaxTrajPeer(Peer):
 
     def modes_of(self, op: str) -> tuple[str, ...]:
         return ("jit", "jit-split", "jit-scan") if op.startswith("step") else ("jit",)
-
-    def steps_per_call(self, mode: str) -> int:
-        return SCAN_STEPS if mode == "jit-scan" else 1
-
-    def sync(self, out: object) -> None:
-        self.jax.block_until_ready(out)
-
-    def time(self, fn: Callable[[], object], warmup: int, iters: int, repeats: int) -> Timing:
-        return time_sync(fn, self.sync, warmup, iters, repeats)
 
 
 def build(impls: tuple[str, ...], capacity: int, setting: Setting) -> FlashbaxTrajPeer:

@@ -31,7 +31,7 @@ WHERE_TIME_GOES = {
 }
 
 
-def _require() -> None:
+def require_torchrl() -> None:
     require("torchrl", "tensordict")
     logging.getLogger("torchrl").setLevel(logging.WARNING)
 
@@ -43,18 +43,26 @@ def status(name: str, device: torch.device) -> tuple[bool, str]:
     it was built against; that is checked here so the report says why instead of failing later.
     """
     try:
-        _require()
+        require_torchrl()
     except Skip as e:
         return False, str(e)
+    return sum_tree_status(device)
+
+
+def versions() -> str:
+    return f"torchrl {version('torchrl')}, tensordict {version('tensordict')}"
+
+
+def sum_tree_status(device: torch.device) -> tuple[bool, str]:
+    """Whether TorchRL's compiled extension (its sum tree) loads with this torch, and where the tree lives."""
     try:
-        import torchrl._torchrl as ext
+        tree = tree_device(device)
     except ImportError as e:
         return False, (
             f"torchrl {version('torchrl')}: its C++ extension (the sum tree) does not load with "
             f"torch {torch.__version__}: {first_line(e)}"
         )
-    tree = "cuda" if device.type == "cuda" and hasattr(ext, "CudaSumSegmentTreeFp32") else "cpu"
-    return True, f"torchrl {version('torchrl')}, tensordict {version('tensordict')}, sum tree on {tree}"
+    return True, f"{versions()}, sum tree on {tree}"
 
 
 def tree_device(device: torch.device) -> str:
@@ -64,7 +72,21 @@ def tree_device(device: torch.device) -> str:
     return "cuda" if device.type == "cuda" and hasattr(ext, "CudaSumSegmentTreeFp32") else "cpu"
 
 
-class TorchRLPeer(Peer):
+class TorchRLPrioritized(Peer):
+    """What the TorchRL peers share: a TorchRL prioritized buffer ``rb`` of ``capacity`` slots."""
+
+    def randomize_priorities(self) -> None:
+        for lo, hi in chunks(self.capacity):
+            idx = torch.arange(lo, hi, dtype=torch.int64)
+            self.rb.update_priority(idx, random_td(hi - lo, self.device, self.gen).abs())
+
+    def _sample(self, b: int):
+        """A prioritized sample, its IS weights moved to the data's device (they come back on the tree's)."""
+        data, info = self.rb.sample(b, return_info=True)
+        return data, torch.as_tensor(info["priority_weight"]).to(self.device), info["index"]
+
+
+class TorchRLPeer(TorchRLPrioritized):
     """TorchRL's (TensorDict)PrioritizedReplayBuffer over a LazyTensorStorage on the device.
 
     TorchRL applies ``(priority + eps) ** alpha`` itself, so it is given ``|td|``; its IS weights
@@ -74,7 +96,7 @@ class TorchRLPeer(Peer):
     def __init__(self, capacity: int, setting: Setting, td_api: bool) -> None:
         super().__init__(capacity, setting)
         fill_limit_s = setting.fill_limit_s()
-        _require()
+        require_torchrl()
         from tensordict import TensorDict
         from torchrl.data import LazyTensorStorage, PrioritizedReplayBuffer, TensorDictPrioritizedReplayBuffer
 
@@ -98,19 +120,9 @@ class TorchRLPeer(Peer):
         n = next(iter(data.values())).shape[0]
         return self.TensorDict(data, batch_size=[n], device=self.device)
 
-    def randomize_priorities(self) -> None:
-        for lo, hi in chunks(self.capacity):
-            idx = torch.arange(lo, hi, dtype=torch.int64)
-            self.rb.update_priority(idx, random_td(hi - lo, self.device, self.gen).abs())
-
     def prepare(self, b: int, first: bool) -> None:
         super().prepare(b, first)
         self.new_td = self._tensordict(self.new)
-
-    def _sample(self, b: int):
-        """A PrioritizedReplayBuffer sample, its weights moved to the data's device (they come back on the tree's)."""
-        data, info = self.rb.sample(b, return_info=True)
-        return data, torch.as_tensor(info["priority_weight"]).to(self.device), info["index"]
 
     def op(self, impl: str, name: str, b: int, mode: str = "eager") -> Callable[[], object]:
         rb, td = self.rb, self.td
@@ -166,7 +178,7 @@ class TorchRLSampler(ExactSampler):
     """
 
     def __init__(self, dtype: torch.dtype = torch.float32) -> None:
-        _require()
+        require_torchrl()
         self.dtype = dtype
 
     def load(self, prios: np.ndarray) -> None:

@@ -20,13 +20,13 @@ flat workload's ``torchrl-td`` peer. TorchRL and tensordict are imported only wh
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 
 import torch
 
-from gper.bench.harness import chunks, fill, first_line
-from gper.bench.peers.base import Peer, Setting, Skip, require, trajectory_ops_at, version
+from gper.bench.harness import fill
+from gper.bench.peers.base import Setting, Skip, trajectory_ops_at
+from gper.bench.peers.torchrl import TorchRLPrioritized, require_torchrl, sum_tree_status, tree_device, versions
 from gper.bench.workload import ALPHA, BETA, EPS, GAMMA, N_STEP, StreamSteps, continuing_step, random_td
 
 NAMES = ("torchrl-nstep", "torchrl-nstep-uniform")
@@ -43,29 +43,15 @@ WHERE_TIME_GOES = {
 _STEPS_PER_EXTEND = 256
 
 
-def _require() -> None:
-    require("torchrl", "tensordict")
-    logging.getLogger("torchrl").setLevel(logging.WARNING)
-
-
 def status(name: str, device: torch.device) -> tuple[bool, str]:
     """Installed; for ``torchrl-nstep``, also its compiled extension (the sum tree) loads with this torch."""
     try:
-        _require()
+        require_torchrl()
     except Skip as e:
         return False, str(e)
-    versions = f"torchrl {version('torchrl')}, tensordict {version('tensordict')}"
     if name == "torchrl-nstep-uniform":
-        return True, f"{versions}, uniform sampler on {device.type}"
-    try:
-        import torchrl._torchrl as ext
-    except ImportError as e:
-        return False, (
-            f"torchrl {version('torchrl')}: its C++ extension (the sum tree) does not load with "
-            f"torch {torch.__version__}: {first_line(e)}"
-        )
-    tree = "cuda" if device.type == "cuda" and hasattr(ext, "CudaSumSegmentTreeFp32") else "cpu"
-    return True, f"{versions}, sum tree on {tree}"
+        return True, f"{versions()}, uniform sampler on {device.type}"
+    return sum_tree_status(device)
 
 
 def ops_of(impl: str) -> tuple[str, ...]:
@@ -76,7 +62,7 @@ def ops_at(impl: str, b: int, setting: Setting) -> tuple[str, ...]:
     return trajectory_ops_at(NSTEP_OPS[impl], b, setting)
 
 
-class TorchRLNStepPeer(Peer):
+class TorchRLNStepPeer(TorchRLPrioritized):
     """A TorchRL replay buffer with ``MultiStepTransform(N_STEP, GAMMA)``, filled through the transform.
 
     Prioritized: TorchRL applies ``(priority + eps) ** alpha`` itself, so it is given ``|td|``.
@@ -85,7 +71,7 @@ class TorchRLNStepPeer(Peer):
     def __init__(self, capacity: int, setting: Setting, prioritized: bool) -> None:
         super().__init__(capacity, setting)
         fill_limit_s = setting.fill_limit_s()
-        _require()
+        require_torchrl()
         from tensordict import TensorDict
         from torchrl.data import LazyTensorStorage, PrioritizedReplayBuffer, ReplayBuffer
         from torchrl.envs.transforms import MultiStepTransform
@@ -99,8 +85,6 @@ class TorchRLNStepPeer(Peer):
         storage = LazyTensorStorage(capacity, ndim=2, device=device)
         transform = MultiStepTransform(n_steps=N_STEP, gamma=GAMMA)
         if prioritized:
-            from gper.bench.peers.torchrl import tree_device
-
             # the tree would follow a CUDA storage and refuse to be built without a CUDA wheel: say where
             tree = tree_device(device)
             self.rb = PrioritizedReplayBuffer(
@@ -130,11 +114,6 @@ class TorchRLNStepPeer(Peer):
         data = {"observation": s["obs"], "action": s["action"], "next": nxt}
         return self.TensorDict(data, batch_size=s["obs"].shape[:2], device=self.device)
 
-    def randomize_priorities(self) -> None:
-        for lo, hi in chunks(self.capacity):
-            idx = torch.arange(lo, hi, dtype=torch.int64)
-            self.rb.update_priority(idx, random_td(hi - lo, self.device, self.gen).abs())
-
     def prepare(self, b: int, first: bool) -> None:
         if not first and self.prioritized:
             self.randomize_priorities()
@@ -144,11 +123,6 @@ class TorchRLNStepPeer(Peer):
 
     def ops_at(self, impl: str, b: int) -> tuple[str, ...]:
         return ops_at(impl, b, self.setting)
-
-    def _sample(self, b: int):
-        """The n-step transitions, with their IS weights moved to the data's device (they come from the tree's)."""
-        data, info = self.rb.sample(b, return_info=True)
-        return data, torch.as_tensor(info["priority_weight"]).to(self.device), info["index"]
 
     def op(self, impl: str, name: str, b: int, mode: str = "eager") -> Callable[[], object]:
         rb, td = self.rb, self.td
