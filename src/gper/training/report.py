@@ -205,7 +205,15 @@ class RunReport:
             self.last_phase = {name: ms for name, (ms, _) in phases.items()}
         trained, self._train_steps = train_steps - self._train_steps, train_steps
         timed, self._rate_train_steps = train_steps - self._rate_train_steps, train_steps
-        metrics = self._metrics(host, iterations, trained, timed, charts, phases, wall)
+        # trained: the epoch's training steps (its losses' mean); timed: those within its wall time
+        metrics = {
+            "charts/SPS": iterations * self.cfg.num_envs / wall,
+            "charts/train_steps_per_s": timed / wall,
+            **charts,
+            "charts/mean_return_last100": mean_last100(self.returns),
+            **self._sum_metrics(host, trained),
+            **{f"timing/{name}_ms": ms for name, (ms, _) in phases.items()},
+        }
         self.runlog.log(env_step, **metrics)
         self.runlog.flush()
         busy = busy_fraction(phases, iterations, timed, wall, self.device.type == "cuda", self.learn_phases)
@@ -270,29 +278,13 @@ class RunReport:
             if self.solved_at is None and goal is not None and window >= goal:
                 self.solved_at = (episodes[k - 1 - first_new][2], now - self.t0)
 
-    def _metrics(
-        self,
-        host: dict[str, torch.Tensor],
-        iterations: int,
-        trained: int,
-        timed: int,
-        charts: dict[str, float],
-        phases: dict[str, tuple[float, int]],
-        wall: float,
-    ) -> dict[str, float]:
-        # trained: the epoch's training steps (its losses' mean); timed: those within its wall time
+    def _sum_metrics(self, host: dict[str, torch.Tensor], trained: int) -> dict[str, float]:
+        """The epoch's mean per training step of each device sum (none when it did not train)."""
         sums = host["sums"].clone()
         delta, self._sums = sums - self._sums, sums
-        metrics = {
-            "charts/SPS": iterations * self.cfg.num_envs / wall,
-            "charts/train_steps_per_s": timed / wall,
-            **charts,
-            "charts/mean_return_last100": mean_last100(self.returns),
-        }
-        if trained:
-            metrics.update({name: float(delta[slot] / trained) for slot, name in self.sum_metrics.items()})
-        metrics.update({f"timing/{name}_ms": ms for name, (ms, _) in phases.items()})
-        return metrics
+        if not trained:
+            return {}
+        return {name: float(delta[slot] / trained) for slot, name in self.sum_metrics.items()}
 
 
 def learn_phase_names(summary: dict[str, tuple[float, int]], order: tuple[str, ...] = ()) -> list[str]:
