@@ -12,7 +12,8 @@ whole GPU, plus one for the step counts.
 
 The update is ``torch.optim.Adam``'s (Kingma and Ba 2015, bias-corrected; no weight decay, no
 amsgrad), on the optimizer's own state tensors, so checkpoints of the optimizer read the same
-either way; :func:`adam_reference` is the same in torch ops.
+either way; its torch back end (``backend="torch"``) is the same in torch ops, one tensor at a
+time, as ``torch.optim.Adam``'s single-tensor path computes it.
 """
 
 from __future__ import annotations
@@ -25,41 +26,6 @@ from gper._triton import HAS_TRITON, tl, triton
 
 #: elements a program updates
 BLOCK = 1024
-
-
-def adam_reference(
-    params: list[torch.Tensor],
-    grads: list[torch.Tensor],
-    exp_avgs: list[torch.Tensor],
-    exp_avg_sqs: list[torch.Tensor],
-    steps: list[torch.Tensor],
-    *,
-    lr: float,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    targets: list[torch.Tensor] | None = None,
-    tau: float = 1.0,
-) -> None:
-    """:func:`adam_step` in torch ops, one tensor at a time, as ``torch.optim.Adam``'s single-tensor
-    path computes it (bit for bit on the CPU): bias corrections from the step count as a Python
-    float where the count is on the CPU, as device tensors (capturable) where it is not."""
-    for s in dict.fromkeys(steps):  # a step count shared by several tensors advances once
-        s.add_(1)
-    with torch.no_grad():
-        for i, (p, g, m, v, s) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs, steps, strict=True)):
-            m.lerp_(g, 1 - beta1)
-            v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-            if s.device.type == "cpu":
-                step = s.item()
-                bc1, bc2 = 1 - beta1**step, 1 - beta2**step
-                p.addcdiv_(m, (v.sqrt() / math.sqrt(bc2)).add_(eps), value=-(lr / bc1))
-            else:  # no host read: what a captured step may do
-                step_size_neg = -(lr / (1 - torch.pow(beta1, s)))
-                bc2_sqrt = (1 - torch.pow(beta2, s)).sqrt()
-                p.addcdiv_(m, (v.sqrt() / (bc2_sqrt * step_size_neg)).add_(eps / step_size_neg))
-            if targets is not None:
-                targets[i].lerp_(p, tau)
 
 
 if HAS_TRITON:
@@ -130,18 +96,33 @@ def adam_step(
         targets: target-network parameters, same shapes, moved towards the updated parameters
             by ``tau``; None: no target update.
         tau: the soft update's rate.
-        backend: "triton", "torch" (:func:`adam_reference`) or "auto" (triton on CUDA).
+        backend: "triton", "torch" or "auto" (triton on CUDA). The torch path is
+            ``torch.optim.Adam``'s single-tensor one (bit for bit on the CPU): bias corrections
+            from the step count as a Python float where the count is on the CPU, as device
+            tensors (capturable) where it is not.
     """
     tensors = [params, grads, exp_avgs, exp_avg_sqs, steps] + ([targets] if targets is not None else [])
     if len({len(t) for t in tensors}) != 1:
         raise ValueError(f"adam_step needs lists of one length, got {[len(t) for t in tensors]}")
     if backend == "auto":
         backend = "triton" if HAS_TRITON and params and params[0].is_cuda else "torch"
-    if backend == "torch":
-        adam_reference(
-            params, grads, exp_avgs, exp_avg_sqs, steps, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
-            targets=targets, tau=tau,
-        )  # fmt: skip
+    if backend == "torch":  # the reference
+        for s in dict.fromkeys(steps):  # a step count shared by several tensors advances once
+            s.add_(1)
+        with torch.no_grad():
+            for i, (p, g, m, v, s) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs, steps, strict=True)):
+                m.lerp_(g, 1 - beta1)
+                v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+                if s.device.type == "cpu":
+                    step = s.item()
+                    bc1, bc2 = 1 - beta1**step, 1 - beta2**step
+                    p.addcdiv_(m, (v.sqrt() / math.sqrt(bc2)).add_(eps), value=-(lr / bc1))
+                else:  # no host read: what a captured step may do
+                    step_size_neg = -(lr / (1 - torch.pow(beta1, s)))
+                    bc2_sqrt = (1 - torch.pow(beta2, s)).sqrt()
+                    p.addcdiv_(m, (v.sqrt() / (bc2_sqrt * step_size_neg)).add_(eps / step_size_neg))
+                if targets is not None:
+                    targets[i].lerp_(p, tau)
         return
     if backend != "triton":
         raise ValueError(f"backend must be auto, triton or torch, got {backend!r}")

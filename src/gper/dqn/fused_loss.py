@@ -8,8 +8,8 @@ a one-program kernel that reduces the block sums into the loss and the trainer's
 its backward is one kernel writing the [B, A] gradient (zero except at the action). The
 unfused torch expression launches about twenty kernels for the same.
 
-:func:`td_loss_reference` is the same in plain torch ops: the semantics, the CPU path, and what
-the tests hold the kernels to.
+Its torch back end (``backend="torch"``) is the same in plain torch ops: the semantics, the CPU
+path, and what the tests hold the kernels to.
 """
 
 from __future__ import annotations
@@ -21,37 +21,6 @@ from gper._triton import HAS_TRITON, tl, triton
 
 #: rows a program of the forward and backward kernels handles
 BLOCK_B = 64
-
-
-def td_loss_reference(
-    q: torch.Tensor,
-    q_next_online: torch.Tensor | None,
-    q_next_target: torch.Tensor,
-    action: torch.Tensor,
-    reward: torch.Tensor,
-    discount: torch.Tensor,
-    weights: torch.Tensor,
-    *,
-    gamma: float | None = None,
-    sums: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The loss and TD errors in torch ops: the trainer's expression, the semantics of :func:`td_loss`.
-
-    Args see :func:`td_loss`. Returns ``(loss, td)`` as there."""
-    q_a = q.float().gather(1, action.unsqueeze(1)).squeeze(1)
-    with torch.no_grad():
-        next_target = q_next_target.float()
-        if q_next_online is not None:
-            next_q = next_target.gather(1, q_next_online.argmax(dim=1, keepdim=True)).squeeze(1)
-        else:
-            next_q = next_target.max(dim=1).values
-        # with gamma, ``discount`` holds the done flags (the flat replay): gamma (1 - done)
-        y = reward + (gamma * (1.0 - discount) if gamma is not None else discount) * next_q
-    loss = (F.huber_loss(q_a, y, reduction="none", delta=1.0) * weights).mean()
-    td = (q_a - y).detach()
-    if sums is not None:
-        sums += torch.stack((loss.detach(), q_a.detach().mean(), td.abs().mean()))
-    return loss, td
 
 
 if HAS_TRITON:
@@ -269,7 +238,8 @@ def td_loss(
         gamma: see ``discount``.
         sums: [3] float64 device sums to add (mean loss, mean q[a], mean |td|) to, or None.
         backend: "triton" (kernels; on CPU tensors only under ``TRITON_INTERPRET=1``), "torch"
-            (:func:`td_loss_reference`), or "auto": triton on CUDA, torch elsewhere.
+            (plain torch ops: the reference the kernels are held to), or "auto": triton on CUDA,
+            torch elsewhere.
 
     Returns:
         ``(loss, td)``: the float32 scalar loss (differentiable for ``q``; its gradient is
@@ -279,10 +249,21 @@ def td_loss(
     _check(q, q_next_online, q_next_target, action, reward, discount, weights)
     if backend == "auto":
         backend = "triton" if q.is_cuda and HAS_TRITON else "torch"
-    if backend == "torch":
-        return td_loss_reference(
-            q, q_next_online, q_next_target, action, reward, discount, weights, gamma=gamma, sums=sums
-        )
+    if backend == "torch":  # the reference: the trainer's expression in torch ops
+        q_a = q.float().gather(1, action.unsqueeze(1)).squeeze(1)
+        with torch.no_grad():
+            next_target = q_next_target.float()
+            if q_next_online is not None:
+                next_q = next_target.gather(1, q_next_online.argmax(dim=1, keepdim=True)).squeeze(1)
+            else:
+                next_q = next_target.max(dim=1).values
+            # with gamma, ``discount`` holds the done flags (the flat replay): gamma (1 - done)
+            y = reward + (gamma * (1.0 - discount) if gamma is not None else discount) * next_q
+        loss = (F.huber_loss(q_a, y, reduction="none", delta=1.0) * weights).mean()
+        td = (q_a - y).detach()
+        if sums is not None:
+            sums += torch.stack((loss.detach(), q_a.detach().mean(), td.abs().mean()))
+        return loss, td
     if backend != "triton":
         raise ValueError(f"backend must be auto, triton or torch, got {backend!r}")
     if not HAS_TRITON:
