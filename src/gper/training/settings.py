@@ -14,13 +14,18 @@ from typing import Protocol
 
 
 class RunSettings(Protocol):
-    """The settings the trainer core reads (see the module docstring)."""
+    """The settings the trainer core reads (see the module docstring), by concern."""
 
+    # what it trains on, and where
     env: str
     """the environment's registered name (:func:`gper.envs.make_env`)"""
-    seed: int
     num_envs: int
     """environments stepped together: one collection iteration steps each once"""
+    seed: int
+    device: str
+    distributed: str
+    """``auto``, ``off``, ``exact`` or ``local`` (:mod:`gper.training.parallel`)"""
+    # the schedule
     total_steps: int
     """env steps of the whole run"""
     learning_starts: int
@@ -29,11 +34,12 @@ class RunSettings(Protocol):
     """collection iterations between training steps"""
     epoch_steps: int
     """env steps an epoch: the one device synchronisation, report and checkpoint point"""
-    time_every: int
-    """every this many collection iterations runs phase by phase with timing (0: never)"""
-    device: str
-    distributed: str
-    """``auto``, ``off``, ``exact`` or ``local`` (:mod:`gper.training.parallel`)"""
+    # the evaluations
+    eval_every: int
+    """epochs between evaluations of the greedy policy (0: none)"""
+    eval_episodes: int
+    solve_return: float | None
+    # the record and the checkpoints
     run_dir: str
     run_name: str | None
     resume: str | None
@@ -42,32 +48,32 @@ class RunSettings(Protocol):
     """epochs between checkpoints (0: only at the end and on a stop signal)"""
     keep_checkpoints: int
     progress: bool
-    solve_return: float | None
-    eval_every: int
-    """epochs between evaluations of the greedy policy (0: none)"""
-    eval_episodes: int
     tensorboard: bool
+    time_every: int
+    """every this many collection iterations runs phase by phase with timing (0: never)"""
 
 
 @dataclasses.dataclass
 class RunConfig:
     """:class:`RunSettings` as a dataclass with defaults, for an algorithm's settings to extend:
 
-    @dataclasses.dataclass
-    class MyConfig(RunConfig):
-        learning_rate: float = 0.1
+        @dataclasses.dataclass
+        class MyConfig(RunConfig):
+            learning_rate: float = 0.1
     """
 
     env: str = "cartpole"
-    seed: int = 1
     num_envs: int = 8
+    seed: int = 1
+    device: str = "cpu"
+    distributed: str = "off"
     total_steps: int = 10_000
     learning_starts: int = 1_000
     train_every: int = 1
     epoch_steps: int = 2_000
-    time_every: int = 0
-    device: str = "cpu"
-    distributed: str = "off"
+    eval_every: int = 0
+    eval_episodes: int = 10
+    solve_return: float | None = None
     run_dir: str = "runs"
     run_name: str | None = None
     resume: str | None = None
@@ -75,10 +81,8 @@ class RunConfig:
     checkpoint_every: int = 1
     keep_checkpoints: int = 2
     progress: bool = False
-    solve_return: float | None = None
-    eval_every: int = 0
-    eval_episodes: int = 10
     tensorboard: bool = False
+    time_every: int = 0
 
 
 #: settings a resumed run takes from its own configuration: it trains on up to ``total_steps``
