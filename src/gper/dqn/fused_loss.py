@@ -26,6 +26,15 @@ BLOCK_B = 64
 if HAS_TRITON:
 
     @triton.jit
+    def _row_block(n_rows, n_actions, BLOCK_B: tl.constexpr, BLOCK_A: tl.constexpr):
+        """This program's block of rows of a [B, A] tensor: the rows, their mask, the columns and
+        the [BLOCK_B, BLOCK_A] mask (inlined into each kernel)."""
+        rows = tl.program_id(0).to(tl.int64) * BLOCK_B + tl.arange(0, BLOCK_B)
+        rmask = rows < n_rows
+        cols = tl.arange(0, BLOCK_A)
+        return rows, rmask, cols, rmask[:, None] & (cols < n_actions)[None, :]
+
+    @triton.jit
     def _td_loss_fwd(
         q_ptr,  # [B, A] Q(s) of the online network, any float dtype
         qn_ptr,  # [B, A] Q(s') of the online network (double-Q argmax); unused without DOUBLE_Q
@@ -51,11 +60,7 @@ if HAS_TRITON:
         BLOCK_B: tl.constexpr,
         BLOCK_A: tl.constexpr,
     ):
-        pid = tl.program_id(0).to(tl.int64)
-        rows = pid * BLOCK_B + tl.arange(0, BLOCK_B)
-        rmask = rows < n_rows
-        cols = tl.arange(0, BLOCK_A)
-        m2 = rmask[:, None] & (cols < n_actions)[None, :]
+        rows, rmask, cols, m2 = _row_block(n_rows, n_actions, BLOCK_B, BLOCK_A)
         if DOUBLE_Q:
             qn = tl.load(qn_ptr + rows[:, None] * stride_qn + cols[None, :], mask=m2, other=-float("inf"))
             # the first of equal maxima, as torch.argmax
@@ -76,9 +81,10 @@ if HAS_TRITON:
         w = tl.load(w_ptr + rows * stride_w, mask=rmask, other=0.0)
         z = tl.abs(td)
         huber = tl.where(z < 1.0, 0.5 * td * td, z - 0.5)
-        tl.store(part_ptr + pid * 3 + 0, tl.sum(tl.where(rmask, huber * w, 0.0), axis=0))
-        tl.store(part_ptr + pid * 3 + 1, tl.sum(q_a, axis=0))
-        tl.store(part_ptr + pid * 3 + 2, tl.sum(tl.where(rmask, z, 0.0), axis=0))
+        part = part_ptr + tl.program_id(0).to(tl.int64) * 3  # this block's three sums
+        tl.store(part + 0, tl.sum(tl.where(rmask, huber * w, 0.0), axis=0))
+        tl.store(part + 1, tl.sum(q_a, axis=0))
+        tl.store(part + 2, tl.sum(tl.where(rmask, z, 0.0), axis=0))
 
     @triton.jit
     def _td_loss_finish(
@@ -124,11 +130,7 @@ if HAS_TRITON:
         BLOCK_B: tl.constexpr,
         BLOCK_A: tl.constexpr,
     ):
-        pid = tl.program_id(0).to(tl.int64)
-        rows = pid * BLOCK_B + tl.arange(0, BLOCK_B)
-        rmask = rows < n_rows
-        cols = tl.arange(0, BLOCK_A)
-        m2 = rmask[:, None] & (cols < n_actions)[None, :]
+        rows, rmask, cols, m2 = _row_block(n_rows, n_actions, BLOCK_B, BLOCK_A)
         td = tl.load(td_ptr + rows, mask=rmask, other=0.0)
         w = tl.load(w_ptr + rows * stride_w, mask=rmask, other=0.0)
         action = tl.load(act_ptr + rows * stride_act, mask=rmask, other=-1)

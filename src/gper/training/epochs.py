@@ -103,13 +103,19 @@ class EpochLoop:
     """
 
     spec: AlgorithmSpec
+    """the algorithm (its checkpoints record its name)"""
     cfg: RunSettings
     learner: Learner
     report: RunReport
+    """the run's report, and through it the run folder (``report.runlog``)"""
     stop: StopSignals
+    """the stop signals (a data-parallel run's :class:`~gper.training.parallel.GroupStop`)"""
     evaluator: Evaluator | None = None
+    """the periodic evaluation, or None"""
     launch: Launch | None = None
+    """this rank's place in a data-parallel run, or None"""
     tqdm: Any = None
+    """the progress bar's class, or None for no bar"""
     # the run's own, set by run(): phase timer, epoch readback, progress bar, training steps done,
     # and the last checkpoint written
     timer: PhaseTimer = field(init=False)

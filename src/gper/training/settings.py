@@ -14,75 +14,86 @@ from typing import Protocol
 
 
 class RunSettings(Protocol):
-    """The settings the trainer core reads (see the module docstring), by concern."""
+    """The settings the trainer core reads, by concern; :class:`RunConfig` says what each is."""
 
-    # what it trains on, and where
     env: str
-    """the environment's registered name (:func:`gper.envs.make_env`)"""
     num_envs: int
-    """environments stepped together: one collection iteration steps each once"""
     seed: int
     device: str
     distributed: str
-    """``auto``, ``off``, ``exact`` or ``local`` (:mod:`gper.training.parallel`)"""
-    # the schedule
     total_steps: int
-    """env steps of the whole run"""
     learning_starts: int
-    """env steps before the first training step"""
     train_every: int
-    """collection iterations between training steps"""
     epoch_steps: int
-    """env steps an epoch: the one device synchronisation, report and checkpoint point"""
-    # the evaluations
     eval_every: int
-    """epochs between evaluations of the greedy policy (0: none)"""
     eval_episodes: int
     solve_return: float | None
-    # the record and the checkpoints
     run_dir: str
     run_name: str | None
     resume: str | None
     save: bool
     checkpoint_every: int
-    """epochs between checkpoints (0: only at the end and on a stop signal)"""
     keep_checkpoints: int
     progress: bool
     tensorboard: bool
     time_every: int
-    """every this many collection iterations runs phase by phase with timing (0: never)"""
 
 
 @dataclasses.dataclass
 class RunConfig:
     """:class:`RunSettings` as a dataclass with defaults, for an algorithm's settings to extend:
 
-        @dataclasses.dataclass
-        class MyConfig(RunConfig):
-            learning_rate: float = 0.1
+    @dataclasses.dataclass
+    class MyConfig(RunConfig):
+        learning_rate: float = 0.1
     """
 
+    # what it trains on, and where
     env: str = "cartpole"
+    """the environment's registered name (:func:`gper.envs.make_env`)"""
     num_envs: int = 8
+    """environments stepped together: one collection iteration steps each once"""
     seed: int = 1
+    """seeds torch's generators and the environments (an algorithm's setup does)"""
     device: str = "cpu"
+    """where the algorithm's setup builds the learner"""
     distributed: str = "off"
+    """``auto``, ``off``, ``exact`` or ``local`` (:mod:`gper.training.parallel`)"""
+    # the schedule
     total_steps: int = 10_000
+    """env steps of the whole run"""
     learning_starts: int = 1_000
+    """env steps before the first training step"""
     train_every: int = 1
+    """collection iterations between training steps"""
     epoch_steps: int = 2_000
+    """env steps an epoch: the one device synchronisation, the report, the checkpoint point"""
+    # the evaluations
     eval_every: int = 0
+    """epochs between evaluations of the greedy policy, and after the last (0: none)"""
     eval_episodes: int = 10
+    """episodes an evaluation plays"""
     solve_return: float | None = None
+    """the 100-episode mean return that counts as solved (reported when reached), or None"""
+    # the record and the checkpoints
     run_dir: str = "runs"
+    """the folder of run folders"""
     run_name: str | None = None
+    """the run folder's name; default ``<env>__s<seed>__<time>``, a resumed run's its checkpoint's"""
     resume: str | None = None
+    """a run folder or checkpoint directory to continue from"""
     save: bool = True
+    """write checkpoints"""
     checkpoint_every: int = 1
+    """epochs between checkpoints (0: only at the end and on a stop signal)"""
     keep_checkpoints: int = 2
+    """the newest this many checkpoints are kept"""
     progress: bool = False
+    """a progress bar (tqdm)"""
     tensorboard: bool = False
+    """TensorBoard event files beside ``metrics.jsonl``"""
     time_every: int = 0
+    """every this many collection iterations runs phase by phase with timing (0: never)"""
 
 
 #: settings a resumed run takes from its own configuration: it trains on up to ``total_steps``
