@@ -275,6 +275,20 @@ def _write_field(
 
 
 @triton.jit
+def _enter_leaves(tree, mintree, gen, scalars, leaf_off, pos, m, value, USE_MAX: tl.constexpr, BLOCK: tl.constexpr):
+    """New items at slots ``pos`` (masked by ``m``): their leaves at the max priority (or ``value``)
+    in both trees, their generations advanced. Shared by the add's kernels (``_add_write`` here,
+    ``triton_update._add_commit``)."""
+    if USE_MAX:
+        p = tl.load(scalars + S_MAXP) + tl.zeros([BLOCK], tl.float32)
+    else:
+        p = value + tl.zeros([BLOCK], tl.float32)
+    tl.store(tree + leaf_off + pos, p, mask=m)
+    tl.store(mintree + leaf_off + pos, p, mask=m)
+    tl.store(gen + pos, tl.load(gen + pos, mask=m, other=0) + 1, mask=m)
+
+
+@triton.jit
 def _add_write(
     tree,
     mintree,
@@ -323,13 +337,7 @@ def _add_write(
         _write_field(rows, rows8, pos, s, m, s4, F4[0], F4[1], F4[2], F4[3], W)
     if F5 is not None:
         _write_field(rows, rows8, pos, s, m, s5, F5[0], F5[1], F5[2], F5[3], W)
-    if USE_MAX:
-        p = tl.load(scalars + S_MAXP) + tl.zeros([BLOCK], tl.float32)
-    else:
-        p = value + tl.zeros([BLOCK], tl.float32)
-    tl.store(tree + leaf_off + pos, p, mask=m)
-    tl.store(mintree + leaf_off + pos, p, mask=m)
-    tl.store(gen + pos, tl.load(gen + pos, mask=m, other=0) + 1, mask=m)
+    _enter_leaves(tree, mintree, gen, scalars, leaf_off, pos, m, value, USE_MAX, BLOCK)
 
 
 @triton.jit

@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 from gper._triton import tl, triton
-from gper.ops.tree.triton_climb import _count_chain
+from gper.ops.tree.triton_climb import _count_chain, _enter_leaves
 from gper.ops.triton_slots import C_CURSOR, C_INVALID, C_NONFINITE, C_SIZE, C_STALE, C_TICKET_TOP, S_MAXP
 
 
@@ -206,13 +206,7 @@ def _add_commit(
     s = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = s < n
     i = tl.load(pos + s, mask=m, other=0)
-    if USE_MAX:
-        p = tl.load(scalars + S_MAXP) + tl.zeros([BLOCK], tl.float32)
-    else:
-        p = value + tl.zeros([BLOCK], tl.float32)
-    tl.store(tree + leaf_off + i, p, mask=m)
-    tl.store(mintree + leaf_off + i, p, mask=m)
-    tl.store(gen + i, tl.load(gen + i, mask=m, other=0) + 1, mask=m)
+    _enter_leaves(tree, mintree, gen, scalars, leaf_off, i, m, value, USE_MAX, BLOCK)
     # only this kernel writes cursor and size, and _add_positions read them before it
     first = pid == 0
     cursor = tl.load(counters + C_CURSOR)
