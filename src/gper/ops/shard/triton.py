@@ -26,6 +26,7 @@ import torch
 from gper._triton import tl, triton
 from gper.ops.shard.reference import OWNER_SHIFT, ROUTE_EXTRA
 from gper.ops.state import TreeState
+from gper.ops.triton_lanes import lanes
 from gper.ops.triton_slots import C_STALE
 
 _BLOCK = 128
@@ -74,8 +75,7 @@ def _shared_draws(
     STRATIFIED: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = s < n
+    s, m = lanes(n, BLOCK)
     base = tl.load(counter)
     word, _, _, _ = tl.randint4x(key, base + s)
     u = word.to(tl.float64) * 2.3283064365386963e-10  # 2^-32: exact
@@ -161,8 +161,7 @@ def _pack_rows(
     COLS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    d = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = d < n
+    d, m = lanes(n, BLOCK)
     mine = m & (tl.load(owner + d, mask=m, other=-1) == rank)
     # draw d = j * WORLD + k is row j of rank k
     dst = out + ((d % WORLD) * b + d // WORLD) * (WORDS + 4)
@@ -224,8 +223,7 @@ def _unpack_rows(
     COLS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    j = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = j < b
+    j, m = lanes(b, BLOCK)
     src = recv + j * (WORDS + 4)
     for c0 in range(0, WORDS, COLS):
         cols = c0 + tl.arange(0, COLS)
@@ -270,8 +268,7 @@ def unpack_rows(
 
 @triton.jit
 def _pack_updates(owners, idx, gen, td, out, b, STALE: tl.constexpr, SHIFT: tl.constexpr, BLOCK: tl.constexpr):
-    s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = s < b
+    s, m = lanes(b, BLOCK)
     if STALE:
         g = tl.full([BLOCK], -1, tl.int64)
     else:
@@ -314,8 +311,7 @@ def _unpack_updates(
     SHIFT: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = s < n
+    s, m = lanes(n, BLOCK)
     lo = tl.load(every + 4 * s, mask=m, other=0).to(tl.int64) & 0xFFFFFFFF
     hi = tl.load(every + 4 * s + 1, mask=m, other=-1).to(tl.int64)
     g = (hi << 32) | lo
@@ -368,8 +364,7 @@ def _local_priorities(
     UNIFORM: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = s < b
+    s, m = lanes(b, BLOCK)
     # W m_rank / S in float64, then rounded once to float32 (the reference's operations, in order)
     ratio = (W * tl.load(mass + rank * mass_stride) / tl.load(cum + (W - 1))).to(tl.float32)
     p = tl.load(leaves + tl.load(idx + s, mask=m, other=0), mask=m, other=0.0)
@@ -415,8 +410,7 @@ def local_priorities(
 
 @triton.jit
 def _local_weights(ratio, weights, out, b, BLOCK: tl.constexpr):
-    s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = s < b
+    s, m = lanes(b, BLOCK)
     r = tl.load(ratio)
     tl.store(out + s, tl.where(r > 0, r * tl.load(weights + s, mask=m, other=0.0), 0.0), mask=m)
 

@@ -27,6 +27,7 @@ from gper.ops.trajectory import reference
 from gper.ops.trajectory.reference import gather_sequences, rep_count  # noqa: F401 (gather_sequences: the contract's)
 from gper.ops.tree.triton import LAUNCH, _draw_args, _draw_inputs, _level_offsets, _shape, levels
 from gper.ops.tree.triton_sample import _advance_rng, _draw_rows
+from gper.ops.triton_lanes import lanes
 from gper.ops.triton_slots import S_MAXP
 
 T_DISCONTINUITIES = tl.constexpr(reference.T_DISCONTINUITIES)
@@ -263,8 +264,7 @@ def _sample_transitions(
     BLOCK: tl.constexpr,
     LOG2K: tl.constexpr,
 ):
-    s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = s < B
+    s, m = lanes(B, BLOCK)
     node, rng, cols, cm, vals = _draw_rows(
         tree, mintree, level_off, rows, gen, counters, beta_ptr, out_idx, out_gen, out_w, seed, B, s, m,
         DEPTH, K, NB, MODE, W, WP, BLOCK, LOG2K,

@@ -36,6 +36,7 @@ import torch
 
 from gper._triton import tl, triton
 from gper.ops.layout import TreeLayout
+from gper.ops.triton_lanes import lanes
 from gper.ops.triton_slots import C_CURSOR, C_SIZE, C_TICKET_TOP, S_MAXP
 
 
@@ -195,8 +196,7 @@ def _update_apply(
     """The update's second launch: the last entry under each leaf parent writes its claimed leaves,
     recomputes it and climbs (the count pass ran in the claim launch). A tree of one level: each
     slot's winning entry writes its leaf."""
-    s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = s < B
+    s, m = lanes(B, BLOCK)
     i = tl.load(clean + s, mask=m, other=-1)
     valid = i >= 0
     i = tl.maximum(i, 0)
@@ -321,8 +321,7 @@ def _add_write(
 ):
     """The add's first launch: rows from the caller's tensors at the cursor, leaves at the max
     priority (or ``value``), generations advanced. Nothing here waits on another program."""
-    s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = s < n
+    s, m = lanes(n, BLOCK)
     cursor = tl.load(counters + C_CURSOR)  # advanced by _add_repair
     pos = (cursor + skip + s) % cap
     tl.store(out_pos + s, pos, mask=m)

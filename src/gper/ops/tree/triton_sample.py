@@ -11,6 +11,7 @@ so both draw the same slots.
 from __future__ import annotations
 
 from gper._triton import tl, triton
+from gper.ops.triton_lanes import lanes
 from gper.ops.triton_slots import C_RNG, C_SIZE, C_TICKET, MODE_STRATIFIED, MODE_UNIFORM
 
 
@@ -186,8 +187,7 @@ def _sample_kernel(
     BLOCK: tl.constexpr,
     LOG2K: tl.constexpr,
 ):
-    s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = s < B
+    s, m = lanes(B, BLOCK)
     _, base, cols, cm, vals = _draw_rows(
         tree, mintree, level_off, rows, gen, counters, beta_ptr, out_idx, out_gen, out_w, seed, B, s, m,
         DEPTH, K, NB, MODE, W, WP, BLOCK, LOG2K,
