@@ -146,6 +146,18 @@ def shared_draws(
 
 
 @triton.jit
+def _copy_words(src, dst, m, keep, WORDS: tl.constexpr, COLS: tl.constexpr):
+    """A row of ``WORDS`` int32 words from each lane's ``src`` to its ``dst`` (row pointers, [BLOCK]
+    each) for the lanes ``m``, ``COLS`` words at a time; lanes outside ``keep`` write zeros.
+    The row move of ``_pack_rows`` and ``_unpack_rows``."""
+    for c0 in range(0, WORDS, COLS):
+        cols = c0 + tl.arange(0, COLS)
+        cm = m[:, None] & (cols < WORDS)[None, :]
+        vals = tl.load(src[:, None] + cols[None, :], mask=keep[:, None] & cm, other=0)
+        tl.store(dst[:, None] + cols[None, :], vals, mask=cm)
+
+
+@triton.jit
 def _pack_rows(
     rows,  # [n, WORDS] int32
     idx,  # [n] int64
@@ -165,11 +177,7 @@ def _pack_rows(
     mine = m & (tl.load(owner + d, mask=m, other=-1) == rank)
     # draw d = j * WORLD + k is row j of rank k
     dst = out + ((d % WORLD) * b + d // WORLD) * (WORDS + 4)
-    for c0 in range(0, WORDS, COLS):
-        cols = c0 + tl.arange(0, COLS)
-        cm = m[:, None] & (cols < WORDS)[None, :]
-        vals = tl.load(rows + d[:, None] * WORDS + cols[None, :], mask=mine[:, None] & cm, other=0)
-        tl.store(dst[:, None] + cols[None, :], vals, mask=cm)
+    _copy_words(rows + d * WORDS, dst, m, mine, WORDS, COLS)
     slot = tl.load(idx + d, mask=mine, other=0)
     tl.store(dst + WORDS, slot.to(tl.int32), mask=m)  # the low word (little-endian, as the int32 view)
     tl.store(dst + WORDS + 1, (slot >> 32).to(tl.int32), mask=m)
@@ -225,11 +233,7 @@ def _unpack_rows(
 ):
     j, m = lanes(b, BLOCK)
     src = recv + j * (WORDS + 4)
-    for c0 in range(0, WORDS, COLS):
-        cols = c0 + tl.arange(0, COLS)
-        cm = m[:, None] & (cols < WORDS)[None, :]
-        vals = tl.load(src[:, None] + cols[None, :], mask=cm, other=0)
-        tl.store(out_rows + j[:, None] * WORDS + cols[None, :], vals, mask=cm)
+    _copy_words(src, out_rows + j * WORDS, m, m, WORDS, COLS)
     lo = tl.load(src + WORDS, mask=m, other=0).to(tl.int64) & 0xFFFFFFFF
     hi = tl.load(src + WORDS + 1, mask=m, other=0).to(tl.int64)
     tl.store(out_idx + j, (hi << 32) | lo, mask=m)
