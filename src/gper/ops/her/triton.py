@@ -19,14 +19,14 @@ import torch
 
 from gper._triton import tl, triton
 from gper.ops.her import reference as her_reference
+from gper.ops.triton_lanes import lanes
 
 _BLOCK = 256
 
 
 @triton.jit
 def _episode_index_add(before, streams, ids, current, records, E, T, R, BLOCK: tl.constexpr):
-    e = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = e < E
+    e, m = lanes(E, BLOCK)
     k = tl.load(before + 2 * e, mask=m, other=0)
     ep = tl.load(before + 2 * e + 1, mask=m, other=0)
     count = tl.load(streams + 2 * e, mask=m, other=1)
@@ -76,8 +76,7 @@ def _her_pick(
     STRATEGY: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = s < B
+    s, m = lanes(B, BLOCK)
     i = tl.load(idx + s, mask=m, other=0)
     e = i // T
     base = e * T
@@ -158,8 +157,7 @@ def _her_finish(
     HAS_HIT: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = s < B
+    s, m = lanes(B, BLOCK)
     rel = m & (tl.load(flag + s, mask=m, other=0) != 0)
     i = tl.load(idx + s, mask=m, other=0)
     pos = i % T

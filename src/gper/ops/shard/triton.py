@@ -26,6 +26,7 @@ import torch
 from gper._triton import tl, triton
 from gper.ops.shard.reference import OWNER_SHIFT, ROUTE_EXTRA
 from gper.ops.state import TreeState
+from gper.ops.triton_lanes import lanes
 from gper.ops.triton_slots import C_STALE
 
 _BLOCK = 128
@@ -74,8 +75,7 @@ def _shared_draws(
     STRATIFIED: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = s < n
+    s, m = lanes(n, BLOCK)
     base = tl.load(counter)
     word, _, _, _ = tl.randint4x(key, base + s)
     u = word.to(tl.float64) * 2.3283064365386963e-10  # 2^-32: exact
@@ -146,6 +146,18 @@ def shared_draws(
 
 
 @triton.jit
+def _copy_words(src, dst, m, keep, WORDS: tl.constexpr, COLS: tl.constexpr):
+    """A row of ``WORDS`` int32 words from each lane's ``src`` to its ``dst`` (row pointers, [BLOCK]
+    each) for the lanes ``m``, ``COLS`` words at a time; lanes outside ``keep`` write zeros.
+    The row move of ``_pack_rows`` and ``_unpack_rows``."""
+    for c0 in range(0, WORDS, COLS):
+        cols = c0 + tl.arange(0, COLS)
+        cm = m[:, None] & (cols < WORDS)[None, :]
+        vals = tl.load(src[:, None] + cols[None, :], mask=keep[:, None] & cm, other=0)
+        tl.store(dst[:, None] + cols[None, :], vals, mask=cm)
+
+
+@triton.jit
 def _pack_rows(
     rows,  # [n, WORDS] int32
     idx,  # [n] int64
@@ -161,16 +173,11 @@ def _pack_rows(
     COLS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    d = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = d < n
+    d, m = lanes(n, BLOCK)
     mine = m & (tl.load(owner + d, mask=m, other=-1) == rank)
     # draw d = j * WORLD + k is row j of rank k
     dst = out + ((d % WORLD) * b + d // WORLD) * (WORDS + 4)
-    for c0 in range(0, WORDS, COLS):
-        cols = c0 + tl.arange(0, COLS)
-        cm = m[:, None] & (cols < WORDS)[None, :]
-        vals = tl.load(rows + d[:, None] * WORDS + cols[None, :], mask=mine[:, None] & cm, other=0)
-        tl.store(dst[:, None] + cols[None, :], vals, mask=cm)
+    _copy_words(rows + d * WORDS, dst, m, mine, WORDS, COLS)
     slot = tl.load(idx + d, mask=mine, other=0)
     tl.store(dst + WORDS, slot.to(tl.int32), mask=m)  # the low word (little-endian, as the int32 view)
     tl.store(dst + WORDS + 1, (slot >> 32).to(tl.int32), mask=m)
@@ -224,14 +231,9 @@ def _unpack_rows(
     COLS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    j = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = j < b
+    j, m = lanes(b, BLOCK)
     src = recv + j * (WORDS + 4)
-    for c0 in range(0, WORDS, COLS):
-        cols = c0 + tl.arange(0, COLS)
-        cm = m[:, None] & (cols < WORDS)[None, :]
-        vals = tl.load(src[:, None] + cols[None, :], mask=cm, other=0)
-        tl.store(out_rows + j[:, None] * WORDS + cols[None, :], vals, mask=cm)
+    _copy_words(src, out_rows + j * WORDS, m, m, WORDS, COLS)
     lo = tl.load(src + WORDS, mask=m, other=0).to(tl.int64) & 0xFFFFFFFF
     hi = tl.load(src + WORDS + 1, mask=m, other=0).to(tl.int64)
     tl.store(out_idx + j, (hi << 32) | lo, mask=m)
@@ -270,8 +272,7 @@ def unpack_rows(
 
 @triton.jit
 def _pack_updates(owners, idx, gen, td, out, b, STALE: tl.constexpr, SHIFT: tl.constexpr, BLOCK: tl.constexpr):
-    s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = s < b
+    s, m = lanes(b, BLOCK)
     if STALE:
         g = tl.full([BLOCK], -1, tl.int64)
     else:
@@ -314,8 +315,7 @@ def _unpack_updates(
     SHIFT: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = s < n
+    s, m = lanes(n, BLOCK)
     lo = tl.load(every + 4 * s, mask=m, other=0).to(tl.int64) & 0xFFFFFFFF
     hi = tl.load(every + 4 * s + 1, mask=m, other=-1).to(tl.int64)
     g = (hi << 32) | lo
@@ -368,8 +368,7 @@ def _local_priorities(
     UNIFORM: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = s < b
+    s, m = lanes(b, BLOCK)
     # W m_rank / S in float64, then rounded once to float32 (the reference's operations, in order)
     ratio = (W * tl.load(mass + rank * mass_stride) / tl.load(cum + (W - 1))).to(tl.float32)
     p = tl.load(leaves + tl.load(idx + s, mask=m, other=0), mask=m, other=0.0)
@@ -415,8 +414,7 @@ def local_priorities(
 
 @triton.jit
 def _local_weights(ratio, weights, out, b, BLOCK: tl.constexpr):
-    s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = s < b
+    s, m = lanes(b, BLOCK)
     r = tl.load(ratio)
     tl.store(out + s, tl.where(r > 0, r * tl.load(weights + s, mask=m, other=0.0), 0.0), mask=m)
 

@@ -9,10 +9,10 @@
   programs never race; the levels above are the flat buffer's level-by-level ``_levels``,
   launched after it.
 * ``_sample_transitions``: the whole of a transition ``sample`` in one launch: the flat buffer's
-  draw (``triton_sample._draw``: the same slots and IS weights as its sampling kernel), then per draw
-  the return over the steps up to the episode's end, the flags, the discount, and the row m
-  steps on. Compiled without floating-point contraction, so its multiply-then-add rounds as the
-  torch reference's does (bit-identical returns).
+  draw (``triton_sample._draw_rows``: the same slots, IS weights and rows as its sampling kernel),
+  then per draw the return over the steps up to the episode's end, the flags, the discount, and
+  the row m steps on. Compiled without floating-point contraction, so its multiply-then-add rounds
+  as the torch reference's does (bit-identical returns).
 
 Sequences have no kernel of their own: :func:`gather_sequences` is the torch reference's.
 """
@@ -22,11 +22,12 @@ from __future__ import annotations
 import torch
 
 from gper._triton import tl, triton
-from gper.ops.state import TreeState, rng_blocks
+from gper.ops.state import TreeState
 from gper.ops.trajectory import reference
 from gper.ops.trajectory.reference import gather_sequences, rep_count  # noqa: F401 (gather_sequences: the contract's)
-from gper.ops.tree.triton import LAUNCH, _level_offsets, levels
-from gper.ops.tree.triton_sample import _advance_rng, _draw
+from gper.ops.tree.triton import LAUNCH, _draw_args, _draw_inputs, _level_offsets, _shape, levels
+from gper.ops.tree.triton_sample import _advance_rng, _draw_rows
+from gper.ops.triton_lanes import lanes
 from gper.ops.triton_slots import S_MAXP
 
 T_DISCONTINUITIES = tl.constexpr(reference.T_DISCONTINUITIES)
@@ -263,15 +264,11 @@ def _sample_transitions(
     BLOCK: tl.constexpr,
     LOG2K: tl.constexpr,
 ):
-    s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = s < B
-    node, w, rng = _draw(tree, mintree, level_off, counters, beta_ptr, seed, B, s, m, DEPTH, K, NB, MODE, BLOCK, LOG2K)
-    tl.store(out_idx + s, node, mask=m)
-    tl.store(out_w + s, w, mask=m)
-    tl.store(out_gen + s, tl.load(gen + node, mask=m, other=0), mask=m)
-    cols = tl.arange(0, WP)
-    cm = m[:, None] & (cols[None, :] < W)
-    vals = tl.load(rows + node[:, None] * W + cols[None, :], mask=cm, other=0)
+    s, m = lanes(B, BLOCK)
+    node, rng, cols, cm, vals = _draw_rows(
+        tree, mintree, level_off, rows, gen, counters, beta_ptr, out_idx, out_gen, out_w, seed, B, s, m,
+        DEPTH, K, NB, MODE, W, WP, BLOCK, LOG2K,
+    )  # fmt: skip
     # the n-step transition (see the reference's complete_transitions): the start row's reward and
     # flags words, then the rows after it while its episode goes on
     pos = node % T
@@ -364,11 +361,9 @@ def stream_add(
         HP=triton.next_power_of_2(window + 1),
         R=n_reps,
         RP=triton.next_power_of_2(n_reps),
-        K=layout.arity,
+        **_shape(layout),
         USE_MAX=value is None,
         HAS_KEYS=keys is not None,
-        DEPTH=layout.depth,
-        LOG2K=layout.log2_arity,
         LEAF_PARENTS=leaf_parents,
         N_SRC=len(sources) if staged is None else 0,
         AUTORESET=autoreset,
@@ -397,15 +392,9 @@ def sample_transitions(
     out_w: torch.Tensor,
     out_discount: torch.Tensor,
 ) -> None:
-    layout, (b, w) = state.layout, out_rows.shape
+    b, w = out_rows.shape
     _sample_transitions[(triton.cdiv(b, LAUNCH.sample_block),)](
-        state.tree,
-        state.mintree,
-        _level_offsets(layout, state.tree.device),
-        rows,
-        state.gen,
-        state.counters,
-        beta,
+        *_draw_inputs(state, rows, beta),
         gamma,
         out_rows,
         out_next,
@@ -416,17 +405,11 @@ def sample_transitions(
         seed,
         b,
         rows_per_env,
-        DEPTH=layout.depth,
-        K=layout.arity,
-        NB=rng_blocks(layout.depth),
-        MODE=mode,
-        W=w,
-        WP=triton.next_power_of_2(w),
+        **_draw_args(state.layout, mode, w),
         RC=reward_col,
         FC=flags_col,
         N=n_step,
         BLOCK=LAUNCH.sample_block,
-        LOG2K=layout.log2_arity,
         num_warps=LAUNCH.sample_warps,
         enable_fp_fusion=False,
     )

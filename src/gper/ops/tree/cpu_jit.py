@@ -202,25 +202,33 @@ def write_priorities(tree, mintree, keys_only, claims, idx, valid, finite, power
 
 
 @_jit
+def _ancestors(leaves, valid, shift, level_size, dedupe, out):
+    """The nodes ``shift`` bits above the batch's leaves (leaf 0 for an invalid entry), of a level
+    of ``level_size`` nodes, into ``out``: each once, in increasing order, with ``dedupe``, else
+    one per entry. Returns how many. Shared by :func:`gather_children` and :func:`repair`."""
+    b = leaves.shape[0]
+    if not dedupe:
+        for s in range(b):
+            out[s] = (leaves[s] if valid[s] else 0) >> shift
+        return b
+    mark = np.zeros(level_size, dtype=np.bool_)
+    for s in range(b):
+        mark[(leaves[s] if valid[s] else 0) >> shift] = True
+    n = 0
+    for p in range(level_size):
+        if mark[p]:
+            out[n] = p
+            n += 1
+    return n
+
+
+@_jit
 def gather_children(tree, mintree, leaves, valid, shift, level_size, dedupe, child_lo, parent_lo, k, parents, rows):
     """One level of the repair: the nodes above the batch's leaves (leaf 0 for an invalid entry)
     into ``parents`` (each once with ``dedupe``, in increasing order, else one per entry), their
     children in the sum tree into ``rows`` [n, K] (torch sums them), and their new value in the
     min tree (exact: no order to follow; NaN wins, as in torch's amin). Returns ``n``."""
-    b = leaves.shape[0]
-    n = b
-    if dedupe:
-        mark = np.zeros(level_size, dtype=np.bool_)
-        for s in range(b):
-            mark[(leaves[s] if valid[s] else 0) >> shift] = True
-        n = 0
-        for p in range(level_size):
-            if mark[p]:
-                parents[n] = p
-                n += 1
-    else:
-        for s in range(b):
-            parents[s] = (leaves[s] if valid[s] else 0) >> shift
+    n = _ancestors(leaves, valid, shift, level_size, dedupe, parents)
     low = np.empty(n, dtype=np.float32)
     nan = np.zeros(n, dtype=np.bool_)
     for r in range(n):
@@ -305,19 +313,8 @@ def repair(tree, mintree, leaves, valid, offsets, sizes, k, log2k, lanes, out_no
     depth = offsets.shape[0]
     for level in range(depth - 2, -1, -1):
         shift = log2k * (depth - 1 - level)
-        n = b
-        if sizes[level] <= 4 * b:  # many leaves share an ancestor here: each node once
-            mark = np.zeros(sizes[level], dtype=np.bool_)
-            for s in range(b):
-                mark[(leaves[s] if valid[s] else 0) >> shift] = True
-            n = 0
-            for node in range(sizes[level]):
-                if mark[node]:
-                    out_nodes[n] = node
-                    n += 1
-        else:
-            for s in range(b):
-                out_nodes[s] = (leaves[s] if valid[s] else 0) >> shift
+        # many leaves share an ancestor where the level holds few nodes: each node once there
+        n = _ancestors(leaves, valid, shift, sizes[level], sizes[level] <= 4 * b, out_nodes)
         child_lo, parent_lo = offsets[level + 1], offsets[level]
         for r in range(n):
             first = child_lo + out_nodes[r] * k

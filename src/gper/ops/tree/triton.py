@@ -113,6 +113,29 @@ def _level_offsets(layout: TreeLayout, device: torch.device) -> torch.Tensor:
     return _LEVEL_OFFSETS[key]
 
 
+def _shape(layout: TreeLayout) -> dict[str, int]:
+    """The tree's shape as the kernels' compile-time arguments: levels, arity and the arity's log2."""
+    return {"DEPTH": layout.depth, "K": layout.arity, "LOG2K": layout.log2_arity}
+
+
+def _draw_inputs(state: TreeState, rows: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The leading arguments of a sampling kernel, what ``triton_sample._draw_rows`` reads: the
+    trees, the level offsets, the rows, the generations, the counters and the IS exponent."""
+    off = _level_offsets(state.layout, state.tree.device)
+    return state.tree, state.mintree, off, rows, state.gen, state.counters, beta
+
+
+def _draw_args(layout: TreeLayout, mode: int, words: int) -> dict[str, int]:
+    """The compile-time arguments of ``triton_sample._draw_rows`` in a sampling kernel: the tree's
+    shape, Philox blocks per draw, the sampling mode and the row's words (and their power of two)."""
+    return _shape(layout) | {
+        "NB": rng_blocks(layout.depth),
+        "MODE": mode,
+        "W": words,
+        "WP": triton.next_power_of_2(words),
+    }
+
+
 def make_claims(*, layout: TreeLayout, device: torch.device) -> torch.Tensor:
     """Claims of an update in progress: [capacity + K] int64, -1 between calls, followed by the
     climb's ``arrive`` counters (:func:`gper.ops.tree.triton_climb.arrive_counters`), 0 between calls.
@@ -178,9 +201,7 @@ def recompute(*, state: TreeState, leaves: torch.Tensor) -> None:
         off,
         leaves,
         n,
-        K=layout.arity,
-        LOG2K=layout.log2_arity,
-        DEPTH=layout.depth,
+        **_shape(layout),
         BLOCK=block,
         num_warps=LAUNCH.climb_warps,
     )
@@ -242,9 +263,7 @@ def _set_priorities(state: TreeState, tree, mintree, idx, td, expected_gen, alph
             off,
             layout.leaf_offset,
             b,
-            K=layout.arity,
-            LOG2K=layout.log2_arity,
-            DEPTH=layout.depth,
+            **_shape(layout),
             BLOCK=block,
             num_warps=LAUNCH.climb_warps,
         )
@@ -385,9 +404,7 @@ def add_rows(
         skip,
         total,
         layout.capacity,
-        DEPTH=layout.depth,
-        K=layout.arity,
-        LOG2K=layout.log2_arity,
+        **_shape(layout),
         BLOCK=LAUNCH.climb_block,
         num_warps=LAUNCH.climb_warps,
     )
@@ -407,28 +424,15 @@ def sample(
     out_gen: torch.Tensor,
     out_w: torch.Tensor,
 ) -> None:
-    layout, w = state.layout, rows.shape[1]
     _sample_kernel[_grid(b, LAUNCH.sample_block)](
-        state.tree,
-        state.mintree,
-        _level_offsets(layout, state.tree.device),
-        rows,
-        state.gen,
-        state.counters,
-        beta,
+        *_draw_inputs(state, rows, beta),
         out_rows,
         out_idx,
         out_gen,
         out_w,
         seed,
         b,
-        DEPTH=layout.depth,
-        K=layout.arity,
-        NB=rng_blocks(layout.depth),
-        MODE=mode,
-        W=w,
-        WP=triton.next_power_of_2(w),
+        **_draw_args(state.layout, mode, rows.shape[1]),
         BLOCK=LAUNCH.sample_block,
-        LOG2K=layout.log2_arity,
         num_warps=LAUNCH.sample_warps,
     )

@@ -36,6 +36,7 @@ import torch
 
 from gper._triton import tl, triton
 from gper.ops.layout import TreeLayout
+from gper.ops.triton_lanes import lanes
 from gper.ops.triton_slots import C_CURSOR, C_SIZE, C_TICKET_TOP, S_MAXP
 
 
@@ -195,8 +196,7 @@ def _update_apply(
     """The update's second launch: the last entry under each leaf parent writes its claimed leaves,
     recomputes it and climbs (the count pass ran in the claim launch). A tree of one level: each
     slot's winning entry writes its leaf."""
-    s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = s < B
+    s, m = lanes(B, BLOCK)
     i = tl.load(clean + s, mask=m, other=-1)
     valid = i >= 0
     i = tl.maximum(i, 0)
@@ -275,6 +275,20 @@ def _write_field(
 
 
 @triton.jit
+def _enter_leaves(tree, mintree, gen, scalars, leaf_off, pos, m, value, USE_MAX: tl.constexpr, BLOCK: tl.constexpr):
+    """New items at slots ``pos`` (masked by ``m``): their leaves at the max priority (or ``value``)
+    in both trees, their generations advanced. Shared by the add's kernels (``_add_write`` here,
+    ``triton_update._add_commit``)."""
+    if USE_MAX:
+        p = tl.load(scalars + S_MAXP) + tl.zeros([BLOCK], tl.float32)
+    else:
+        p = value + tl.zeros([BLOCK], tl.float32)
+    tl.store(tree + leaf_off + pos, p, mask=m)
+    tl.store(mintree + leaf_off + pos, p, mask=m)
+    tl.store(gen + pos, tl.load(gen + pos, mask=m, other=0) + 1, mask=m)
+
+
+@triton.jit
 def _add_write(
     tree,
     mintree,
@@ -307,8 +321,7 @@ def _add_write(
 ):
     """The add's first launch: rows from the caller's tensors at the cursor, leaves at the max
     priority (or ``value``), generations advanced. Nothing here waits on another program."""
-    s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = s < n
+    s, m = lanes(n, BLOCK)
     cursor = tl.load(counters + C_CURSOR)  # advanced by _add_repair
     pos = (cursor + skip + s) % cap
     tl.store(out_pos + s, pos, mask=m)
@@ -323,13 +336,7 @@ def _add_write(
         _write_field(rows, rows8, pos, s, m, s4, F4[0], F4[1], F4[2], F4[3], W)
     if F5 is not None:
         _write_field(rows, rows8, pos, s, m, s5, F5[0], F5[1], F5[2], F5[3], W)
-    if USE_MAX:
-        p = tl.load(scalars + S_MAXP) + tl.zeros([BLOCK], tl.float32)
-    else:
-        p = value + tl.zeros([BLOCK], tl.float32)
-    tl.store(tree + leaf_off + pos, p, mask=m)
-    tl.store(mintree + leaf_off + pos, p, mask=m)
-    tl.store(gen + pos, tl.load(gen + pos, mask=m, other=0) + 1, mask=m)
+    _enter_leaves(tree, mintree, gen, scalars, leaf_off, pos, m, value, USE_MAX, BLOCK)
 
 
 @triton.jit

@@ -3,13 +3,15 @@
 ``_sample_kernel`` is the whole of ``sample`` in one launch: per-level Philox descent (or
 stratified / uniform draws), gather of every field (one packed row per slot), generations, IS
 weights, and the RNG counter advance (the last program to finish bumps it, elected by an atomic
-ticket, so the kernel can be replayed in a CUDA graph). ``_draw`` is shared with the trajectory
-buffer's kernel, so both draw the same slots.
+ticket, so the kernel can be replayed in a CUDA graph). ``_draw_rows`` (the draw, then the slots,
+weights and generations stored and the rows read) is shared with the trajectory buffer's kernel,
+so both draw the same slots.
 """
 
 from __future__ import annotations
 
 from gper._triton import tl, triton
+from gper.ops.triton_lanes import lanes
 from gper.ops.triton_slots import C_RNG, C_SIZE, C_TICKET, MODE_STRATIFIED, MODE_UNIFORM
 
 
@@ -45,7 +47,8 @@ def _draw(
     LOG2K: tl.constexpr,
 ):
     """The draws ``s`` (masked by ``m``) of a sample: (slots, IS weights, the RNG counter read).
-    Shared by the flat buffer's kernel and the trajectory buffer's, so both draw the same slots."""
+    Shared (through :func:`_draw_rows`) by the flat buffer's kernel and the trajectory buffer's,
+    so both draw the same slots."""
     kk = tl.arange(0, K)
     base = tl.load(counters + C_RNG)
     last_filled = tl.maximum(tl.load(counters + C_SIZE) - 1, 0)
@@ -112,6 +115,44 @@ def _draw(
 
 
 @triton.jit
+def _draw_rows(
+    tree,
+    mintree,
+    level_off,
+    rows,
+    gen,
+    counters,
+    beta_ptr,
+    out_idx,
+    out_gen,
+    out_w,
+    seed,
+    B,
+    s,
+    m,
+    DEPTH: tl.constexpr,
+    K: tl.constexpr,
+    NB: tl.constexpr,
+    MODE: tl.constexpr,
+    W: tl.constexpr,
+    WP: tl.constexpr,
+    BLOCK: tl.constexpr,
+    LOG2K: tl.constexpr,
+):
+    """The draws ``s`` (:func:`_draw`) with their slots, IS weights and generations stored, and their
+    rows read: (slots, the RNG counter read, the row's columns, their mask, the [BLOCK, WP] rows).
+    The start of both sampling kernels (the flat buffer's and the trajectory buffer's)."""
+    node, w, base = _draw(tree, mintree, level_off, counters, beta_ptr, seed, B, s, m, DEPTH, K, NB, MODE, BLOCK, LOG2K)
+    tl.store(out_idx + s, node, mask=m)
+    tl.store(out_w + s, w, mask=m)
+    tl.store(out_gen + s, tl.load(gen + node, mask=m, other=0), mask=m)
+    cols = tl.arange(0, WP)
+    cm = m[:, None] & (cols[None, :] < W)
+    vals = tl.load(rows + node[:, None] * W + cols[None, :], mask=cm, other=0)
+    return node, base, cols, cm, vals
+
+
+@triton.jit
 def _advance_rng(counters, base, B, NB: tl.constexpr):
     """The last program of a sampling kernel advances the RNG counter: all have read it by then
     (the barrier: every warp's read, not only the ticket's thread's)."""
@@ -146,14 +187,10 @@ def _sample_kernel(
     BLOCK: tl.constexpr,
     LOG2K: tl.constexpr,
 ):
-    s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = s < B
-    node, w, base = _draw(tree, mintree, level_off, counters, beta_ptr, seed, B, s, m, DEPTH, K, NB, MODE, BLOCK, LOG2K)
-    tl.store(out_idx + s, node, mask=m)
-    tl.store(out_w + s, w, mask=m)
-    tl.store(out_gen + s, tl.load(gen + node, mask=m, other=0), mask=m)
-    cols = tl.arange(0, WP)
-    cm = m[:, None] & (cols[None, :] < W)
-    vals = tl.load(rows + node[:, None] * W + cols[None, :], mask=cm, other=0)
+    s, m = lanes(B, BLOCK)
+    _, base, cols, cm, vals = _draw_rows(
+        tree, mintree, level_off, rows, gen, counters, beta_ptr, out_idx, out_gen, out_w, seed, B, s, m,
+        DEPTH, K, NB, MODE, W, WP, BLOCK, LOG2K,
+    )  # fmt: skip
     tl.store(out_rows + s[:, None] * W + cols[None, :], vals, mask=cm)
     _advance_rng(counters, base, B, NB)

@@ -16,7 +16,8 @@
 from __future__ import annotations
 
 from gper._triton import tl, triton
-from gper.ops.tree.triton_climb import _count_chain
+from gper.ops.tree.triton_climb import _count_chain, _enter_leaves
+from gper.ops.triton_lanes import lanes
 from gper.ops.triton_slots import C_CURSOR, C_INVALID, C_NONFINITE, C_SIZE, C_STALE, C_TICKET_TOP, S_MAXP
 
 
@@ -41,8 +42,7 @@ def _update_claim(
     LOG2K: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = s < B
+    s, m = lanes(B, BLOCK)
     i = tl.load(idx + s, mask=m, other=0)
     size = tl.load(counters + C_SIZE)
     in_range = m & (i >= 0) & (i < size)
@@ -95,8 +95,7 @@ def _update_leaves(
 ):
     """Write the claimed leaves and, if PARENT, their parents: children still being written in
     this launch are read from ``claims``, which holds the same values, so there is no race."""
-    s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = s < B
+    s, m = lanes(B, BLOCK)
     i = tl.load(clean + s, mask=m, other=-1)
     valid = i >= 0
     i = tl.maximum(i, 0)
@@ -122,8 +121,7 @@ def _update_leaves(
 
 @triton.jit
 def _reset_claims(claims, clean, B, BLOCK: tl.constexpr):
-    s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = s < B
+    s, m = lanes(B, BLOCK)
     i = tl.load(clean + s, mask=m, other=-1)
     tl.store(claims + i, tl.full([BLOCK], -1, tl.int64), mask=i >= 0)
 
@@ -180,8 +178,7 @@ def _recompute_level(
 
 @triton.jit
 def _add_positions(counters, pos, n, skip, cap, BLOCK: tl.constexpr):
-    s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = s < n
+    s, m = lanes(n, BLOCK)
     cursor = tl.load(counters + C_CURSOR)
     tl.store(pos + s, (cursor + skip + s) % cap, mask=m)
 
@@ -206,13 +203,7 @@ def _add_commit(
     s = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = s < n
     i = tl.load(pos + s, mask=m, other=0)
-    if USE_MAX:
-        p = tl.load(scalars + S_MAXP) + tl.zeros([BLOCK], tl.float32)
-    else:
-        p = value + tl.zeros([BLOCK], tl.float32)
-    tl.store(tree + leaf_off + i, p, mask=m)
-    tl.store(mintree + leaf_off + i, p, mask=m)
-    tl.store(gen + i, tl.load(gen + i, mask=m, other=0) + 1, mask=m)
+    _enter_leaves(tree, mintree, gen, scalars, leaf_off, i, m, value, USE_MAX, BLOCK)
     # only this kernel writes cursor and size, and _add_positions read them before it
     first = pid == 0
     cursor = tl.load(counters + C_CURSOR)
