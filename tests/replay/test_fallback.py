@@ -66,7 +66,7 @@ def test_the_probe_catches_kernels_that_run_but_disagree(fresh_probe, monkeypatc
 
     def off_by_one(**kw):
         real(**kw)
-        kw["out_idx"].add_(1).clamp_(max=39)
+        kw["out"].idx.add_(1).clamp_(max=39)
 
     monkeypatch.setattr(tree_triton, "sample", off_by_one)
     assert probe.triton_problem(torch.device("cpu")) == "its idx differ from the torch back end's"

@@ -15,7 +15,7 @@ import math
 import torch
 
 from gper.ops.layout import TreeLayout
-from gper.ops.state import MODE_PROPORTIONAL, N_COUNTERS, N_SCALARS, S_MAXP, TreeState
+from gper.ops.state import MODE_PROPORTIONAL, N_COUNTERS, N_SCALARS, S_MAXP, SampleOut, TreeState
 
 _CAPACITY, _ARITY, _DRAWS = 40, 4, 64
 
@@ -41,18 +41,16 @@ def _run(kernels, device: torch.device) -> dict[str, torch.Tensor]:
     expected = torch.ones(_CAPACITY, dtype=torch.int32, device=device)
     kernels.update(state=state, idx=idx, td=td, expected_gen=expected, alpha=0.5, eps=eps)
     rows = torch.arange(_CAPACITY * 4, dtype=torch.int32, device=device).view(_CAPACITY, 4)
-    out = {
-        "rows": torch.empty(_DRAWS, 4, dtype=torch.int32, device=device),
-        "idx": torch.empty(_DRAWS, dtype=torch.int64, device=device),
-        "gen": torch.empty(_DRAWS, dtype=torch.int32, device=device),
-        "w": torch.empty(_DRAWS, device=device),
-    }
+    out = SampleOut(
+        rows=torch.empty(_DRAWS, 4, dtype=torch.int32, device=device),
+        idx=torch.empty(_DRAWS, dtype=torch.int64, device=device),
+        gen=torch.empty(_DRAWS, dtype=torch.int32, device=device),
+        w=torch.empty(_DRAWS, device=device),
+    )
     kernels.sample(
-        state=state, rows=rows, seed=7, b=_DRAWS, mode=MODE_PROPORTIONAL,
-        beta=torch.tensor(0.5, device=device), out_rows=out["rows"], out_idx=out["idx"], out_gen=out["gen"],
-        out_w=out["w"],
+        state=state, rows=rows, seed=7, mode=MODE_PROPORTIONAL, beta=torch.tensor(0.5, device=device), out=out,
     )  # fmt: skip
-    return out | {"tree": tree, "mintree": mintree, "counters": counters}
+    return out._asdict() | {"tree": tree, "mintree": mintree, "counters": counters}
 
 
 def _compare(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> str | None:

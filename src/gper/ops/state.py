@@ -76,3 +76,20 @@ class TreeState(NamedTuple):
     claims: torch.Tensor
     counters: torch.Tensor
     scalars: torch.Tensor
+
+
+class SampleOut(NamedTuple):
+    """Where a sampling kernel writes a batch of ``B`` draws (``B = len(idx)``): preallocated, so a
+    captured CUDA graph writes the same addresses on every replay.
+
+    Attributes:
+        rows: [B, W] int32 the drawn slots' packed rows.
+        idx: [B] int64 the drawn slots.
+        gen: [B] int32 their generations when drawn.
+        w: [B] float32 their importance-sampling weights.
+    """
+
+    rows: torch.Tensor
+    idx: torch.Tensor
+    gen: torch.Tensor
+    w: torch.Tensor

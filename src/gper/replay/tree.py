@@ -30,6 +30,7 @@ from gper.ops.state import (
     N_SCALARS,
     S_BETA,
     S_MAXP,
+    SampleOut,
     TreeState,
 )
 from gper.ops.tree import reference
@@ -249,13 +250,9 @@ class PriorityTree:
             state=self.state,
             rows=rows,
             seed=seed,
-            b=out["indices"].numel(),
             mode=mode,
             beta=beta,
-            out_rows=out["rows"],
-            out_idx=out["indices"],
-            out_gen=out["generations"],
-            out_w=out["weights"],
+            out=SampleOut(out["rows"], out["indices"], out["generations"], out["weights"]),
         )
 
     # ---------------------------------------------------------------- checkpoint

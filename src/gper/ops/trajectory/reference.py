@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from gper.ops.state import S_MAXP, TreeState
+from gper.ops.state import S_MAXP, SampleOut, TreeState
 from gper.ops.tree import reference
 
 # columns of ``streams``
@@ -208,13 +208,9 @@ def sample_transitions(
         state=state,
         rows=rows,
         seed=seed,
-        b=out_idx.numel(),
         mode=mode,
         beta=beta,
-        out_rows=out_rows,
-        out_idx=out_idx,
-        out_gen=out_gen,
-        out_w=out_w,
+        out=SampleOut(out_rows, out_idx, out_gen, out_w),
     )
     complete_transitions(
         rows=rows,

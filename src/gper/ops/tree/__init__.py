@@ -17,7 +17,7 @@ from typing import Protocol
 import torch
 
 from gper.ops.layout import TreeLayout
-from gper.ops.state import TreeState
+from gper.ops.state import SampleOut, TreeState
 
 
 class ReplayKernels(Protocol):
@@ -84,20 +84,10 @@ class ReplayKernels(Protocol):
         """Every inner node recomputed from the leaves (dense, O(capacity))."""
 
     def sample(
-        self,
-        *,
-        state: TreeState,
-        rows: torch.Tensor,
-        seed: int,
-        b: int,
-        mode: int,
-        beta: torch.Tensor,
-        out_rows: torch.Tensor,
-        out_idx: torch.Tensor,
-        out_gen: torch.Tensor,
-        out_w: torch.Tensor,
+        self, *, state: TreeState, rows: torch.Tensor, seed: int, mode: int, beta: torch.Tensor, out: SampleOut
     ) -> None:
-        """``b`` draws: slots, their rows and generations, IS weights; the RNG counter advances."""
+        """``len(out.idx)`` draws into ``out``: slots, their rows and generations, IS weights; the RNG
+        counter advances."""
 
 
 #: the functions of :class:`ReplayKernels`

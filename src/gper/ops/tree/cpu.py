@@ -40,6 +40,7 @@ from gper.ops.state import (
     MODE_STRATIFIED,
     MODE_UNIFORM,
     S_MAXP,
+    SampleOut,
     TreeState,
     rng_blocks,
 )
@@ -102,20 +103,10 @@ def _offsets(layout: TreeLayout) -> np.ndarray:
     return out
 
 
-def sample(
-    *,
-    state: TreeState,
-    rows: torch.Tensor,
-    seed: int,
-    b: int,
-    mode: int,
-    beta: torch.Tensor,
-    out_rows: torch.Tensor,
-    out_idx: torch.Tensor,
-    out_gen: torch.Tensor,
-    out_w: torch.Tensor,
-) -> None:
+def sample(*, state: TreeState, rows: torch.Tensor, seed: int, mode: int, beta: torch.Tensor, out: SampleOut) -> None:
     """:func:`gper.ops.tree.reference.sample` (same arguments, same results) on CPU tensors."""
+    out_rows, out_idx, out_gen, out_w = out
+    b = out_idx.numel()
     layout = state.layout
     with np.errstate(all="ignore"):  # inf * 0 and the like: NaN, as in torch, without a warning
         c = state.counters.numpy()

@@ -35,6 +35,7 @@ from gper.ops.state import (
     MODE_UNIFORM,
     P_MAX,
     S_MAXP,
+    SampleOut,
     TreeState,
     rng_blocks,
 )
@@ -325,30 +326,19 @@ def is_weights(leaf: torch.Tensor, pmin: torch.Tensor, beta: torch.Tensor) -> to
     return torch.where(torch.isinf(ratio), wide, ratio.pow(-beta))
 
 
-def sample(
-    *,
-    state: TreeState,
-    rows: torch.Tensor,
-    seed: int,
-    b: int,
-    mode: int,
-    beta: torch.Tensor,
-    out_rows: torch.Tensor,
-    out_idx: torch.Tensor,
-    out_gen: torch.Tensor,
-    out_w: torch.Tensor,
-) -> None:
-    """Draw ``b`` slots, gather their rows, compute IS weights, advance the RNG counter.
+def sample(*, state: TreeState, rows: torch.Tensor, seed: int, mode: int, beta: torch.Tensor, out: SampleOut) -> None:
+    """Draw ``b = len(out.idx)`` slots, gather their rows, compute IS weights, advance the RNG counter.
 
     Args:
         state: the tree (its RNG counter advances).
         rows: [capacity, W] int32 storage (every field of a slot packed in one row).
         seed: Philox key.
-        b: batch size.
         mode: MODE_PROPORTIONAL, MODE_STRATIFIED or MODE_UNIFORM.
         beta: 0-d float32 tensor, the IS exponent.
-        out_rows: [b, W] int32; out_idx: [b] int64; out_gen: [b] int32; out_w: [b] float32.
+        out: where the draws go (:class:`~gper.ops.state.SampleOut`).
     """
+    out_rows, out_idx, out_gen, out_w = out
+    b = out_idx.numel()
     tree, layout, counters = state.tree, state.layout, state.counters
     n_blocks = rng_blocks(layout.depth)
     words = random_words(seed, counters, b, n_blocks)

@@ -26,7 +26,7 @@ import torch
 
 from gper._triton import triton
 from gper.ops.layout import TreeLayout
-from gper.ops.state import TreeState, rng_blocks
+from gper.ops.state import SampleOut, TreeState, rng_blocks
 from gper.ops.tree import reference
 from gper.ops.tree.triton_climb import (
     _add_repair,
@@ -411,25 +411,11 @@ def add_rows(
     return pos
 
 
-def sample(
-    *,
-    state: TreeState,
-    rows: torch.Tensor,
-    seed: int,
-    b: int,
-    mode: int,
-    beta: torch.Tensor,
-    out_rows: torch.Tensor,
-    out_idx: torch.Tensor,
-    out_gen: torch.Tensor,
-    out_w: torch.Tensor,
-) -> None:
+def sample(*, state: TreeState, rows: torch.Tensor, seed: int, mode: int, beta: torch.Tensor, out: SampleOut) -> None:
+    b = out.idx.numel()
     _sample_kernel[_grid(b, LAUNCH.sample_block)](
         *_draw_inputs(state, rows, beta),
-        out_rows,
-        out_idx,
-        out_gen,
-        out_w,
+        *out,  # rows, idx, gen, w
         seed,
         b,
         **_draw_args(state.layout, mode, rows.shape[1]),
