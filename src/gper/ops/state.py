@@ -24,6 +24,17 @@ C_STALE = 5  #: update entries ignored because their slot was overwritten since 
 C_TICKET = 6  #: scratch for the sampling kernel's last-program election (0 between calls)
 C_TICKET_TOP = 7  #: scratch for the tree repair's last-program election (0 between calls)
 N_COUNTERS = 8
+#: the counters a buffer's ``stats()`` reports, by name: where it is, and what it counted
+COUNTER_STATS = {
+    "size": C_SIZE,
+    "cursor": C_CURSOR,
+    "rng_offset": C_RNG,
+    "invalid_indices": C_INVALID,
+    "stale_updates": C_STALE,
+    "nonfinite_td": C_NONFINITE,
+}
+#: the counters that only count up from 0 (a restored state holds none below 0)
+COUNTS = (C_RNG, C_INVALID, C_NONFINITE, C_STALE)
 
 # float32 ``scalars``
 S_MAXP = 0  #: running max priority (new items enter at this value)

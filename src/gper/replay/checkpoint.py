@@ -18,12 +18,10 @@ from gper.ops.layout import TreeLayout
 from gper.ops.state import (
     C_CURSOR,
     C_INVALID,
-    C_NONFINITE,
-    C_RNG,
     C_SIZE,
-    C_STALE,
     C_TICKET,
     C_TICKET_TOP,
+    COUNTS,
     P_MAX,
     P_MIN,
     S_BETA,
@@ -171,9 +169,7 @@ def check_contents(
         "size is outside [0, capacity]": (size < 0) | (size > cap),
         "cursor is outside [0, capacity)": (cursor < 0) | (cursor >= cap),
         "cursor differs from size before the buffer is full": (size < cap) & (cursor != size),
-        "a count (RNG offset, invalid, non-finite or stale updates) is negative": (
-            counters[[C_RNG, C_INVALID, C_NONFINITE, C_STALE]] < 0
-        ).any(),
+        "a count (RNG offset, invalid, non-finite or stale updates) is negative": (counters[list(COUNTS)] < 0).any(),
         "a kernel's scratch counter is not 0": (counters[[C_TICKET, C_TICKET_TOP]] != 0).any(),
         "the max priority is not in (0, 2**64]": ~((maxp > 0) & (maxp <= P_MAX)),
         "beta is not in [0, 1]": ~((scalars[S_BETA] >= 0) & (scalars[S_BETA] <= 1)),

@@ -21,11 +21,9 @@ from gper.ops import ReplayKernels
 from gper.ops.layout import DEFAULT_ARITY, TreeLayout
 from gper.ops.state import (
     C_CURSOR,
-    C_INVALID,
-    C_NONFINITE,
-    C_RNG,
     C_SIZE,
     C_STALE,
+    COUNTER_STATS,
     N_COUNTERS,
     N_SCALARS,
     S_BETA,
@@ -144,9 +142,7 @@ class PriorityTree:
     def read_counts(self) -> dict[str, int | float]:
         """The counters and scalars as host numbers: one host sync (not for hot paths)."""
         c = self.counters.tolist()
-        names = {"size": C_SIZE, "cursor": C_CURSOR, "rng_offset": C_RNG, "invalid_indices": C_INVALID}
-        names |= {"stale_updates": C_STALE, "nonfinite_td": C_NONFINITE}
-        out: dict[str, int | float] = {name: int(c[i]) for name, i in names.items()}
+        out: dict[str, int | float] = {name: int(c[i]) for name, i in COUNTER_STATS.items()}
         return out | {"max_priority": float(self.max_priority()), "total_priority": float(self.total())}
 
     # ---------------------------------------------------------------- writes (device work only)
