@@ -212,29 +212,12 @@ def run_train_bench(cfg: TrainBenchConfig, log=print) -> list[dict]:
                 fixed.learn.run()
             fixed_ms, fixed_wall = _time_steps(fixed.learn.run, cfg.steps, cfg.repeats, device)
             base = dict(precision=precision, gflop=round(gflop, 2), floor_ms=round(floor_ms, 4) if gpu else None)
+
             phase_sum = sum(phases.values())
-            rows.append(
-                base
-                | dict(
-                    mode=one,
-                    ms_per_step=ms,
-                    wall_ms_per_step=wall,
-                    busy_pct=100 * phase_sum / wall if gpu else None,
-                    replay_overhead_pct=100 * (ms / fixed_ms - 1),
-                    x_floor=ms / floor_ms if gpu else None,
-                )
-                | {f"{k}_ms": v for k, v in phases.items()}
-            )
-            rows.append(
-                base
-                | dict(
-                    mode=fixed_mode,
-                    ms_per_step=fixed_ms,
-                    wall_ms_per_step=fixed_wall,
-                    busy_pct=100 * fixed_ms / fixed_wall if gpu else None,
-                    x_floor=fixed_ms / floor_ms if gpu else None,
-                )
-            )
+            overhead = 100 * (ms / fixed_ms - 1)
+            row = _timed_row(base, one, ms, wall, phase_sum, floor_ms if gpu else None, replay_overhead_pct=overhead)
+            rows.append(row | {f"{k}_ms": v for k, v in phases.items()})
+            rows.append(_timed_row(base, fixed_mode, fixed_ms, fixed_wall, fixed_ms, floor_ms if gpu else None))
             x_floor = phase_sum / floor_ms if gpu else None
             by_phase = dict(mode="replay, by phase", ms_per_step=phase_sum, x_floor=x_floor)
             rows.append(base | by_phase)
@@ -250,6 +233,17 @@ def run_train_bench(cfg: TrainBenchConfig, log=print) -> list[dict]:
         torch.backends.cuda.matmul.allow_tf32 = saved_tf32
     _report(cfg, env, rows, gflop, nbytes, log)
     return rows
+
+
+def _timed_row(
+    base: dict, mode: str, step_ms: float, wall_ms: float, busy_ms: float, floor_ms: float | None, **extra: float
+) -> dict:
+    """A row of one timed step: its GPU time, wall time, how busy the GPU was and (on a GPU) the
+    ratio to the floor; ``floor_ms`` None on the CPU, where busy and the ratio are not measured."""
+    gpu = floor_ms is not None
+    busy = dict(busy_pct=100 * busy_ms / wall_ms if gpu else None)
+    row = base | dict(mode=mode, ms_per_step=step_ms, wall_ms_per_step=wall_ms) | busy | extra
+    return row | dict(x_floor=step_ms / floor_ms if gpu else None)
 
 
 def _fmt(v, digits: int = 3) -> str:
