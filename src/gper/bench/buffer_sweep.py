@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from gper.bench.harness import Calibrated, Group, Row, Sweep, TimedSweep, make_log
+from gper.bench.harness import Calibrated, Group, Row, Sweep, TimedSweep, add_capacity, make_log
 from gper.bench.peers import baselines, canonical_name
 from gper.bench.peers import gper as gper_peer
 from gper.bench.peers.base import Setting
@@ -102,10 +102,7 @@ def run(cfg: BenchConfig) -> BenchResult:
             group = Group(cap, others, build, ops_of=baselines.ops_of, unbuilt_modes=lambda impl: modes)
             cap_rows += sweep.group(group)
         add_speedups(cap_rows)
-        cap_rows.sort(key=row_key)
-        rows += cap_rows
-        if files:
-            files.append([r.csv() for r in cap_rows])
+        add_capacity(rows, cap_rows, row_key, files)
     report = _report(cfg, env, rows)
     print(report["text_header"])
     print_table(*report["table"])

@@ -91,6 +91,15 @@ class Row:
 # small helpers
 
 
+def add_capacity(rows: list[Row], cap_rows: list[Row], key: Callable[[Row], tuple], files: object) -> None:
+    """One capacity's rows, sorted by ``key``, onto a sweep's ``rows`` and (with ``files``, a
+    :class:`~gper.bench.report.ResultFiles`) into its CSV at once, so a sweep cut short keeps them."""
+    cap_rows.sort(key=key)
+    rows += cap_rows
+    if files:
+        files.append([r.csv() for r in cap_rows])
+
+
 def make_log(prefix: str) -> Callable[[str], None]:
     """A progress logger to stderr: ``[prefix] message``."""
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from gper.bench.harness import Calibrated, Group, Row, Sweep, TimedSweep, make_log
+from gper.bench.harness import Calibrated, Group, Row, Sweep, TimedSweep, add_capacity, make_log
 from gper.bench.peers import gper as gper_peer
 from gper.bench.peers import gper_traj
 from gper.bench.peers.base import TRAJ_OPS, Setting
@@ -131,10 +131,7 @@ def run(cfg: TrajectoryBenchConfig) -> list[Row]:
             )
             cap_rows += sweep.group(group)
         add_ratios(cap_rows)
-        cap_rows.sort(key=row_key)
-        rows += cap_rows
-        if files:
-            files.append([r.csv() for r in cap_rows])
+        add_capacity(rows, cap_rows, row_key, files)
     text, tables, markdown = _report(cfg, env, rows)
     print(text)
     for title, table in tables:
