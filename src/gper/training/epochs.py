@@ -105,7 +105,9 @@ class EpochLoop:
     spec: AlgorithmSpec
     """the algorithm (its checkpoints record its name)"""
     cfg: RunSettings
+    """the run's resolved settings"""
     learner: Learner
+    """what collects and learns (the algorithm's, built by its setup)"""
     report: RunReport
     """the run's report, and through it the run folder (``report.runlog``)"""
     stop: StopSignals
@@ -116,13 +118,17 @@ class EpochLoop:
     """this rank's place in a data-parallel run, or None"""
     tqdm: Any = None
     """the progress bar's class, or None for no bar"""
-    # the run's own, set by run(): phase timer, epoch readback, progress bar, training steps done,
-    # and the last checkpoint written
+    # the run's own, set by run()
     timer: PhaseTimer = field(init=False)
+    """the phase timer of the timed iterations"""
     readback: AsyncReadback = field(init=False)
+    """the epoch's one copy to the host: the sums, the learner's device values, the episode ring"""
     bar: Any = field(init=False, default=None)
+    """the progress bar, when there is one"""
     train_steps: int = field(init=False, default=0)
+    """training steps done (from the run's start)"""
     path: Path | None = field(init=False, default=None)
+    """the last checkpoint this loop wrote"""
 
     def run(self, start_it: int, iterations: int, report_state: dict[str, Any] | None) -> Reached:
         """Iterations ``start_it`` to ``iterations``; ``report_state``: the report of a resumed run."""
