@@ -14,6 +14,7 @@ import gper
 from gper.dqn import DQN
 from gper.envs import make_env
 from gper.training import AlgorithmSpec, RunConfig, train
+from gper.training.environment import pick_device
 from gper.training.episodes import EpisodeTracker
 from gper.training.runlog import read_metrics
 
@@ -33,7 +34,7 @@ class LinearQ:
     """Q(s, a) = w[a] . [s, 1]; one semi-gradient step a batch of prioritized transitions."""
 
     def __init__(self, cfg: LinearQConfig, env) -> None:
-        self.cfg, self.env, self.device = cfg, env, env.device
+        self.cfg, self.env, self.device, self.lr = cfg, env, env.device, cfg.learning_rate
         self.w = torch.zeros(env.n_actions, env.obs_dim + 1, device=self.device)
         d = env.obs_dim
         spec = {
@@ -46,6 +47,7 @@ class LinearQ:
         self.rb = gper.PrioritizedReplayBuffer(cfg.buffer_size, spec, device=self.device, seed=cfg.seed)
         self.episodes = EpisodeTracker(env.num_envs, self.device, autoreset=env.autoreset)
         self.sums = torch.zeros(2, dtype=torch.float64, device=self.device)  # TD error², Q
+        self.updates = torch.zeros((), dtype=torch.int64, device=self.device)  # read back once an epoch
         self.env_steps = torch.zeros((), dtype=torch.float64, device=self.device)
         self.obs = env.reset(seed=cfg.seed)
 
@@ -70,43 +72,45 @@ class LinearQ:
         q = (x @ self.w.T).gather(1, batch["action"][:, None])[:, 0]
         target = batch["reward"] + self.cfg.gamma * (1 - batch["done"]) * self.q(batch["next_obs"]).max(1).values
         td = target - q
-        step = (self.cfg.learning_rate * batch.weights * td)[:, None] * x / self.cfg.batch_size
+        step = (self.lr * batch.weights * td)[:, None] * x / self.cfg.batch_size
         self.w.index_add_(0, batch["action"], step)
         self.rb.update_priorities(batch, td)
         self.sums += torch.stack([(td**2).mean(), q.mean()]).double()
+        self.updates += 1
 
     def device_values(self) -> dict[str, torch.Tensor]:
-        return {}
+        return {"updates": self.updates}
 
     def after_sync(self) -> None:
         pass
 
     def charts(self, host, env_step: int) -> dict[str, float]:
-        return {"charts/epsilon": self.cfg.epsilon}
+        return {"charts/epsilon": self.cfg.epsilon, "charts/updates": float(host["updates"])}
 
     def greedy(self, obs: torch.Tensor) -> torch.Tensor:
         return self.q(obs).argmax(dim=1)
 
     def state_dict(self, *, replay: bool) -> dict:
-        state = {"w": self.w, "sums": self.sums, "env_steps": self.env_steps, "obs": self.obs}
+        state = {"w": self.w, "sums": self.sums, "updates": self.updates, "env_steps": self.env_steps, "obs": self.obs}
         return state | {"episodes": self.episodes.state_dict(), "env": self.env.state_dict()}
 
     def load_state_dict(self, state: dict, *, replay: bool) -> None:
-        for name in ("w", "sums", "env_steps", "obs"):
+        for name in ("w", "sums", "updates", "env_steps", "obs"):
             getattr(self, name).copy_(state[name])
         self.episodes.load_state_dict(state["episodes"])
         self.env.load_state_dict(state["env"])
 
     def honour_settings(self) -> None:
-        pass  # the learning rate is read from cfg at every step
+        self.lr = self.cfg.learning_rate  # a resumed run's own learning rate
 
 
-def setup(cfg: LinearQConfig, log, launch):
-    torch.manual_seed(cfg.seed)
-    return cfg, LinearQ(cfg, make_env(cfg.env, cfg.num_envs, torch.device(cfg.device), seed=cfg.seed)), []
+def setup(cfg: LinearQConfig, log, launch):  # the core seeded torch with cfg.seed
+    return cfg, LinearQ(cfg, make_env(cfg.env, cfg.num_envs, pick_device(cfg.device), seed=cfg.seed)), []
 
 
-LINEAR_Q = AlgorithmSpec("linear-q", LinearQConfig, setup, sum_metrics={0: "losses/td_loss", 1: "losses/q_values"})
+LINEAR_Q = AlgorithmSpec(
+    "linear-q", LinearQConfig, setup, {0: "losses/td_loss", 1: "losses/q_values"}, honoured=("learning_rate",)
+)
 
 # ---- the tests
 
@@ -141,6 +145,22 @@ def test_a_second_algorithm_trains_reports_and_resumes_through_the_core(tmp_path
     assert resumed.env_steps == 2400 and resumed.episodes == results.episodes
     assert torch.equal(_final_weights(tmp_path / "resumed"), _final_weights(whole))
     assert not torch.equal(_final_weights(whole), torch.zeros_like(_final_weights(whole)))
+    # the record goes on as the uninterrupted run's: every metric but the clock's
+    assert _untimed(read_metrics(tmp_path / "resumed" / "metrics.jsonl")) == _untimed(rows)
+    again = json.loads((tmp_path / "resumed" / "summary.json").read_text())
+    for key in ("episodes", "mean_return_last100", "best_mean_return_last100", "eval_mean_return", "eval_at_step"):
+        assert again[key] == summary[key], key
+    assert [r["charts/updates"] for r in epochs] == [(2000 - 1000) // 8, 175]  # device values read back
+
+    # a resumed run takes its own learning rate (honoured): the weights then differ
+    faster = _config(tmp_path, run_name="faster", resume=str(first), learning_rate=0.05)
+    train(LINEAR_Q, faster, log=lambda _: None)
+    assert not torch.equal(_final_weights(tmp_path / "faster"), _final_weights(whole))
+
+
+def _untimed(rows: list[dict]) -> list[dict]:
+    clock = ("charts/SPS", "charts/train_steps_per_s", "eval/seconds")
+    return [{k: v for k, v in r.items() if k not in clock and not k.startswith("timing/")} for r in rows]
 
 
 def test_the_core_refuses_another_algorithms_checkpoint_and_changed_settings(tmp_path):
@@ -151,3 +171,27 @@ def test_the_core_refuses_another_algorithms_checkpoint_and_changed_settings(tmp
     dqn = gper.dqn.Config(resume=folder, total_steps=2000, device="cpu", run_dir=str(tmp_path), progress=False)
     with pytest.raises(ValueError, match="it is a checkpoint of linear-q"):
         train(DQN, dqn, log=lambda _: None)
+
+
+def test_the_core_refuses_what_it_cannot_run_in_one_line(tmp_path):
+    @dataclasses.dataclass
+    class Thin:
+        env: str = "cartpole"
+
+    with pytest.raises(TypeError, match="lack the run settings num_envs, seed"):
+        AlgorithmSpec("thin", Thin, setup)
+    with pytest.raises(ValueError, match="train_every must be an integer >= 1, got 0"):
+        train(LINEAR_Q, _config(tmp_path, train_every=0), log=lambda _: None)
+    with pytest.raises(ValueError, match="market reads the setting 'data', which LinearQConfig lacks"):
+        train(LINEAR_Q, _config(tmp_path, env="market"), log=lambda _: None)
+    with pytest.raises(ValueError, match="linear-q does not train data-parallel"):
+        train(LINEAR_Q, _config(tmp_path, distributed="local"), log=lambda _: None)
+
+    class Partial(LinearQ):
+        honour_settings = None  # not a method: the learner lacks it
+
+    def partial_setup(cfg, log, launch):
+        return cfg, Partial(cfg, make_env(cfg.env, cfg.num_envs, pick_device(cfg.device), seed=cfg.seed)), []
+
+    with pytest.raises(TypeError, match="its learner Partial lacks honour_settings"):
+        train(AlgorithmSpec("partial", LinearQConfig, partial_setup), _config(tmp_path), log=lambda _: None)

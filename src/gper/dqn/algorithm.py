@@ -33,7 +33,7 @@ LOSS_METRICS = {SUM_LOSS: "losses/td_loss", SUM_Q: "losses/q_values", SUM_ABS_TD
 #: settings a resumed run takes from its own configuration (beside total_steps): Adam at ``learning_rate``
 HONOURED = ("learning_rate",)
 #: where it computes: free to change on resume (beside the core's, gper.training.settings.RUN_FREE)
-FREE = ("backend", "precision", "cuda_graphs", "fused_step")
+FREE = ("threads", "backend", "precision", "cuda_graphs", "fused_step")
 
 #: settings that came after checkpoints of format 1 were first written, with the value those ran with
 ADDED = {
@@ -80,6 +80,7 @@ DQN = AlgorithmSpec(
     record=_record,
     upgrade=_upgrade,
     from_settings=_from_settings,
+    data_parallel=True,
 )
 
 

@@ -12,11 +12,11 @@ from typing import Any, Literal
 
 import torch
 
-from gper._device import canonical_device
 from gper.dqn.presets import PRESETS as PRESETS  # the per-environment defaults (gper.dqn.config.PRESETS, as before)
 from gper.dqn.walk_settings import WALK_ONLY, WalkForward, nest_walk
 from gper.envs import registry
 from gper.envs.folds import WalkSpec, spec_from
+from gper.training.environment import pick_device as pick_device  # gper.dqn.pick_device, as before
 from gper.training.tensorboard import installed as tensorboard_installed
 
 
@@ -280,11 +280,6 @@ def trajectory_capacity(cfg: Config) -> int:
     """The trajectory replay's capacity: ``buffer_size`` rounded down to a multiple of ``num_envs``
     (each environment gets a ring of ``buffer_size // num_envs`` steps)."""
     return cfg.buffer_size // cfg.num_envs * cfg.num_envs
-
-
-def pick_device(request: str) -> torch.device:
-    """``auto`` -> the current CUDA device when there is one, else the CPU; ``cuda`` -> ``cuda:N``."""
-    return canonical_device(request)
 
 
 def env_family(env: str) -> str:

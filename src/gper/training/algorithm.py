@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import torch
 
 from gper.training.episodes import EpisodeTracker
+from gper.training.settings import missing_run_settings
 from gper.training.timing import PhaseTimer
 
 
@@ -71,6 +72,13 @@ class Learner(Protocol):
         (a new learning rate)."""
 
 
+def missing_members(learner: object) -> list[str]:
+    """The attributes and methods of :class:`Learner` that ``learner`` lacks (a method: not callable)."""
+    methods = [n for n, v in vars(Learner).items() if callable(v) and not n.startswith("_")]
+    missing = [name for name in Learner.__annotations__ if not hasattr(learner, name)]
+    return missing + [name for name in methods if not callable(getattr(learner, name, None))]
+
+
 def _no_upgrade(settings: dict[str, Any]) -> dict[str, Any]:
     return settings
 
@@ -106,6 +114,19 @@ class AlgorithmSpec:
     """a checkpoint's stored settings in today's form (settings added since, sections moved)"""
     from_settings: Callable[[dict[str, Any]], Any] | None = None
     """the settings object of a dict of them; None: ``settings(**d)``"""
+    data_parallel: bool = False
+    """whether its setup builds one rank of a data-parallel run under torchrun (its replay sharded,
+    its gradients averaged over the group); False: the core refuses ``distributed`` exact or local"""
+
+    def __post_init__(self) -> None:
+        if not dataclasses.is_dataclass(self.settings):
+            raise TypeError(f"{self.name}: settings must be a dataclass, got {self.settings!r}")
+        missing = missing_run_settings(self.settings)
+        if missing:
+            raise TypeError(
+                f"{self.name}: its settings {self.settings.__name__} lack the run settings {', '.join(missing)} "
+                "(subclass gper.training.RunConfig)"
+            )
 
     def settings_of(self, values: dict[str, Any]) -> Any:
         """The settings object of ``values``."""

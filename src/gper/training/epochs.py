@@ -135,7 +135,10 @@ class EpochLoop:
         cfg, learner, report = self.cfg, self.learner, self.report
         epoch_its = max(1, cfg.epoch_steps // cfg.num_envs)
         self.timer = PhaseTimer(learner.device)
-        values = {"sums": learner.sums, **learner.device_values(), **learner.episodes.snapshot()}
+        own, ring = learner.device_values(), learner.episodes.snapshot()
+        if "sums" in own or own.keys() & ring.keys():
+            raise ValueError(f"a learner's device values may not be named sums or {', '.join(ring)}: got {list(own)}")
+        values = {"sums": learner.sums, **own, **ring}
         self.readback = AsyncReadback(values)
         self.bar = None
         if self.tqdm is not None:

@@ -18,6 +18,8 @@ policy only, a resumed run evaluates as the uninterrupted one, and neither the t
 environment nor torch's generators are touched. Training therefore computes the same with
 evaluation on or off. It runs between epochs, outside the CUDA graphs.
 
+What each environment evaluates on (its registration says):
+
 - **cartpole**, **gym:<ID>**: the same task; ``gym:<ID>`` copies are seeded ``eval_seed + i``.
 - **bitflip:<N>** (a goal task): the same task, and ``eval/success_rate``, the fraction of episodes
   that reached their goal (ended terminated, not truncated).

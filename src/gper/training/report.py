@@ -2,7 +2,7 @@
 100-episode windows (the best one, the solve point), the metrics and two log lines; after an
 evaluation, its metrics and one line; at the end, the :class:`Results`.
 
-The phase line has this format (the reference log line of the learn step's phases; one line):
+The phase line has this format (DQN's, whose learn step has these phases; one line):
 
     GPU phase timing (178 batches avg): per_sample=0.02ms upload=0.01ms fwd_bwd=0.90ms adam=0.10ms
     per_update=0.01ms total=1.04ms | collect=0.050ms (40 collections avg)
@@ -20,6 +20,9 @@ import torch
 
 from gper.training.runlog import RunLog
 from gper.training.settings import RunSettings
+
+#: the charts the core reports itself (a learner's ``charts()`` adds others)
+CORE_CHARTS = ("charts/SPS", "charts/train_steps_per_s", "charts/mean_return_last100")
 
 
 @dataclass
@@ -198,6 +201,9 @@ class RunReport:
         :meth:`~gper.training.episodes.EpisodeTracker.drain` returned; ``charts``: the learner's own
         ``charts/`` metrics (:meth:`~gper.training.algorithm.Learner.charts`); ``phases``: the
         :meth:`~gper.training.timing.PhaseTimer.summary` of the epoch; ``now``: its end."""
+        bad = [name for name in charts if not name.startswith("charts/") or name in CORE_CHARTS]
+        if bad:
+            raise ValueError(f"a learner's charts are its own charts/ names, not the core's: got {bad}")
         wall, self._t_epoch = now - self._t_epoch, now
         self._record_episodes(episodes, lost)
         self._windows(episodes, now)

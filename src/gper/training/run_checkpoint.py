@@ -61,6 +61,8 @@ CHECKPOINTS = "checkpoints"
 TRAINER, REPLAY = "trainer.pt", "replay.safetensors"
 #: the layout of trainer.pt; a checkpoint of another one is refused
 FORMAT = 1
+#: the algorithm of a checkpoint written before trainer.pt recorded its algorithm: all of them were DQN's
+UNNAMED = "dqn"
 
 #: the replay's counts that trainer.pt records, so a replay.safetensors of another step is refused
 #: (the flat replay counts its cursor, the trajectory replay its steps: each records those it has)
@@ -229,7 +231,7 @@ def check_settings(spec: AlgorithmSpec, cfg: Any, ckpt: Checkpoint) -> None:
         ValueError: one line naming the algorithm, or listing every differing setting with the
             checkpoint's value.
     """
-    algorithm = ckpt.state.get("algorithm", spec.name)  # checkpoints before the name was recorded: DQN's
+    algorithm = ckpt.state.get("algorithm", UNNAMED)
     if algorithm != spec.name:
         raise ValueError(f"cannot resume {ckpt.path} with {spec.name}: it is a checkpoint of {algorithm}")
     ours, theirs = dataclasses.asdict(cfg), ckpt.settings(spec)

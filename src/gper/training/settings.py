@@ -10,7 +10,8 @@ where the core reads a number. What a resumed run may change of them: :data:`RUN
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol
+import math
+from typing import Any, Protocol
 
 
 class RunSettings(Protocol):
@@ -101,7 +102,6 @@ RUN_HONOURED = ("total_steps",)
 #: where the run computes and what it writes and shows: free to change on resume
 RUN_FREE = (
     "device",
-    "threads",
     "time_every",
     "epoch_steps",
     "run_dir",
@@ -116,3 +116,31 @@ RUN_FREE = (
     "eval_episodes",
     "tensorboard",
 )
+
+
+def check_run_settings(cfg: Any) -> None:
+    """Refuse run settings the core cannot run with (``cfg`` resolved), before anything is built.
+
+    Raises:
+        ValueError: one line naming the setting and what it must be.
+    """
+    for name in ("total_steps", "num_envs", "train_every", "epoch_steps", "eval_episodes", "keep_checkpoints"):
+        value = getattr(cfg, name)
+        if not _is_int(value) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    for name in ("seed", "learning_starts", "time_every", "checkpoint_every", "eval_every"):
+        value = getattr(cfg, name)
+        if not _is_int(value) or value < 0:
+            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    if cfg.solve_return is not None and not math.isfinite(cfg.solve_return):
+        raise ValueError(f"solve_return must be a finite number, got {cfg.solve_return}")
+
+
+def missing_run_settings(settings: type) -> list[str]:
+    """The :class:`RunSettings` names that the dataclass ``settings`` has no field for."""
+    names = {f.name for f in dataclasses.fields(settings)}
+    return [name for name in RunSettings.__annotations__ if name not in names]
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from gper.training import parallel, run_checkpoint
-from gper.training.algorithm import AlgorithmSpec, Learner
+from gper.training.algorithm import AlgorithmSpec, Learner, missing_members
 from gper.training.epochs import EpochLoop, collect_iterations
 from gper.training.evaluation import Evaluator, final_test
 from gper.training.extras import INSTALL, require
@@ -21,6 +21,7 @@ from gper.training.report import Results, RunReport
 from gper.training.run_checkpoint import Checkpoint
 from gper.training.run_folder import open_run_folder
 from gper.training.runlog import RunLog
+from gper.training.settings import check_run_settings
 from gper.training.signals import StopSignals
 
 
@@ -45,7 +46,11 @@ def train(spec: AlgorithmSpec, config: Any, log: Any = print) -> Results:
         ValueError: bad settings, settings a resume may not change, or a damaged checkpoint
             (:class:`~gper.training.checkpoints.CheckpointError`); each a one-line message.
     """
+    if not spec.data_parallel and config.distributed not in ("auto", "off"):
+        raise ValueError(f"{spec.name} does not train data-parallel: run one process (distributed off)")
     mode = parallel.resolve_mode(config.distributed)
+    if mode != "off" and not spec.data_parallel:  # auto under torchrun with several processes
+        raise ValueError(f"{spec.name} does not train data-parallel: run one process (distributed off)")
     config = dataclasses.replace(config, distributed=mode)
     launch = parallel.start(mode, config.device)
     finished = False
@@ -74,11 +79,16 @@ def _train_process(spec: AlgorithmSpec, config: Any, log: Any, launch: Launch | 
         resume = launch.agree(
             lambda: run_checkpoint.read(config.resume, launch.rank, launch.world_size), "reading the checkpoint"
         )
+    torch.manual_seed(config.seed + (0 if launch is None else launch.rank))  # an algorithm may seed again
     cfg, learner, notes = (
         spec.setup(config, log, launch)
         if launch is None
         else launch.agree(lambda: spec.setup(config, log, launch), "setting up the run")
     )
+    check_run_settings(cfg)
+    missing = missing_members(learner)
+    if missing:
+        raise TypeError(f"{spec.name}: its learner {type(learner).__name__} lacks {', '.join(missing)}")
     before = torch.get_num_threads()
     threads = None
     if learner.device.type == "cpu" and spec.cpu_threads is not None:  # put back when the run ends
