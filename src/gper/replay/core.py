@@ -30,7 +30,7 @@ from gper.replay.checks import (
 from gper.replay.config import ReplayConfig, ReplaySettings
 from gper.replay.exponent import ExponentInput
 from gper.replay.graphs import BufferGraphs
-from gper.replay.samplers import SamplingPolicy
+from gper.replay.samplers import PriorityUpdate, SamplingPolicy
 from gper.replay.storage import RowLayout, RowStorage
 from gper.replay.tree import PriorityTree
 
@@ -137,7 +137,7 @@ class ReplayCore:
         self, indices: torch.Tensor, td: torch.Tensor, expected: torch.Tensor | None, alpha: float, eps: float
     ) -> None:
         """Priorities (or rank keys) of checked ``indices`` from TD errors; device work only."""
-        self.policy.update(self.tree, indices, td, expected, alpha, eps)
+        self.policy.update(self.tree, PriorityUpdate(indices, td, expected, alpha, eps))
 
     def update_priorities(
         self,

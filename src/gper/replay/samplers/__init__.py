@@ -10,7 +10,7 @@
 sharded buffer can draw. CONTRIBUTING.md says how to add one.
 """
 
-from gper.replay.samplers.base import SAMPLERS, WEIGHT_NORMS, SamplingPolicy
+from gper.replay.samplers.base import SAMPLERS, WEIGHT_NORMS, PriorityUpdate, SamplingPolicy
 from gper.replay.samplers.proportional import ProportionalSampler
 from gper.replay.samplers.rank import RankKeys, RankSampler
 from gper.replay.samplers.stratified import StratifiedSampler
@@ -25,6 +25,7 @@ __all__ = [
     "SAMPLING",
     "SHARDED_SAMPLING",
     "WEIGHT_NORMS",
+    "PriorityUpdate",
     "ProportionalSampler",
     "RankKeys",
     "RankSampler",

@@ -12,7 +12,7 @@ one of the smallest stored priority, as in the paper) or by the batch's largest 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import torch
 
@@ -23,6 +23,19 @@ WEIGHT_NORMS = ("global", "batch")
 _TINY_WEIGHT = 2.0**-24
 #: name -> sampler class, filled by :mod:`gper.replay.samplers` (in the order of ``SAMPLING``)
 SAMPLERS: dict[str, type[SamplingPolicy]] = {}
+
+
+class PriorityUpdate(NamedTuple):
+    """One ``update_priorities`` call as a sampler receives it, its inputs checked."""
+
+    indices: torch.Tensor
+    """[B] int64 slots"""
+    td: torch.Tensor
+    """[B] float32 TD errors"""
+    expected_gen: torch.Tensor | None
+    """[B] int32 generations when drawn (a stale entry is skipped), or None"""
+    alpha: float
+    eps: float
 
 
 class SamplingPolicy:
@@ -109,17 +122,9 @@ class SamplingPolicy:
     def on_add(self, tree: PriorityTree, positions: torch.Tensor) -> None:
         """New items were written at ``positions``."""
 
-    def update(
-        self,
-        tree: PriorityTree,
-        indices: torch.Tensor,
-        td: torch.Tensor,
-        expected_gen: torch.Tensor | None,
-        alpha: float,
-        eps: float,
-    ) -> None:
-        """Priorities of ``indices`` from TD errors; device work only."""
-        tree.update(indices, td, expected_gen, alpha, eps)
+    def update(self, tree: PriorityTree, change: PriorityUpdate) -> None:
+        """Priorities of ``change.indices`` from its TD errors; device work only."""
+        tree.update(*change)
 
     def normalise(self, out: Mapping[str, torch.Tensor], tree: PriorityTree, beta: torch.Tensor) -> None:
         """``batch`` normalisation of a sample's weights, in place (the kernel normalised globally)."""

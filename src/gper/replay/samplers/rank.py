@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import torch
 
 from gper.ops.state import MODE_PROPORTIONAL, S_MAXP
-from gper.replay.samplers.base import SamplingPolicy
+from gper.replay.samplers.base import PriorityUpdate, SamplingPolicy
 from gper.replay.tree import PriorityTree
 
 
@@ -99,17 +99,9 @@ class RankSampler(SamplingPolicy):
     def on_add(self, tree: PriorityTree, positions: torch.Tensor) -> None:
         self.rank.on_add(tree, positions)
 
-    def update(
-        self,
-        tree: PriorityTree,
-        indices: torch.Tensor,
-        td: torch.Tensor,
-        expected_gen: torch.Tensor | None,
-        alpha: float,
-        eps: float,
-    ) -> None:
-        """Sort keys of ``indices`` from TD errors (the tree changes at the next refresh)."""
-        self.rank.update(tree, indices, td, expected_gen, eps)
+    def update(self, tree: PriorityTree, change: PriorityUpdate) -> None:
+        """Sort keys of ``change.indices`` from its TD errors (the tree changes at the next refresh)."""
+        self.rank.update(tree, change.indices, change.td, change.expected_gen, change.eps)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {"key": self.rank.keys}
