@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import os
 
-import torch
+# deterministic cuBLAS, read when its first handle is made: without it GPU runs that must match bit
+# for bit (a resumed run against the whole one) differed in 4 of 24 tries on a GPU shared by 8
+# processes, with it in none (benchmarks/results/gpu-determinism-nvidia-h200-20261204-5853393.md)
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+import torch  # noqa: E402
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
