@@ -128,10 +128,12 @@ def check_run_settings(cfg: Any) -> None:
         value = getattr(cfg, name)
         if not _is_int(value) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    for name in ("seed", "learning_starts", "time_every", "checkpoint_every", "eval_every"):
+    for name in ("learning_starts", "time_every", "checkpoint_every", "eval_every"):
         value = getattr(cfg, name)
         if not _is_int(value) or value < 0:
             raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    if not is_seed(cfg.seed):
+        raise ValueError(f"seed must be an integer from 0 to 2**63 - 1, got {cfg.seed!r}")
     if cfg.solve_return is not None and not math.isfinite(cfg.solve_return):
         raise ValueError(f"solve_return must be a finite number, got {cfg.solve_return}")
 
@@ -140,6 +142,11 @@ def missing_run_settings(settings: type) -> list[str]:
     """The :class:`RunSettings` names that the dataclass ``settings`` has no field for."""
     names = {f.name for f in dataclasses.fields(settings)}
     return [name for name in RunSettings.__annotations__ if name not in names]
+
+
+def is_seed(value: object) -> bool:
+    """Whether ``value`` is a seed torch takes: an integer from 0 to 2^63 - 1."""
+    return _is_int(value) and 0 <= value < 2**63
 
 
 def _is_int(value: object) -> bool:

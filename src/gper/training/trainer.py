@@ -21,7 +21,7 @@ from gper.training.report import Results, RunReport
 from gper.training.run_checkpoint import Checkpoint
 from gper.training.run_folder import open_run_folder
 from gper.training.runlog import RunLog
-from gper.training.settings import check_run_settings
+from gper.training.settings import check_run_settings, is_seed
 from gper.training.signals import StopSignals
 
 
@@ -79,7 +79,8 @@ def _train_process(spec: AlgorithmSpec, config: Any, log: Any, launch: Launch | 
         resume = launch.agree(
             lambda: run_checkpoint.read(config.resume, launch.rank, launch.world_size), "reading the checkpoint"
         )
-    torch.manual_seed(config.seed + (0 if launch is None else launch.rank))  # an algorithm may seed again
+    if is_seed(config.seed):  # a bad one: the algorithm's setup (or check_run_settings) says so in one line
+        torch.manual_seed(config.seed + (0 if launch is None else launch.rank))  # an algorithm may seed again
     cfg, learner, notes = (
         spec.setup(config, log, launch)
         if launch is None
