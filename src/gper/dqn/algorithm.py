@@ -12,8 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from gper.dqn.agent import SUM_ABS_TD, SUM_LOSS, SUM_Q, Agent
 from gper.dqn.build import setup
 from gper.dqn.config import Config, as_run, check_plain_run, cpu_threads, from_settings
@@ -64,10 +62,6 @@ def _cpu_threads(cfg: Config, agent: Agent) -> int:
     return cpu_threads(cfg, agent.obs_width, agent.env.n_actions)
 
 
-def _record(cfg: Config, device: torch.device, threads: int | None) -> dict[str, Any]:
-    return as_run(cfg, device, threads)
-
-
 DQN = AlgorithmSpec(
     name="dqn",
     settings=Config,
@@ -77,7 +71,7 @@ DQN = AlgorithmSpec(
     honoured=HONOURED,
     free=FREE,
     cpu_threads=_cpu_threads,
-    record=_record,
+    record=as_run,
     upgrade=_upgrade,
     from_settings=_from_settings,
     data_parallel=True,

@@ -46,10 +46,10 @@ def train(spec: AlgorithmSpec, config: Any, log: Any = print) -> Results:
         ValueError: bad settings, settings a resume may not change, or a damaged checkpoint
             (:class:`~gper.training.checkpoints.CheckpointError`); each a one-line message.
     """
-    if not spec.data_parallel and config.distributed not in ("auto", "off"):
-        raise ValueError(f"{spec.name} does not train data-parallel: run one process (distributed off)")
-    mode = parallel.resolve_mode(config.distributed)
-    if mode != "off" and not spec.data_parallel:  # auto under torchrun with several processes
+    # an algorithm that does not train data-parallel: exact or local asked for, or auto under torchrun
+    resolvable = config.distributed in ("auto", "off") or spec.data_parallel
+    mode = parallel.resolve_mode(config.distributed) if resolvable else None
+    if mode != "off" and not spec.data_parallel:
         raise ValueError(f"{spec.name} does not train data-parallel: run one process (distributed off)")
     config = dataclasses.replace(config, distributed=mode)
     launch = parallel.start(mode, config.device)
