@@ -30,6 +30,7 @@ from gper.replay.checks import (
 from gper.replay.config import BufferSettings, ReplayConfig, ReplaySettings, takes_settings, with_defaults
 from gper.replay.core import ReplayCore, rebuild
 from gper.replay.files import TensorFile, write_tensors
+from gper.replay.instances import Member
 from gper.replay.storage import RowLayout
 
 if TYPE_CHECKING:
@@ -83,14 +84,43 @@ class PrioritizedReplayBuffer(BufferSettings):
             buffer on the CPU instead of raising.
         rank_refresh_interval (default 100): "rank" mode re-sorts the priorities every this many
             ``update_priorities`` calls (an O(N log N) sort; see :meth:`refresh_ranks`).
+        instances (default None): N independent buffers in one storage (a population of agents,
+            a sweep of settings), each with its own tree, cursor, size, generations, counters, max
+            priority and random stream: instance ``i`` draws exactly what a buffer of ``seed + i``
+            draws. Every call serves all N at once: ``add`` takes ``[N, n, *shape]`` per field,
+            ``sample(B)`` returns fields ``[N, B, *shape]`` with ``indices``, ``generations`` and
+            ``weights`` ``[N, B]``, ``update_priorities`` takes ``[N, B]``; ``alpha``, ``beta`` and
+            ``eps`` may then be N values (a list or an [N] tensor). See ``docs/instances.md``.
 
     Raises:
         TypeError, ValueError: a bad or unknown setting, before anything is allocated.
     """
 
+    def __new__(cls, *args: Any, **settings: Any) -> PrioritizedReplayBuffer:
+        if cls is PrioritizedReplayBuffer and settings.get("instances") is not None:
+            from gper.replay.buffer_instances import PrioritizedReplayInstances
+
+            cls = PrioritizedReplayInstances  # noqa: PLW0642 - the stacked kind of this buffer
+        return super().__new__(cls)
+
     @takes_settings(ReplaySettings)
     def __init__(self, capacity: int, spec: Mapping[str, tuple], **settings: Unpack[ReplaySettings]) -> None:
-        given = with_defaults("PrioritizedReplayBuffer", settings)
+        self._build(capacity, spec, with_defaults("PrioritizedReplayBuffer", settings))
+
+    # ``help()`` and ``inspect.signature`` show the settings ``__init__`` takes, not ``__new__``'s catch-all
+    __new__.__signature__ = __init__.__signature__  # type: ignore[attr-defined]
+
+    @classmethod
+    def _instance(cls, capacity: int, spec: Mapping[str, tuple], given: dict[str, Any], member: Member):
+        """Instance ``member.index`` of a buffer of several: a buffer of ``given`` settings whose
+        tensors are views of ``member``'s stack."""
+        self = object.__new__(cls)
+        self._build(capacity, spec, given, member)
+        return self
+
+    def _build(
+        self, capacity: int, spec: Mapping[str, tuple], given: dict[str, Any], member: Member | None = None
+    ) -> None:
         cfg = ReplayConfig.check(capacity, given)
         self._cfg = cfg
         self.strict = bool(given["strict"])
@@ -98,7 +128,7 @@ class PrioritizedReplayBuffer(BufferSettings):
         self._row_layout = RowLayout.build(spec)
         #: bytes of memory the buffer holds (an upper bound, before its CUDA graphs' outputs)
         self.nbytes_estimate = cfg.estimate_bytes(self._row_layout.row_bytes)  # checks arity too
-        self._core = ReplayCore.build(cfg, self._row_layout, given, _SAMPLE_SLOTS, self.nbytes_estimate)
+        self._core = ReplayCore.build(cfg, self._row_layout, given, _SAMPLE_SLOTS, self.nbytes_estimate, member=member)
         self._add_plan = self.tree.add_plan(self.rows.field_bytes, self._row_layout.words)
         self._size = 0  # filled slots, as the host knows it (adds replayed from a graph show after stats())
         self._flat = FlatSample(self._row_layout)

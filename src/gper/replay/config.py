@@ -45,6 +45,7 @@ class ReplaySettings(CommonSettings, total=False):
 
     cpu_fallback: bool
     rank_refresh_interval: int
+    instances: int | None
 
 
 #: the default of every setting (the one place they are written)
@@ -62,6 +63,7 @@ DEFAULTS: ReplaySettings = {
     "cuda_graphs": True,
     "cpu_fallback": True,
     "rank_refresh_interval": 100,
+    "instances": None,
 }
 
 

@@ -30,6 +30,7 @@ from gper.replay.checks import (
 from gper.replay.config import ReplayConfig, ReplaySettings
 from gper.replay.exponent import ExponentInput
 from gper.replay.graphs import BufferGraphs
+from gper.replay.instances import Member
 from gper.replay.samplers import PriorityUpdate, SamplingPolicy
 from gper.replay.storage import RowLayout, RowStorage
 from gper.replay.tree import PriorityTree
@@ -45,6 +46,8 @@ class ReplayCore:
         backend: the buffer's back-end request (see :func:`gper.replay.backends.choose_backend`).
         cuda_graphs: capture and replay the buffer's calls on CUDA.
         sample_slots: captured sample outputs per batch size.
+        member: where the tensors live when the core is one instance of a buffer of several
+            (views of its :class:`~gper.replay.instances.InstanceStack`); None: its own.
 
     Attributes:
         device, backend, kernels: the device, the chosen back end's name and its kernel module.
@@ -64,11 +67,16 @@ class ReplayCore:
         backend: str | ModuleType,
         cuda_graphs: bool,
         sample_slots: int,
+        member: Member | None = None,
     ) -> None:
         self.device = device
         self.backend, self.kernels = choose_backend(backend, device)
-        self.rows = RowStorage(row_layout, cfg.capacity, device)
-        self.tree = PriorityTree(cfg.capacity, self.kernels, device, cfg.arity)
+        if member is None:
+            self.rows = RowStorage(row_layout, cfg.capacity, device)
+            self.tree = PriorityTree(cfg.capacity, self.kernels, device, cfg.arity)
+        else:  # views of the stack's tensors
+            self.rows = RowStorage(row_layout, cfg.capacity, device, rows=member.rows)
+            self.tree = PriorityTree(cfg.capacity, self.kernels, device, cfg.arity, tensors=member.tree_tensors())
         self.policy = SamplingPolicy.build(
             cfg.sampling, cfg.weight_norm, cfg.capacity, device, cfg.rank_refresh_interval
         )
@@ -87,6 +95,7 @@ class ReplayCore:
         sample_slots: int,
         nbytes: int,
         extend: Callable[[ReplayCore], object] | None = None,
+        member: Member | None = None,
     ) -> ReplayCore:
         """A core on the ``device`` of ``settings`` (every setting given, as
         :func:`~gper.replay.config.with_defaults` returns them), then ``extend(core)`` (what a buffer
@@ -95,7 +104,7 @@ class ReplayCore:
         backend, cuda_graphs = settings["backend"], settings["cuda_graphs"]
 
         def make(where: torch.device) -> ReplayCore:
-            core = cls(cfg, row_layout, where, backend, cuda_graphs, sample_slots)
+            core = cls(cfg, row_layout, where, backend, cuda_graphs, sample_slots, member)
             if extend is not None:
                 extend(core)
             return core

@@ -121,14 +121,15 @@ class RowLayout:
         return self.row_bytes // 4
 
     def view(self, rows: torch.Tensor, name: str) -> torch.Tensor:
-        """View ``[n, *shape]`` of field ``name`` in packed rows (``[n, row_bytes]`` uint8 or ``[n, words]`` int32)."""
+        """View ``[..., n, *shape]`` of field ``name`` in packed rows (``[..., n, row_bytes]`` uint8
+        or ``[..., n, words]`` int32: a buffer of several instances has a leading dimension)."""
         f = self._by_name[name]
         if rows.dtype.itemsize == 4 and f.dtype.itemsize == 4:
             # 4-byte fields of int32 rows: one reinterpretation, then columns counted in words
-            col = rows.view(f.dtype)[:, f.offset // 4 : f.offset // 4 + f.numel]
+            col = rows.view(f.dtype)[..., f.offset // 4 : f.offset // 4 + f.numel]
         else:
-            col = rows.view(torch.uint8)[:, f.offset : f.offset + f.nbytes].view(f.dtype)
-        return col.unflatten(1, f.shape) if f.shape else col[:, 0]
+            col = rows.view(torch.uint8)[..., f.offset : f.offset + f.nbytes].view(f.dtype)
+        return col.unflatten(-1, f.shape) if f.shape else col[..., 0]
 
     def views(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         """Every field's view of packed rows."""
@@ -190,9 +191,13 @@ class RowStorage:
         fields: name -> view ``[capacity, *shape]`` of that field.
     """
 
-    def __init__(self, layout: RowLayout, capacity: int, device: torch.device) -> None:
+    def __init__(
+        self, layout: RowLayout, capacity: int, device: torch.device, rows: torch.Tensor | None = None
+    ) -> None:
         self.layout = layout
-        self.rows = torch.zeros(capacity, layout.row_bytes, dtype=torch.uint8, device=device)
+        if rows is None:  # else a view of a stack's rows (a buffer of several instances)
+            rows = torch.zeros(capacity, layout.row_bytes, dtype=torch.uint8, device=device)
+        self.rows = rows
         self.words = self.rows.view(torch.int32)
         self.fields = layout.views(self.rows)
         #: field names in row-layout order (the order :meth:`write` takes values in)

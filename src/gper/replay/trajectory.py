@@ -95,6 +95,8 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
         **settings: Unpack[ReplaySettings],
     ) -> None:
         given = with_defaults("TrajectoryReplayBuffer", settings)
+        if given["instances"] is not None:
+            raise ValueError("TrajectoryReplayBuffer does not take instances yet: build one buffer per instance")
         if not isinstance(given["backend"], str):
             raise TypeError(f"backend must be 'auto', 'triton' or 'torch', got {given['backend']!r}")
         cfg = ReplayConfig.check(capacity, given)

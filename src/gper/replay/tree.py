@@ -58,18 +58,40 @@ class PriorityTree:
             kernels take (the tensors never move: :meth:`load_state_dict` copies into them).
     """
 
-    def __init__(self, capacity: int, kernels: ReplayKernels, device: torch.device, arity: int = DEFAULT_ARITY) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        kernels: ReplayKernels,
+        device: torch.device,
+        arity: int = DEFAULT_ARITY,
+        tensors: Mapping[str, torch.Tensor] | None = None,
+    ) -> None:
         self.layout = lay = TreeLayout.build(capacity, arity)
         self.kernels = kernels
         self.device = torch.device(device)
-        self.tree = torch.zeros(lay.numel + 1, dtype=torch.float32, device=device)
-        self.mintree = torch.full((lay.numel + 1,), math.inf, dtype=torch.float32, device=device)
-        self.gen = torch.zeros(capacity, dtype=torch.int32, device=device)
-        self.claims = kernels.make_claims(layout=lay, device=self.device)
-        self.counters = torch.zeros(N_COUNTERS, dtype=torch.int64, device=device)
-        self.scalars = torch.zeros(N_SCALARS, dtype=torch.float32, device=device)
-        self.scalars[S_MAXP] = 1.0  # new items enter at the max priority seen, 1 until then
+        if tensors is None:
+            tensors = self.allocate(lay, kernels, self.device)
+        self.tree, self.mintree, self.gen = tensors["tree"], tensors["mintree"], tensors["gen"]
+        self.claims, self.counters, self.scalars = tensors["claims"], tensors["counters"], tensors["scalars"]
         self.state = TreeState(lay, self.tree, self.mintree, self.gen, self.claims, self.counters, self.scalars)
+
+    @staticmethod
+    def allocate(layout: TreeLayout, kernels: ReplayKernels, device: torch.device, n: int | None = None) -> dict:
+        """A new tree's tensors, by name (:data:`STATE_NAMES` and ``claims``): empty trees, max
+        priority 1. With ``n``, those of ``n`` trees stacked on a leading dimension (a buffer of
+        ``instances=n``, whose trees are views of them)."""
+        lead = () if n is None else (n,)
+        claims = kernels.make_claims(layout=layout, device=device)
+        out = {
+            "tree": torch.zeros(*lead, layout.numel + 1, dtype=torch.float32, device=device),
+            "mintree": torch.full((*lead, layout.numel + 1), math.inf, dtype=torch.float32, device=device),
+            "gen": torch.zeros(*lead, layout.capacity, dtype=torch.int32, device=device),
+            "claims": claims if n is None else claims.expand(n, *claims.shape).contiguous(),
+            "counters": torch.zeros(*lead, N_COUNTERS, dtype=torch.int64, device=device),
+            "scalars": torch.zeros(*lead, N_SCALARS, dtype=torch.float32, device=device),
+        }
+        out["scalars"][..., S_MAXP] = 1.0  # new items enter at the max priority seen, 1 until then
+        return out
 
     @classmethod
     def from_leaves(
