@@ -6,7 +6,8 @@ holding its parameters computes. How the layers run depends on the device:
 
 - CPU (``batched=False``, the default there): one ``F.linear`` per agent and layer on that agent's
   slice, the very call ``nn.Linear`` makes, so forward and backward are bit for bit the single
-  network's. ``torch.baddbmm`` is not: measured with torch 2.13 on the CPU, it differs from
+  network's (given inputs that start 16-byte aligned, as the single agent's do: see
+  :func:`_aligned`). ``torch.baddbmm`` is not: measured with torch 2.13 on the CPU, it differs from
   ``F.linear`` in the last bits for most shapes a DQN uses (for example 3 agents, batch 5, 16 -> 2,
   or batch 5, 256 -> 16), and so do ``bmm`` plus the bias, ``einsum`` and ``vmap(F.linear)``. ATen's
   CPU ``bmm`` picks another kernel than ``addmm`` (a plain loop for small products, oneDNN or a
@@ -43,7 +44,21 @@ class StackedLinear(nn.Module):
         """``x [N, B, in]`` -> ``[N, B, out]``: one batched GEMM, or one ``F.linear`` per agent."""
         if batched:
             return torch.baddbmm(self.bias.unsqueeze(1), x, self.weight.transpose(1, 2))
-        return torch.stack([F.linear(x[i], self.weight[i], self.bias[i]) for i in range(x.shape[0])])
+        return torch.stack(
+            [F.linear(_aligned(x[i]), _aligned(self.weight[i]), _aligned(self.bias[i])) for i in range(x.shape[0])]
+        )
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or a copy where it does not start 16-byte aligned.
+
+    The CPU GEMM's result depends on where its input starts: measured with torch 2.13 (MKL), an
+    input 4 bytes off gives other last bits than the same values 16, 32, 48 or 64 bytes aligned. A
+    single agent's batch starts 16-byte aligned (its rows are padded to 4 floats, see
+    :func:`~gper.dqn.network.padded_width`), and so does agent ``i``'s slice of a contiguous
+    ``[N, B, obs_dim]`` batch of that width; a slice of any other width is copied (a fresh tensor
+    is 64-byte aligned). The copy is differentiable: gradients pass through unchanged."""
+    return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
 class StackedQNetwork(nn.Module):
