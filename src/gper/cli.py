@@ -23,7 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": (
         "gper.bench.command",
         "benchmarks: replay (vs the O(N) baselines), peers (vs other replay libraries), exactness (the peers'"
-        " samplers), train-step, checkpoint (save and load), trajectory (the trajectory buffer)",
+        " samplers), train-step, checkpoint (save and load), trajectory (the trajectory buffer), trainers"
+        " (PureJaxRL's DQN beside gper train)",
     ),
 }
 

@@ -1,0 +1,111 @@
+"""gper's side of ``gper bench trainers``: ``gper train`` on cartpole, once with its preset and once
+at PureJaxRL's DQN settings, through :func:`gper.dqn.train` in the bench's own process.
+
+:func:`purejaxrl_settings` turns PureJaxRL's config into :class:`gper.dqn.Config` fields, and
+:data:`NOT_EXPRESSIBLE` says what of PureJaxRL's DQN no gper setting reproduces.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from typing import Any
+
+from gper.bench.trainers.solve import GOAL
+
+#: what PureJaxRL's DQN does that no ``gper train`` setting reproduces (it is printed with the table)
+NOT_EXPRESSIBLE = (
+    "loss: PureJaxRL's is the mean squared TD error, gper's the Huber loss (delta 1)",
+    "time limit: PureJaxRL stores done = terminated or truncated, so it does not bootstrap at CartPole's "
+    "500-step limit; gper bootstraps there (only a termination ends the target)",
+    "first training step: PureJaxRL's at env step 10,010 (timesteps > LEARNING_STARTS), gper's one collection "
+    "step earlier",
+    "initialisation: flax's Dense init (lecun normal weights, zero biases) against torch's nn.Linear init",
+)
+
+#: the settings a bench run changes from ``gper train``'s defaults on both rows: no evaluation,
+#: checkpoints, TensorBoard files or progress bar, none of which PureJaxRL's run does either
+QUIET = dict(eval_every=0, save=False, tensorboard=False, progress=False)
+
+#: gper's rows: (trainer label, what it is)
+GPER_ROWS = (
+    ("gper", "cartpole preset"),
+    ("gper", "PureJaxRL's settings"),
+)
+
+#: the table cell of a gper row for more than one seed
+NOT_YET = "not yet: gper trains one seed per run"
+
+
+def purejaxrl_settings(pjx: dict[str, Any]) -> dict[str, Any]:
+    """:class:`gper.dqn.Config` fields for PureJaxRL's DQN config ``pjx`` (its ``default_config()``).
+
+    PureJaxRL counts its intervals in env steps of all envs together; gper's ``train_every`` counts
+    collection steps (``num_envs`` env steps each) and ``target_every`` training steps.
+    """
+    n = int(pjx["NUM_ENVS"])
+    if pjx["TRAINING_INTERVAL"] % n:
+        raise ValueError(f"TRAINING_INTERVAL {pjx['TRAINING_INTERVAL']} is not a multiple of NUM_ENVS {n}")
+    train_every = int(pjx["TRAINING_INTERVAL"]) // n
+    # the target is copied every TARGET_UPDATE_INTERVAL env steps: that many training steps apart
+    target_every = int(pjx["TARGET_UPDATE_INTERVAL"]) // (n * train_every)
+    if pjx.get("LR_LINEAR_DECAY", False):
+        raise ValueError("LR_LINEAR_DECAY has no gper setting")
+    return dict(
+        env="cartpole",
+        total_steps=int(pjx["TOTAL_TIMESTEPS"]),
+        num_envs=n,
+        hidden=(120, 84),  # PureJaxRL's QNetwork: Dense(120), Dense(84)
+        buffer_size=int(pjx["BUFFER_SIZE"]),
+        batch_size=int(pjx["BUFFER_BATCH_SIZE"]),
+        learning_rate=float(pjx["LR"]),
+        max_grad_norm=0.0,  # optax.adam with no clipping
+        gamma=float(pjx["GAMMA"]),
+        tau=float(pjx["TAU"]),
+        target_every=max(1, target_every),
+        double_q=False,  # the target network's max over actions
+        sampling="uniform",  # flashbax's flat buffer samples uniformly
+        replay="flat",
+        n_step=1,
+        eps_start=float(pjx["EPSILON_START"]),
+        eps_end=float(pjx["EPSILON_FINISH"]),
+        exploration_fraction=float(pjx["EPSILON_ANNEAL_TIME"]) / float(pjx["TOTAL_TIMESTEPS"]),
+        learning_starts=int(pjx["LEARNING_STARTS"]),
+        train_every=train_every,
+        solve_return=GOAL,
+    )
+
+
+def gper_configs(pjx: dict[str, Any], device: str, total_steps: int | None = None) -> list[dict[str, Any]]:
+    """The :class:`gper.dqn.Config` fields of each row of :data:`GPER_ROWS`; ``total_steps``
+    overrides both rows' (smoke runs)."""
+    preset = dict(env="cartpole", solve_return=GOAL)
+    rows = [preset, purejaxrl_settings(pjx)]
+    extra = {"total_steps": total_steps} if total_steps else {}
+    return [{**fields, **QUIET, **extra, "device": device, "seed": 1} for fields in rows]
+
+
+def run_gper(fields: dict[str, Any], seeds: int, log: Any = print) -> dict[str, Any]:
+    """Train one gper run with ``fields`` and time it; for ``seeds`` > 1 a row saying it is not yet
+    done (the extension point for populations: several seeds in one run)."""
+    if seeds != 1:
+        return {"seeds": seeds, "status": NOT_YET}
+    from gper.dqn import Config, train
+
+    with tempfile.TemporaryDirectory(prefix="gper-bench-trainers-") as run_dir:
+        t0 = time.perf_counter()
+        res = train(Config(**fields, run_dir=run_dir), log=log)
+        call_s = time.perf_counter() - t0
+    return {
+        "seeds": 1,
+        # what the call took beyond its training loop: building the agent, the replay, the graphs' capture
+        "setup_s": max(0.0, call_s - res.wall_s),
+        "run_s": res.wall_s,
+        "total_env_steps": res.env_steps,
+        "env_steps_per_s": res.env_steps / res.wall_s if res.wall_s > 0 else None,
+        "solve_steps": [res.solved_at_step],
+        "reached": int(res.solved_at_step is not None),
+        "median_solve_step": res.solved_at_step,
+        "time_to_goal_s": res.solved_at_s,
+        "device": res.device,
+    }
