@@ -71,6 +71,8 @@ class PopulationAdam:
         self.steps = torch.zeros(self.n_agents, dtype=torch.float32, device=step_device)
         self.exp_avgs = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in self.params]
         self.exp_avg_sqs = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in self.params]
+        self._lr_device = None
+        _ = self._lr_on_device
 
     def zero_grad(self) -> None:
         """Drop the gradients (``set_to_none``, as the single agent's ``zero_grad``)."""
@@ -114,7 +116,7 @@ class PopulationAdam:
 
     def _update_on_device(self) -> None:
         # torch.optim.Adam's capturable formula: the step size folded into the denominator
-        lr = self.lr.to(self.steps.device)
+        lr = self._lr_on_device
         step_size_neg = -(lr / (1 - torch.pow(self.beta1, self.steps.double())))
         bc2_sqrt = (1 - torch.pow(self.beta2, self.steps.double())).sqrt()
         scale = (bc2_sqrt * step_size_neg).float()
@@ -124,8 +126,17 @@ class PopulationAdam:
             p.addcdiv_(m, (v.sqrt() / scale.view(shape)).add_(eps.view(shape)))
 
     def set_lr(self, lr: float | Sequence[float] | torch.Tensor) -> None:
-        """New learning rates (one, or one per agent) for the following steps."""
+        """New learning rates (one, or one per agent) for the following steps (written in place on
+        the device, where a captured step reads them)."""
         self.lr = _per_agent(lr, self.n_agents, "lr")
+        self._lr_on_device.copy_(self.lr)
+
+    @property
+    def _lr_on_device(self) -> torch.Tensor:
+        # made once, outside any capture: a host-to-device copy may not run inside a CUDA graph capture
+        if getattr(self, "_lr_device", None) is None:
+            self._lr_device = self.lr.to(self.steps.device)
+        return self._lr_device
 
     def agent_state(self, i: int) -> list[dict[str, torch.Tensor]]:
         """Agent ``i``'s state per parameter as ``torch.optim.Adam.state`` holds it for its

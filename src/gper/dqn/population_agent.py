@@ -1,0 +1,337 @@
+"""A population of N DQN agents trained at once: :class:`PopulationAgent`.
+
+Agent ``i`` is the single run seeded ``seed + i``: its own environments, network, target, Adam
+state, replay (instance ``i`` of one ``PrioritizedReplayBuffer(..., instances=N)``) and random
+stream. The steps run every agent in the same launches: the stacked networks
+(:mod:`gper.dqn.population_net`), one loss (:mod:`gper.dqn.population_loss`), one Adam step
+(:mod:`gper.dqn.population_adam`), one replay call. The learn step has the single agent's five
+phases (``per_sample -> upload -> fwd_bwd -> per_update -> adam``) and the same CUDA graphs.
+
+Where the random numbers come from decides whether agent ``i`` reproduces its single run bit for
+bit. On the CPU each agent keeps its own environments and its own state of torch's generator
+(swapped in around its draws: exploration, the environments' resets), so agent ``i`` draws what
+the single run seeded ``seed + i`` draws, in the same order, and its networks compute per agent
+(a batched matmul differs from the single GEMM in the last bits). On CUDA the agents' environments
+are one vectorized environment of ``N * num_envs`` copies drawing from torch's default generator
+(what a CUDA graph replays afresh), and the networks run as batched matmuls: each agent is then a
+faithful DQN of its seed, not the single run's bits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+import gper
+from gper.dqn.config import Config
+from gper.dqn.network import QNetwork, padded_width, replay_spec
+from gper.dqn.population_adam import PopulationAdam, hard_update_, soft_update_
+from gper.dqn.population_loss import clip_grad_norms_, population_loss
+from gper.dqn.population_net import StackedQNetwork
+from gper.envs import VecEnv
+from gper.training.environment import build_env
+from gper.training.episodes import EpisodeTracker
+from gper.training.phases import PhasedStep
+from gper.training.timing import PhaseTimer
+
+#: slots of :attr:`PopulationAgent.sums` (each agent's row), as the single agent's
+N_SUMS = 3
+
+
+@dataclasses.dataclass
+class EnvBlock:
+    """Environments of consecutive agents ``[first, first + agents)`` stepped as one, and the state of
+    torch's generator they draw from (None: the default generator, as it runs)."""
+
+    env: VecEnv
+    first: int
+    agents: int
+    rng: torch.Tensor | None = None
+
+    @contextlib.contextmanager
+    def drawing(self) -> Iterator[None]:
+        """Torch's generator holds this block's stream inside the block (no swap when ``rng`` is None)."""
+        if self.rng is None:
+            yield
+            return
+        outside = torch.get_rng_state()
+        torch.set_rng_state(self.rng)
+        try:
+            yield
+        finally:
+            self.rng = torch.get_rng_state()
+            torch.set_rng_state(outside)
+
+
+@dataclasses.dataclass
+class PopulationLearnState:
+    """What the learning phases pass each other, every tensor with the agents along dim 0."""
+
+    batch: Any = None
+    x: torch.Tensor | None = None
+    next_x: torch.Tensor | None = None
+    action: torch.Tensor | None = None
+    reward: torch.Tensor | None = None
+    done: torch.Tensor | None = None
+    weights: torch.Tensor | None = None
+    td: torch.Tensor | None = None
+    grads: list[torch.Tensor | None] = dataclasses.field(default_factory=list)
+
+
+def single_run_start(cfg: Config, seed: int, device: torch.device) -> tuple[VecEnv, QNetwork, torch.Tensor]:
+    """What a single run seeded ``seed`` builds before its first step, drawing from torch's
+    generator in its order: torch seeded, the environment (its first reset), the network, the
+    agent's reset. Returns the environment, the network (on the CPU) and the first observations."""
+    torch.manual_seed(seed)
+    env = build_env(dataclasses.replace(cfg, seed=seed), device)
+    width = padded_width(env.obs_dim)
+    net = QNetwork(width, env.n_actions, cfg.hidden)
+    obs = F.pad(env.reset(seed=seed), (0, width - env.obs_dim))
+    return env, net, obs
+
+
+class PopulationAgent:
+    """N DQN agents of one architecture and one set of settings, seeds ``cfg.seed + i``, on one device.
+
+    The trainer core drives it as it drives :class:`~gper.dqn.Agent` (the members of
+    :class:`gper.training.Learner`), plus :attr:`agents`. Flat replay only (``n_step`` 1, an
+    environment that resets in the same step).
+
+    Args:
+        cfg: resolved settings (:func:`gper.dqn.resolve`), each agent's.
+        agents: N >= 1.
+        device: where the population trains.
+        total_train_steps: training steps of the run (beta reaches 1 at the last).
+        exact: each agent its own environments and generator stream, and per-agent network
+            arithmetic: the single runs' bits (default on the CPU); False: one vectorized
+            environment and batched matmuls (the default on CUDA).
+    """
+
+    def __init__(
+        self, cfg: Config, agents: int, device: torch.device, total_train_steps: int, exact: bool | None = None
+    ) -> None:
+        if isinstance(agents, bool) or not isinstance(agents, int) or agents < 1:
+            raise ValueError(f"a population needs agents >= 1, got {agents!r}")
+        self.cfg, self.agents, self.device = cfg, agents, device
+        self.exact = device.type == "cpu" if exact is None else bool(exact)
+        cuda = device.type == "cuda"
+        self.blocks, nets, obs = self._start(cfg, agents, device)
+        env0 = self.blocks[0].env
+        self.obs_dim, self.n_actions = env0.obs_dim, env0.n_actions
+        self.obs_width = padded_width(env0.obs_dim)
+        self.num_envs = cfg.num_envs  # each agent's
+        self.qnet = StackedQNetwork.from_networks(nets).to(device)
+        self.target = self.qnet.detached_copy()
+        self.adam = PopulationAdam(
+            list(self.qnet.parameters()),
+            lr=cfg.learning_rate,
+            capturable=cuda,
+            reference="fused" if cfg.fused_step else "torch",
+        )
+        self.rb = gper.PrioritizedReplayBuffer(
+            cfg.buffer_size, replay_spec(self.obs_width), instances=agents, alpha=cfg.alpha, beta=cfg.beta,
+            sampling=cfg.sampling, weight_norm=cfg.weight_norm, device=device, backend=cfg.backend, seed=cfg.seed,
+        )  # fmt: skip
+        self.obs = obs.to(device)  # [N, E, obs_width]
+        self.next_obs = torch.zeros_like(self.obs)
+        self.counters = torch.zeros(2, dtype=torch.float64, device=device)  # env steps (each agent's), train steps
+        self.sums = torch.zeros(agents, N_SUMS, dtype=torch.float64, device=device)
+        self.beta_t = torch.full((), cfg.beta, dtype=torch.float32, device=device)
+        self.episodes = EpisodeTracker(agents * cfg.num_envs, device, autoreset=env0.autoreset)
+        self.total_train_steps = max(1, total_train_steps)
+        self.batched = not self.exact
+        graphs = cfg.cuda_graphs and cuda
+        self.collect = PhasedStep({"collect": self._collect}, device, graphs and env0.graph_safe, warmup=3)
+        self.learn_state = PopulationLearnState()
+        phases = {
+            "per_sample": self._sample,
+            "upload": self._upload,
+            "fwd_bwd": self._fwd_bwd,
+            "per_update": self._per_update,
+            "adam": self._adam,
+        }
+        self.learn = PhasedStep(phases, device, graphs, state=self.learn_state, concurrent=("per_update",))
+
+    def _start(self, cfg: Config, n: int, device: torch.device):
+        """The environment blocks, each agent's starting network and the first observations [N, E, W]."""
+        if self.exact:
+            blocks, nets, obs = [], [], []
+            for i in range(n):  # each agent as its single run starts, then its generator's state kept
+                env, net, first = single_run_start(cfg, cfg.seed + i, device)
+                blocks.append(EnvBlock(env, i, 1, torch.get_rng_state()))
+                nets.append(net)
+                obs.append(first)
+            return blocks, nets, torch.stack(obs)
+        torch.manual_seed(cfg.seed)
+        if device.type == "cuda":
+            torch.cuda.manual_seed(cfg.seed)
+        env = build_env(dataclasses.replace(cfg, num_envs=n * cfg.num_envs), device)
+        width = padded_width(env.obs_dim)
+        nets = [QNetwork(width, env.n_actions, cfg.hidden) for _ in range(n)]
+        first = F.pad(env.reset(seed=cfg.seed), (0, width - env.obs_dim))
+        return [EnvBlock(env, 0, n)], nets, first.view(n, cfg.num_envs, width)
+
+    # ---- collect: one env step of every environment of every agent
+
+    def epsilon(self, env_steps: torch.Tensor | float) -> torch.Tensor | float:
+        """Exploration rate after ``env_steps`` (each agent's), as the single agent's."""
+        cfg = self.cfg
+        frac = env_steps / (cfg.exploration_fraction * cfg.total_steps)
+        frac = frac.clamp(max=1.0) if isinstance(frac, torch.Tensor) else min(frac, 1.0)
+        return cfg.eps_start + (cfg.eps_end - cfg.eps_start) * frac
+
+    def _collect(self) -> None:
+        e, d, shape = self.num_envs, self.obs_dim, (self.agents, self.num_envs)
+        with torch.no_grad():
+            greedy = self.qnet(self.obs, self.batched).argmax(dim=2)  # [N, E]
+        eps = self.epsilon(self.counters[0])
+        actions, steps = [], []
+        for block in self.blocks:
+            n = block.agents * e
+            with block.drawing():  # the single agent's draws, in its order
+                explore = torch.rand(n, device=self.device) < eps
+                random_action = torch.randint(0, self.n_actions, (n,), device=self.device)
+                agents_greedy = greedy[block.first : block.first + block.agents].reshape(n)
+                actions.append(torch.where(explore, random_action, agents_greedy))
+                steps.append(block.env.step(actions[-1]))
+        joined = {name: torch.cat([getattr(s, name) for s in steps]) for name in ("obs", "next_obs", "reward")}
+        term = torch.cat([s.terminated for s in steps]).view(shape)
+        trunc = torch.cat([s.truncated for s in steps]).view(shape)
+        reward = joined["reward"].view(shape)
+        self.next_obs[:, :, :d] = joined["next_obs"].view(*shape, d)
+        # only termination stops bootstrapping: a truncated step's next_obs is the final observation
+        self.rb.add({
+            "obs": self.obs, "next_obs": self.next_obs, "action": torch.cat(actions).view(shape),
+            "reward": reward, "done": term.to(torch.float32),
+        })  # fmt: skip
+        self.counters[0] += e
+        self.episodes.record(reward.reshape(-1).to(torch.float64), (term | trunc).reshape(-1), self.counters[0])
+        self.obs[:, :, :d] = joined["obs"].view(*shape, d)
+
+    # ---- learn: the five phases of one training step of every agent
+
+    def _sample(self) -> None:
+        self.learn_state.batch = self.rb.sample(self.cfg.batch_size, beta=self.beta_t)
+
+    def _upload(self) -> None:
+        s, batch = self.learn_state, self.learn_state.batch
+        s.x, s.next_x, s.action = batch["obs"], batch["next_obs"], batch["action"]
+        s.reward, s.done, s.weights = batch["reward"], batch["done"], batch.weights
+
+    def _fwd_bwd(self) -> None:
+        s, cfg = self.learn_state, self.cfg
+        self.adam.zero_grad()
+        total, _, s.td = population_loss(
+            self.qnet, self.target, s.x, s.next_x, s.action, s.reward, s.done, s.weights,
+            gamma=cfg.gamma, double_q=cfg.double_q, sums=self.sums, batched=self.batched,
+        )  # fmt: skip
+        total.backward()
+        s.grads = [p.grad for p in self.qnet.parameters()]
+
+    def _per_update(self) -> None:
+        self.rb.update_priorities(self.learn_state.batch, self.learn_state.td)
+        self.beta_t.add_((1.0 - self.cfg.beta) / self.total_train_steps).clamp_(max=1.0)
+
+    def _adam(self) -> None:
+        cfg = self.cfg
+        if cfg.max_grad_norm > 0:
+            clip_grad_norms_(self.learn_state.grads, cfg.max_grad_norm, batched=self.batched)
+        self.adam.step()
+        self.counters[1] += 1
+        if cfg.tau < 1.0:
+            soft_update_(self.target, self.qnet, cfg.tau)
+
+    def update_target(self, train_step: int) -> None:
+        """The hard target update due after training step ``train_step`` (tau = 1), as the single agent's."""
+        if self.cfg.tau >= 1.0 and train_step % self.cfg.target_every == 0:
+            hard_update_(self.target, self.qnet)
+
+    # ---- what the trainer core drives (gper.training.Learner)
+
+    def greedy(self, obs: torch.Tensor) -> torch.Tensor:
+        """Greedy actions of every agent for ``obs`` [N, n, obs_dim] (or [n, obs_dim]: the same for all): [N, n]."""
+        if obs.dim() == 2:
+            obs = obs.expand(self.agents, *obs.shape)
+        with torch.no_grad():
+            return self.qnet(F.pad(obs, (0, self.obs_width - obs.shape[-1])), self.batched).argmax(dim=2)
+
+    def collect_step(self, timer: PhaseTimer | None) -> None:
+        self.collect.run(timer)
+
+    def learn_step(self, train_step: int, timer: PhaseTimer | None) -> None:
+        self.learn.run(timer)
+        self.update_target(train_step)
+
+    def device_values(self) -> dict[str, torch.Tensor]:
+        return {"beta": self.beta_t}
+
+    def after_sync(self) -> None:
+        if self.cfg.sampling == "rank":
+            self.rb.stats()
+            self.rb.refresh_ranks()
+
+    def charts(self, host: dict[str, torch.Tensor], env_step: int) -> dict[str, float]:
+        return {"charts/epsilon": float(self.epsilon(env_step)), "charts/beta": float(host["beta"])}
+
+    def honour_settings(self) -> None:
+        """After a checkpoint was loaded: Adam runs at this run's learning rate."""
+        self.adam.set_lr(self.cfg.learning_rate)
+
+    # ---- checkpoint
+
+    def state_dict(self, *, replay: bool = True) -> dict[str, Any]:
+        """Networks, Adam's state, counters, sums, beta, episodes, observations, every block's
+        environment and generator state, and with ``replay`` the replay's (tensors, not copies)."""
+        adam = self.adam
+        state = {
+            "agents": self.agents,
+            "qnet": self.qnet.state_dict(),
+            "target": self.target.state_dict(),
+            "adam": {"steps": adam.steps, "exp_avgs": adam.exp_avgs, "exp_avg_sqs": adam.exp_avg_sqs},
+            "counters": self.counters,
+            "sums": self.sums,
+            "beta": self.beta_t,
+            "episodes": self.episodes.state_dict(),
+            "obs": self.obs,
+            "env": [b.env.state_dict() for b in self.blocks],
+            "rng": [b.rng for b in self.blocks],
+        }
+        if replay:
+            state["replay"] = self.rb.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any], *, replay: bool = True) -> None:
+        """Restore :meth:`state_dict` in place (with ``replay``, the replay too)."""
+        if state.get("agents") != self.agents or len(state.get("env", ())) != len(self.blocks):
+            raise ValueError(
+                f"this checkpoint holds a population of {state.get('agents')} agents, not {self.agents} "
+                f"({len(state.get('env', ()))} environment blocks, not {len(self.blocks)})"
+            )
+        self.qnet.load_state_dict(state["qnet"])
+        self.target.load_state_dict(state["target"])
+        with torch.no_grad():
+            self.adam.steps.copy_(state["adam"]["steps"])
+            torch._foreach_copy_(self.adam.exp_avgs, list(state["adam"]["exp_avgs"]))
+            torch._foreach_copy_(self.adam.exp_avg_sqs, list(state["adam"]["exp_avg_sqs"]))
+        if replay:
+            self.rb.load_state_dict(state["replay"])
+        self.counters.copy_(state["counters"])
+        self.sums.copy_(state["sums"])
+        self.beta_t.copy_(state["beta"])
+        self.episodes.load_state_dict(state["episodes"])
+        stateless = False
+        for block, env_state, rng in zip(self.blocks, state["env"], state["rng"], strict=True):
+            if env_state:
+                block.env.load_state_dict(env_state)
+            else:
+                stateless = True
+            block.rng = None if rng is None else rng.clone()
+        if stateless:
+            self.episodes.restart()
+        else:
+            self.obs.copy_(state["obs"])

@@ -1,0 +1,97 @@
+"""A population of N DQN agents against N single runs: agent ``i`` trains exactly as the single
+run seeded ``seed + i`` on the CPU (observations, replay, parameters, target, Adam, sums)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from gper.dqn import Config
+from gper.dqn.build import setup
+from gper.dqn.config import resolve
+from gper.dqn.population_agent import PopulationAgent
+from gper.training.epochs import collect_iterations, train_steps_before
+
+N, ITERS = 3, 150
+BASE = Config(
+    env="cartpole", seed=4, device="cpu", total_steps=2000, learning_starts=100, batch_size=16, buffer_size=300,
+    hidden=(16, 16), num_envs=4, target_every=10, save=False,
+)  # fmt: skip
+
+
+def _train(agent, cfg) -> None:
+    """The core's schedule without its host loop: every collect step, then a learn step once past
+    learning_starts (train_every 1)."""
+    step = 0
+    for it in range(ITERS):
+        agent.collect_step(None)
+        if (it + 1) * cfg.num_envs > cfg.learning_starts:
+            step += 1
+            agent.learn_step(step, None)
+
+
+def _population(config: Config) -> tuple[PopulationAgent, Config]:
+    cfg = resolve(config, torch.device("cpu"))
+    return PopulationAgent(cfg, N, torch.device("cpu"), train_steps_before(cfg, collect_iterations(cfg))), cfg
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{}, {"fused_step": False}, {"tau": 0.05}, {"max_grad_norm": 0.0, "sampling": "stratified"}],
+    ids=["fused", "unfused", "soft-target", "no-clip-stratified"],
+)
+def test_agent_i_trains_as_the_single_run_seeded_seed_plus_i(changes):
+    config = dataclasses.replace(BASE, **changes)
+    singles = []
+    for i in range(N):  # each single run alone, as `gper train --seed <seed + i>` runs it
+        cfg, agent, _ = setup(dataclasses.replace(config, seed=config.seed + i), log=lambda *a: None)
+        _train(agent, cfg)
+        singles.append(agent)
+    pop, cfg = _population(config)
+    _train(pop, cfg)
+    for i, single in enumerate(singles):
+        assert torch.equal(pop.obs[i], single.obs)
+        for mine, theirs in zip(pop.qnet.agent(i).parameters(), single.qnet.parameters(), strict=True):
+            assert torch.equal(mine, theirs)
+        for mine, theirs in zip(pop.target.agent(i).parameters(), single.target.parameters(), strict=True):
+            assert torch.equal(mine, theirs)
+        assert torch.equal(pop.sums[i], single.sums)
+        assert torch.equal(pop.counters, single.counters)
+        mine, theirs = pop.rb.members[i].state_dict(), single.rb.state_dict()
+        for name in ("rows", "tree", "gen", "counters"):
+            assert torch.equal(mine[name], theirs[name]), name
+
+
+def test_a_population_resumes_from_its_state_as_if_never_stopped():
+    whole, cfg = _population(BASE)
+    _train(whole, cfg)
+    half, _ = _population(BASE)
+    for _ in range(ITERS // 2):
+        half.collect_step(None)
+    resumed, _ = _population(dataclasses.replace(BASE, seed=99))  # another start: the state replaces it
+    with pytest.raises(ValueError, match="population of 3 agents, not 2"):
+        PopulationAgent(resolve(BASE, torch.device("cpu")), 2, torch.device("cpu"), 10).load_state_dict(
+            half.state_dict()
+        )
+    import copy
+
+    resumed.load_state_dict(copy.deepcopy(half.state_dict()))
+    for agent in (half, resumed):
+        step = 0
+        for it in range(ITERS // 2, ITERS):
+            agent.collect_step(None)
+            if (it + 1) * cfg.num_envs > cfg.learning_starts:
+                step += 1
+                agent.learn_step(step + (ITERS // 2 * cfg.num_envs - cfg.learning_starts) // cfg.num_envs, None)
+    for mine, theirs in zip(half.qnet.parameters(), resumed.qnet.parameters(), strict=True):
+        assert torch.equal(mine, theirs)
+    assert torch.equal(half.obs, resumed.obs)
+
+
+def test_bad_population_sizes_are_refused():
+    cfg = resolve(BASE, torch.device("cpu"))
+    for bad in (0, -1, True, 2.0):
+        with pytest.raises(ValueError, match="agents >= 1"):
+            PopulationAgent(cfg, bad, torch.device("cpu"), 10)
