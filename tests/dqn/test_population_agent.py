@@ -95,3 +95,25 @@ def test_bad_population_sizes_are_refused():
     for bad in (0, -1, True, 2.0):
         with pytest.raises(ValueError, match="agents >= 1"):
             PopulationAgent(cfg, bad, torch.device("cpu"), 10)
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_population_trains_in_graphs_without_host_syncs():
+    config = dataclasses.replace(BASE, device="cuda")
+    cfg = resolve(config, torch.device("cuda"))
+    pop = PopulationAgent(cfg, N, torch.device("cuda"), 1000)
+    assert not pop.exact and len(pop.blocks) == 1
+    _train(pop, cfg)  # past the graphs' warm-up and capture
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for step in range(5):
+            pop.collect_step(None)
+            pop.learn_step(1000 + step, None)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert pop.collect.use_graphs and pop.learn.use_graphs
+    assert torch.isfinite(pop.sums).all() and (pop.sums[:, 0] > 0).all()
+    params = list(pop.qnet.parameters())
+    assert not torch.equal(params[0][0], params[0][1])  # each agent its own network
+    assert pop.greedy(torch.zeros(5, 4, device="cuda")).shape == (N, 5)
