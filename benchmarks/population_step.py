@@ -51,7 +51,7 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device("cuda")
     env = environment(device)
-    config = Config(env="cartpole", device="cuda", save=False, learning_starts=0)
+    config = Config(env="cartpole", device="cuda", save=False, learning_starts=256)
     cfg, single, _ = setup(config, log=lambda *a: None)
     for _ in range(cfg.batch_size):  # enough transitions for a batch
         single.collect_step(None)
