@@ -12,6 +12,7 @@ from gper.dqn import Config
 from gper.dqn.build import setup
 from gper.dqn.config import resolve
 from gper.dqn.population_agent import PopulationAgent
+from gper.dqn.sweep import Sweep, agent_configs, parse_sweeps
 from gper.training.epochs import collect_iterations, train_steps_before
 
 N, ITERS = 3, 150
@@ -32,9 +33,10 @@ def _train(agent, cfg) -> None:
             agent.learn_step(step, None)
 
 
-def _population(config: Config) -> tuple[PopulationAgent, Config]:
+def _population(config: Config, sweeps=(), n: int = N) -> tuple[PopulationAgent, Config]:
     cfg = resolve(config, torch.device("cpu"))
-    return PopulationAgent(cfg, N, torch.device("cpu"), train_steps_before(cfg, collect_iterations(cfg))), cfg
+    total = train_steps_before(cfg, collect_iterations(cfg))
+    return PopulationAgent(agent_configs(cfg, n, sweeps), torch.device("cpu"), total), cfg
 
 
 @pytest.mark.parametrize(
@@ -44,14 +46,32 @@ def _population(config: Config) -> tuple[PopulationAgent, Config]:
 )
 def test_agent_i_trains_as_the_single_run_seeded_seed_plus_i(changes):
     config = dataclasses.replace(BASE, **changes)
+    _check_against_single_runs(
+        *_population(config), [dataclasses.replace(config, seed=config.seed + i) for i in range(N)]
+    )
+
+
+def test_a_sweep_trains_each_grid_point_as_its_single_run():
+    sweeps = parse_sweeps(["learning_rate=1e-3,3e-4", "gamma=0.99,0.9", "eps_end=0.05,0.2"])
+    config = dataclasses.replace(BASE, tau=0.1)
+    pop, cfg = _population(config, sweeps + [Sweep("tau", (0.1, 0.3))], n=1)
+    assert pop.agents == 16 and [c.seed for c in pop.cfgs] == list(range(BASE.seed, BASE.seed + 16))
+    singles = [
+        dataclasses.replace(config, **{k: getattr(c, k) for k in ("seed", "learning_rate", "gamma", "eps_end", "tau")})
+        for c in pop.cfgs[::5]
+    ]
+    pop, cfg = _population(config, sweeps + [Sweep("tau", (0.1, 0.3))], n=1)
+    _check_against_single_runs(pop, cfg, singles, agents=range(0, 16, 5))
+
+
+def _check_against_single_runs(pop, cfg, configs, agents=None) -> None:
     singles = []
-    for i in range(N):  # each single run alone, as `gper train --seed <seed + i>` runs it
-        cfg, agent, _ = setup(dataclasses.replace(config, seed=config.seed + i), log=lambda *a: None)
-        _train(agent, cfg)
+    for config in configs:  # each single run alone, as `gper train --seed <seed + i> ...` runs it
+        cfg_i, agent, _ = setup(config, log=lambda *a: None)
+        _train(agent, cfg_i)
         singles.append(agent)
-    pop, cfg = _population(config)
     _train(pop, cfg)
-    for i, single in enumerate(singles):
+    for i, single in zip(agents or range(len(configs)), singles, strict=True):
         assert torch.equal(pop.obs[i], single.obs)
         for mine, theirs in zip(pop.qnet.agent(i).parameters(), single.qnet.parameters(), strict=True):
             assert torch.equal(mine, theirs)
@@ -72,9 +92,7 @@ def test_a_population_resumes_from_its_state_as_if_never_stopped():
         half.collect_step(None)
     resumed, _ = _population(dataclasses.replace(BASE, seed=99))  # another start: the state replaces it
     with pytest.raises(ValueError, match="population of 3 agents, not 2"):
-        PopulationAgent(resolve(BASE, torch.device("cpu")), 2, torch.device("cpu"), 10).load_state_dict(
-            half.state_dict()
-        )
+        _population(BASE, n=2)[0].load_state_dict(half.state_dict())
     import copy
 
     resumed.load_state_dict(copy.deepcopy(half.state_dict()))
@@ -90,11 +108,25 @@ def test_a_population_resumes_from_its_state_as_if_never_stopped():
     assert torch.equal(half.obs, resumed.obs)
 
 
-def test_bad_population_sizes_are_refused():
+def test_bad_populations_and_sweeps_are_refused():
     cfg = resolve(BASE, torch.device("cpu"))
     for bad in (0, -1, True, 2.0):
-        with pytest.raises(ValueError, match="agents >= 1"):
-            PopulationAgent(cfg, bad, torch.device("cpu"), 10)
+        with pytest.raises(ValueError, match="population must be an int >= 1"):
+            agent_configs(cfg, bad)
+    with pytest.raises(ValueError, match="at least one agent"):
+        PopulationAgent([], torch.device("cpu"), 10)
+    with pytest.raises(ValueError, match=r"may differ in .* not in \['batch_size'\]"):
+        PopulationAgent([cfg, dataclasses.replace(cfg, batch_size=8)], torch.device("cpu"), 10)
+    for text, match in [
+        ("learning_rate", "NAME=V1,V2"),
+        ("hidden=1,2", "cannot be swept"),
+        ("gamma=0.9,x", "must be numbers"),
+        ("gamma=0.9,0.9", "given twice"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            parse_sweeps([text])
+    with pytest.raises(ValueError, match="swept more than once"):
+        parse_sweeps(["gamma=0.9", "gamma=0.8"])
 
 
 @pytest.mark.gpu

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -68,6 +68,38 @@ class EnvBlock:
             torch.set_rng_state(outside)
 
 
+@dataclasses.dataclass(frozen=True)
+class PerAgent:
+    """The settings the agents may hold apart, as the steps use them: each a float where every
+    agent has the same value (the single agent's arithmetic exactly), else one per agent."""
+
+    gamma: float | torch.Tensor
+    """the discount: a float, or [N, 1] float32"""
+    tau: float | list[float]
+    """the soft target update's rate"""
+    eps_start: torch.Tensor
+    """[N] float64 exploration rate at the start"""
+    eps_span: torch.Tensor
+    """[N] float64 eps_end - eps_start"""
+    decay: torch.Tensor
+    """[N] float64 env steps of the decay: exploration_fraction * total_steps"""
+
+    @staticmethod
+    def of(cfgs: Sequence[Config], device: torch.device) -> PerAgent:
+        def f64(values: list[float]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.float64, device=device)
+
+        gammas = [c.gamma for c in cfgs]
+        taus = [c.tau for c in cfgs]
+        return PerAgent(
+            gamma=gammas[0] if len(set(gammas)) == 1 else torch.tensor(gammas, device=device).view(-1, 1),
+            tau=taus[0] if len(set(taus)) == 1 else taus,
+            eps_start=f64([c.eps_start for c in cfgs]),
+            eps_span=f64([c.eps_end - c.eps_start for c in cfgs]),
+            decay=f64([c.exploration_fraction * c.total_steps for c in cfgs]),
+        )
+
+
 @dataclasses.dataclass
 class PopulationLearnState:
     """What the learning phases pass each other, every tensor with the agents along dim 0."""
@@ -95,16 +127,30 @@ def single_run_start(cfg: Config, seed: int, device: torch.device) -> tuple[VecE
     return env, net, obs
 
 
+def check_shared(cfgs: Sequence[Config]) -> None:
+    """Agents' settings that may differ are the sweepable ones and the seed; any other difference
+    is refused (the agents share one architecture, one replay layout and one schedule)."""
+    from gper.dqn.sweep import SWEEPABLE
+
+    first = dataclasses.asdict(cfgs[0])
+    for cfg in cfgs[1:]:
+        theirs = dataclasses.asdict(cfg)
+        differ = sorted(k for k in first if k not in SWEEPABLE and k != "seed" and first[k] != theirs[k])
+        if differ:
+            raise ValueError(f"the agents of a population may differ in {', '.join(SWEEPABLE)} only, not in {differ}")
+
+
 class PopulationAgent:
-    """N DQN agents of one architecture and one set of settings, seeds ``cfg.seed + i``, on one device.
+    """N DQN agents of one architecture on one device, agent ``i`` with settings ``cfgs[i]`` (the
+    seed and the settings of :data:`gper.dqn.sweep.SWEEPABLE` may differ between them).
 
     The trainer core drives it as it drives :class:`~gper.dqn.Agent` (the members of
     :class:`gper.training.Learner`), plus :attr:`agents`. Flat replay only (``n_step`` 1, an
     environment that resets in the same step).
 
     Args:
-        cfg: resolved settings (:func:`gper.dqn.resolve`), each agent's.
-        agents: N >= 1.
+        cfgs: each agent's resolved settings (:func:`gper.dqn.resolve`;
+            :func:`gper.dqn.sweep.agent_configs` makes them: seed ``seed + i``).
         device: where the population trains.
         total_train_steps: training steps of the run (beta reaches 1 at the last).
         exact: each agent its own environments and generator stream, and per-agent network
@@ -113,14 +159,17 @@ class PopulationAgent:
     """
 
     def __init__(
-        self, cfg: Config, agents: int, device: torch.device, total_train_steps: int, exact: bool | None = None
+        self, cfgs: Sequence[Config], device: torch.device, total_train_steps: int, exact: bool | None = None
     ) -> None:
-        if isinstance(agents, bool) or not isinstance(agents, int) or agents < 1:
-            raise ValueError(f"a population needs agents >= 1, got {agents!r}")
-        self.cfg, self.agents, self.device = cfg, agents, device
+        cfgs = list(cfgs)
+        if not cfgs:
+            raise ValueError("a population needs at least one agent's settings")
+        check_shared(cfgs)
+        cfg, agents = cfgs[0], len(cfgs)
+        self.cfg, self.cfgs, self.agents, self.device = cfg, cfgs, agents, device
         self.exact = device.type == "cpu" if exact is None else bool(exact)
         cuda = device.type == "cuda"
-        self.blocks, nets, obs = self._start(cfg, agents, device)
+        self.blocks, nets, obs = self._start(cfgs, device)
         env0 = self.blocks[0].env
         self.obs_dim, self.n_actions = env0.obs_dim, env0.n_actions
         self.obs_width = padded_width(env0.obs_dim)
@@ -129,21 +178,27 @@ class PopulationAgent:
         self.target = self.qnet.detached_copy()
         self.adam = PopulationAdam(
             list(self.qnet.parameters()),
-            lr=cfg.learning_rate,
+            lr=[c.learning_rate for c in cfgs],
             capturable=cuda,
             reference="fused" if cfg.fused_step else "torch",
         )
         self.rb = gper.PrioritizedReplayBuffer(
-            cfg.buffer_size, replay_spec(self.obs_width), instances=agents, alpha=cfg.alpha, beta=cfg.beta,
+            cfg.buffer_size, replay_spec(self.obs_width), instances=agents,
+            alpha=[c.alpha for c in cfgs], beta=[c.beta for c in cfgs],
             sampling=cfg.sampling, weight_norm=cfg.weight_norm, device=device, backend=cfg.backend, seed=cfg.seed,
         )  # fmt: skip
         self.obs = obs.to(device)  # [N, E, obs_width]
         self.next_obs = torch.zeros_like(self.obs)
         self.counters = torch.zeros(2, dtype=torch.float64, device=device)  # env steps (each agent's), train steps
         self.sums = torch.zeros(agents, N_SUMS, dtype=torch.float64, device=device)
-        self.beta_t = torch.full((), cfg.beta, dtype=torch.float32, device=device)
-        self.episodes = EpisodeTracker(agents * cfg.num_envs, device, autoreset=env0.autoreset)
+        self.beta_t = torch.tensor([c.beta for c in cfgs], dtype=torch.float32, device=device)
         self.total_train_steps = max(1, total_train_steps)
+        # each agent's beta anneal step, as the single agent adds it (a float rounded to float32)
+        self._beta_step = torch.tensor(
+            [(1.0 - c.beta) / self.total_train_steps for c in cfgs], dtype=torch.float32, device=device
+        )
+        self._per_agent = PerAgent.of(cfgs, device)
+        self.episodes = EpisodeTracker(agents * cfg.num_envs, device, autoreset=env0.autoreset)
         self.batched = not self.exact
         graphs = cfg.cuda_graphs and cuda
         self.collect = PhasedStep({"collect": self._collect}, device, graphs and env0.graph_safe, warmup=3)
@@ -157,12 +212,13 @@ class PopulationAgent:
         }
         self.learn = PhasedStep(phases, device, graphs, state=self.learn_state, concurrent=("per_update",))
 
-    def _start(self, cfg: Config, n: int, device: torch.device):
+    def _start(self, cfgs: list[Config], device: torch.device):
         """The environment blocks, each agent's starting network and the first observations [N, E, W]."""
+        cfg, n = cfgs[0], len(cfgs)
         if self.exact:
             blocks, nets, obs = [], [], []
-            for i in range(n):  # each agent as its single run starts, then its generator's state kept
-                env, net, first = single_run_start(cfg, cfg.seed + i, device)
+            for i, own in enumerate(cfgs):  # each agent as its single run starts, then its generator's state kept
+                env, net, first = single_run_start(own, own.seed, device)
                 blocks.append(EnvBlock(env, i, 1, torch.get_rng_state()))
                 nets.append(net)
                 obs.append(first)
@@ -178,12 +234,12 @@ class PopulationAgent:
 
     # ---- collect: one env step of every environment of every agent
 
-    def epsilon(self, env_steps: torch.Tensor | float) -> torch.Tensor | float:
-        """Exploration rate after ``env_steps`` (each agent's), as the single agent's."""
-        cfg = self.cfg
-        frac = env_steps / (cfg.exploration_fraction * cfg.total_steps)
-        frac = frac.clamp(max=1.0) if isinstance(frac, torch.Tensor) else min(frac, 1.0)
-        return cfg.eps_start + (cfg.eps_end - cfg.eps_start) * frac
+    def epsilon(self, env_steps: torch.Tensor | float) -> torch.Tensor:
+        """Each agent's exploration rate after ``env_steps`` (each agent's count), [N] float64, as the
+        single agent computes its own: linear from eps_start to eps_end, then flat."""
+        a = self._per_agent
+        frac = (torch.as_tensor(env_steps, dtype=torch.float64, device=a.decay.device) / a.decay).clamp(max=1.0)
+        return a.eps_start + a.eps_span * frac
 
     def _collect(self) -> None:
         e, d, shape = self.num_envs, self.obs_dim, (self.agents, self.num_envs)
@@ -193,8 +249,13 @@ class PopulationAgent:
         actions, steps = [], []
         for block in self.blocks:
             n = block.agents * e
+            rates = (
+                eps[block.first]
+                if block.agents == 1
+                else eps[block.first : block.first + block.agents].repeat_interleave(e)
+            )
             with block.drawing():  # the single agent's draws, in its order
-                explore = torch.rand(n, device=self.device) < eps
+                explore = torch.rand(n, device=self.device) < rates
                 random_action = torch.randint(0, self.n_actions, (n,), device=self.device)
                 agents_greedy = greedy[block.first : block.first + block.agents].reshape(n)
                 actions.append(torch.where(explore, random_action, agents_greedy))
@@ -228,14 +289,14 @@ class PopulationAgent:
         self.adam.zero_grad()
         total, _, s.td = population_loss(
             self.qnet, self.target, s.x, s.next_x, s.action, s.reward, s.done, s.weights,
-            gamma=cfg.gamma, double_q=cfg.double_q, sums=self.sums, batched=self.batched,
+            gamma=self._per_agent.gamma, double_q=cfg.double_q, sums=self.sums, batched=self.batched,
         )  # fmt: skip
         total.backward()
         s.grads = [p.grad for p in self.qnet.parameters()]
 
     def _per_update(self) -> None:
         self.rb.update_priorities(self.learn_state.batch, self.learn_state.td)
-        self.beta_t.add_((1.0 - self.cfg.beta) / self.total_train_steps).clamp_(max=1.0)
+        self.beta_t.add_(self._beta_step).clamp_(max=1.0)
 
     def _adam(self) -> None:
         cfg = self.cfg
@@ -244,7 +305,7 @@ class PopulationAgent:
         self.adam.step()
         self.counters[1] += 1
         if cfg.tau < 1.0:
-            soft_update_(self.target, self.qnet, cfg.tau)
+            soft_update_(self.target, self.qnet, self._per_agent.tau)
 
     def update_target(self, train_step: int) -> None:
         """The hard target update due after training step ``train_step`` (tau = 1), as the single agent's."""
@@ -276,11 +337,12 @@ class PopulationAgent:
             self.rb.refresh_ranks()
 
     def charts(self, host: dict[str, torch.Tensor], env_step: int) -> dict[str, float]:
-        return {"charts/epsilon": float(self.epsilon(env_step)), "charts/beta": float(host["beta"])}
+        """The epoch's exploration rate and beta, the mean over the agents."""
+        return {"charts/epsilon": float(self.epsilon(env_step).mean()), "charts/beta": float(host["beta"].mean())}
 
     def honour_settings(self) -> None:
-        """After a checkpoint was loaded: Adam runs at this run's learning rate."""
-        self.adam.set_lr(self.cfg.learning_rate)
+        """After a checkpoint was loaded: Adam runs at this run's learning rates."""
+        self.adam.set_lr([c.learning_rate for c in self.cfgs])
 
     # ---- checkpoint
 
