@@ -102,16 +102,7 @@ class PrioritizedReplayInstances(InstanceCheckpoint, InstanceCalls, PrioritizedR
 
     def _check_add(self, data: object) -> int:
         """The per-instance batch size ``n`` of ``data`` (each field ``[N, n, *shape]``), touching nothing."""
-        if not isinstance(data, Mapping):
-            raise TypeError(f"add() takes a mapping of field name to tensor, got {type(data).__name__}")
-        n = self.instances
-        for name, x in data.items():
-            if isinstance(x, torch.Tensor) and (x.dim() < 1 or x.shape[0] != n):
-                raise ValueError(
-                    f"add(): field {name!r} has shape {tuple(x.shape)}: every field is [{n}, n, *shape], "
-                    f"one batch of n per instance"
-                )
-        views = {name: x[0] if isinstance(x, torch.Tensor) else x for name, x in data.items()}
+        views = self._instance_views(data, "n, *shape], one batch of n per instance")
         return self.members[0].rows.check_batch(views)
 
     @on_own_device

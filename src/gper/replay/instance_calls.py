@@ -11,7 +11,7 @@ CUDA graph of the stacked buffer's own), the copy and restore bookkeeping they s
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -87,7 +87,7 @@ class InstanceCalls:
         graphed: bool,
         name: str,
         input_of: Callable[[Any], ExponentInput],
-        default_of: Callable[[Any], float],
+        default_of: Callable[[Any], float] | None = None,
     ) -> list[torch.Tensor]:
         """Each instance's exponent ``name`` for a sample (``value``: None for each one's default, a
         float, a 0-d float device tensor, or an [N] float device tensor), as a 0-d device tensor
@@ -113,6 +113,17 @@ class InstanceCalls:
     def _betas(self, beta: float | torch.Tensor | None, graphed: bool) -> list[torch.Tensor]:
         """Each instance's IS exponent for a sample."""
         return self._exponents(beta, graphed, "beta", lambda m: m._core.beta, lambda m: m._cfg.beta)
+
+    def _instance_views(self, data: object, rest: str) -> dict[str, object]:
+        """Instance 0's part of ``add`` input whose every tensor is ``[N, *rest]`` (``rest`` in the
+        message), for the single buffer's checks: the leading [N] is checked here, touching nothing."""
+        if not isinstance(data, Mapping):
+            raise TypeError(f"add() takes a mapping of field name to tensor, got {type(data).__name__}")
+        n = self.instances
+        for name, x in data.items():
+            if isinstance(x, torch.Tensor) and (x.dim() < 1 or x.shape[0] != n):
+                raise ValueError(f"add(): field {name!r} has shape {tuple(x.shape)}: every field is [{n}, {rest}")
+        return {name: x[0] if isinstance(x, torch.Tensor) else x for name, x in data.items()}
 
     def _own_copies(self, values: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         """As :meth:`RowStorage.own_copies`, over the whole stack's rows: an input that is a view of
