@@ -17,8 +17,6 @@ from typing import Any
 import torch
 
 from gper._device import on_own_device
-from gper.ops.layout import TreeLayout
-from gper.replay.backends import choose_backend
 from gper.replay.batch import FlatSample, SampledBatch, StackedBatch
 from gper.replay.buffer import _SAMPLE_SLOTS, PrioritizedReplayBuffer
 from gper.replay.checks import (
@@ -29,7 +27,7 @@ from gper.replay.config import ReplayConfig, ReplaySettings, takes_settings, wit
 from gper.replay.graphs import BufferGraphs
 from gper.replay.instance_calls import InstanceCalls
 from gper.replay.instance_state import InstanceCheckpoint
-from gper.replay.instances import InstanceStack, check_instances, instance_settings
+from gper.replay.instances import check_instances, instance_settings
 from gper.replay.storage import RowLayout
 
 
@@ -65,24 +63,13 @@ class PrioritizedReplayInstances(InstanceCheckpoint, InstanceCalls, PrioritizedR
         self._backend_request = given["backend"]
         self._row_layout = RowLayout.build(spec)
         self.nbytes_estimate = n * cfg.estimate_bytes(self._row_layout.row_bytes)
-        self.members, self._stack = self._build_where(
-            given, capacity, lambda where: self._build_on(where, capacity, spec, own)
-        )
+        make = lambda s, member: PrioritizedReplayBuffer._instance(capacity, spec, s, member)  # noqa: E731
+        self.members, self._stack = self._build_members(given, capacity, self._row_layout.row_bytes, own, make)
         self._core = self.members[0]._core  # the device, back end and kernels every instance shares
         self._graphs = BufferGraphs(bool(given["cuda_graphs"]) and self.device.type == "cuda", _SAMPLE_SLOTS)
         self._size = 0
         self._flat = FlatSample(self._row_layout)
         self._epoch = object()
-
-    def _build_on(self, device: torch.device, capacity: int, spec: Mapping[str, tuple], own: list[dict[str, Any]]):
-        _, kernels = choose_backend(own[0]["backend"], device)
-        layout = TreeLayout.build(capacity, self._cfg.arity)
-        stack = InstanceStack.build(self.instances, layout, self._row_layout.row_bytes, kernels, device)
-        members = [
-            PrioritizedReplayBuffer._instance(capacity, spec, s | {"device": device}, stack.member(i))
-            for i, s in enumerate(own)
-        ]
-        return members, stack
 
     # ---------------------------------------------------------------- reads
 
@@ -168,8 +155,7 @@ class PrioritizedReplayInstances(InstanceCheckpoint, InstanceCalls, PrioritizedR
                 batch = self._batch(out, with_fields=True) if replayed else self._batch(self._split(out))
         except torch.OutOfMemoryError as err:
             raise out_of_memory(err, self.device, f"drawing {self.instances} batches of {b}") from err
-        batch.source = self._epoch
-        return batch
+        return self._stamp(batch)
 
     def _split(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         """The stacked outputs, views of ``flat`` [N, B * (W + 4)] whose row ``i`` is laid out as a

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 
 from gper._device import canonical_device, on_own_device
+from gper.ops.layout import TreeLayout
+from gper.replay.backends import choose_backend
 from gper.replay.checks import (
     check_beta_tensor,
     check_generations,
@@ -30,8 +32,10 @@ from gper.replay.checks import (
 from gper.replay.config import ReplayConfig
 from gper.replay.core import rebuild
 from gper.replay.exponent import ExponentInput
-from gper.replay.instances import PER_INSTANCE, InstanceSetting
+from gper.replay.instances import PER_INSTANCE, InstanceSetting, InstanceStack, Member
 
+#: builds instance ``i`` of a buffer from its settings and where its tensors live
+MakeMember = Callable[[dict[str, Any], Member], Any]
 #: a raw update's filter of one member's checked indices (the trajectory buffer drops non-starts)
 RawFilter = Callable[[Any, torch.Tensor], torch.Tensor]
 
@@ -49,17 +53,27 @@ class InstanceCalls:
         """Each instance's Philox key: ``seed + i``."""
         return tuple(m.seed for m in self.members)
 
-    def _build_where(self, given: dict[str, Any], capacity: int, make: Callable[[torch.device], Any]) -> Any:
-        """``make(device)`` (the members and their stack) on the ``device`` of ``given``; on the CPU
-        after a warning if it runs out of memory there and ``cpu_fallback``."""
+    def _build_members(
+        self, given: dict[str, Any], capacity: int, row_bytes: int, own: list[dict[str, Any]], make: MakeMember
+    ) -> tuple[list[Any], InstanceStack]:
+        """``(members, stack)``: a stack of rows of ``row_bytes`` and trees, and on it instance ``i``
+        made by ``make(own[i] | {"device": ...}, member)``, on the ``device`` of ``given``; on the
+        CPU after a warning if that runs out of memory and ``cpu_fallback``."""
+
+        def on(device: torch.device) -> tuple[list[Any], InstanceStack]:
+            _, kernels = choose_backend(own[0]["backend"], device)
+            layout = TreeLayout.build(capacity, self._cfg.arity)
+            stack = InstanceStack.build(self.instances, layout, row_bytes, kernels, device)
+            return [make(s | {"device": device}, stack.member(i)) for i, s in enumerate(own)], stack
+
         device = canonical_device(given["device"])
         try:
-            return make(device)
+            return on(device)
         except torch.OutOfMemoryError:
             if not given["cpu_fallback"] or device.type == "cpu":
                 raise
             warn_cpu_fallback(device, capacity * self.instances, self.nbytes_estimate)
-        return make(torch.device("cpu"))
+        return on(torch.device("cpu"))
 
     # ---------------------------------------------------------------- settings
 
@@ -206,6 +220,11 @@ class InstanceCalls:
     def _member_state(self, state: Any, i: int) -> dict[str, torch.Tensor]:
         """Instance ``i``'s part of a checked state: every tensor but the rows, at ``[i]``."""
         return {name: state[name][i] for name in self._tensors() if name != "rows"}
+
+    def _stamp(self, batch: Any) -> Any:
+        """``batch`` stamped with the current state's identity (every instance's)."""
+        batch.source = self._epoch
+        return batch
 
     def _restored(self) -> None:
         """After a restore of every instance: no graphs (they froze the old seeds), a new stamp."""

@@ -25,7 +25,7 @@ from gper.replay.checks import (
 from gper.replay.config import BufferSettings, ReplayConfig, ReplaySettings, takes_settings, with_defaults
 from gper.replay.core import ReplayCore, rebuild
 from gper.replay.exponent import ExponentInput
-from gper.replay.graphs import capturing
+from gper.replay.graphs import BufferGraphs, capturing
 from gper.replay.her import HindsightRelabeling, Relabeler
 from gper.replay.instances import Member
 from gper.replay.stream_state import StreamState
@@ -116,6 +116,15 @@ class TrajectoryReplayBuffer(BufferSettings, SampleArgs, TrajectoryCheckpoint):
     def _build(
         self, capacity: int, num_envs: int, spec: Mapping, streams: dict, given: dict, member: Member | None = None
     ) -> None:
+        cfg = self._settle(capacity, num_envs, spec, streams, given)
+        nbytes = self.nbytes_estimate
+        self._core = ReplayCore.build(cfg, self.layout.row, given, _SAMPLE_SLOTS, nbytes, self._allocate, member)
+        self._gamma = ExponentInput(self._gamma_scalar, "gamma")
+        self._out = TransitionSample(self.layout, relabelled=self._her is not None)
+
+    def _settle(self, capacity: int, num_envs: int, spec: Mapping, streams: dict, given: dict) -> ReplayConfig:
+        """Check the settings and set what the buffer holds beside its core (a buffer of several
+        instances too, from its first instance's settings); return the checked config."""
         window, obs_keys, autoreset, her = (streams[k] for k in ("window", "obs_keys", "autoreset", "her"))
         if not isinstance(given["backend"], str):
             raise TypeError(f"backend must be 'auto', 'triton' or 'torch', got {given['backend']!r}")
@@ -135,12 +144,9 @@ class TrajectoryReplayBuffer(BufferSettings, SampleArgs, TrajectoryCheckpoint):
         self.nbytes_estimate = cfg.estimate_bytes(self.layout.row.row_bytes)
         if her is not None:
             self.nbytes_estimate += Relabeler.estimate_bytes(num_envs, self.rows_per_env)
-        nbytes = self.nbytes_estimate
-        self._core = ReplayCore.build(cfg, self.layout.row, given, _SAMPLE_SLOTS, nbytes, self._allocate, member)
         self._steps = 0  # add calls, as the host knows them
         self._size = 0  # filled rows, as the host knows them (a lower bound until stats())
-        self._gamma = ExponentInput(self._gamma_scalar, "gamma")
-        self._out = TransitionSample(self.layout, relabelled=her is not None)
+        return cfg
 
     def _allocate(self, core: ReplayCore) -> None:
         """What the trajectory buffer holds beside the core, on the core's device."""
@@ -209,16 +215,19 @@ class TrajectoryReplayBuffer(BufferSettings, SampleArgs, TrajectoryCheckpoint):
         names = self.layout.step_names()
         args = tuple(data[n] for n in names)
         try:
-            graphs = self._core.graphs
-            if not graphs.active:
-                self._add(*args)
-            else:
-                key = ("add",) + tuple((a.dtype, a.device.type) for a in args)
-                on_device = all(a.device == self.device for a in args)
-                graphs.call(key, args, self._add, by_address=on_device)
+            self._add_call(self._core.graphs, args)
         except torch.OutOfMemoryError as err:
             raise out_of_memory(err, self.device, f"adding a step of {self.num_envs} streams") from err
         self._count_add()
+
+    def _add_call(self, graphs: BufferGraphs, args: tuple[torch.Tensor, ...]) -> None:
+        """:meth:`_add` of a checked step, eagerly or from ``graphs`` (captured per dtype and device)."""
+        if not graphs.active:
+            self._add(*args)
+        else:
+            key = ("add",) + tuple((a.dtype, a.device.type) for a in args)
+            on_device = all(a.device == self.device for a in args)
+            graphs.call(key, args, self._add, by_address=on_device)
 
     def _count_add(self) -> None:
         self._steps += 1

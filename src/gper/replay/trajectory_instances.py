@@ -20,17 +20,14 @@ from typing import Any
 import torch
 
 from gper._device import on_own_device
-from gper.ops.layout import TreeLayout
-from gper.replay.backends import choose_backend
 from gper.replay.batch import StackedBatch
 from gper.replay.checkpoint import check_state
 from gper.replay.checks import out_of_memory
 from gper.replay.config import ReplayConfig, ReplaySettings, takes_settings, with_defaults
 from gper.replay.graphs import BufferGraphs, capturing
-from gper.replay.her import HindsightRelabeling, Relabeler
+from gper.replay.her import HindsightRelabeling
 from gper.replay.instance_calls import InstanceCalls
-from gper.replay.instances import InstanceStack, check_instances, check_seed_room, instance_settings
-from gper.replay.streams import StreamLayout, check_streams
+from gper.replay.instances import check_instances, check_seed_room, instance_settings
 from gper.replay.trajectory import _SAMPLE_SLOTS, DEFAULT_ETA, TrajectoryReplayBuffer
 from gper.replay.trajectory_batch import SequenceBatch, TransitionBatch, TransitionSample
 from gper.replay.trajectory_checkpoint import check_host_steps
@@ -80,50 +77,19 @@ class TrajectoryReplayInstances(InstanceCalls, TrajectoryReplayBuffer):
         n = check_instances(given["instances"])
         if n is None:
             raise ValueError("TrajectoryReplayInstances needs instances=N (an int >= 1)")
-        if not isinstance(given["backend"], str):
-            raise TypeError(f"backend must be 'auto', 'triton' or 'torch', got {given['backend']!r}")
         own = instance_settings(given, n)  # every instance's settings checked before anything is built
-        cfg = [ReplayConfig.check(capacity, s) for s in own][0]
-        check_streams(capacity, num_envs, window, autoreset)
-        self.instances, self._cfg, self.strict = n, cfg, bool(given["strict"])
-        self.num_envs, self.window, self.rows_per_env, self.autoreset = (
-            num_envs,
-            window,
-            capacity // num_envs,
-            autoreset,
-        )
-        self.layout = StreamLayout.build(spec, obs_keys)
-        if her is not None and not isinstance(her, HindsightRelabeling):
-            raise TypeError(f"her must be a gper.HindsightRelabeling or None, got {type(her).__name__}")
-        if her is not None:
-            her.check_layout(self.layout)
-        self._her = her
-        each = cfg.estimate_bytes(self.layout.row.row_bytes)
-        if her is not None:
-            each += Relabeler.estimate_bytes(num_envs, self.rows_per_env)
-        self.nbytes_estimate = n * each
+        for settings in own:
+            ReplayConfig.check(capacity, settings)
         streams = {"window": window, "obs_keys": obs_keys, "autoreset": autoreset, "her": her}
-        make = lambda where: self._build_on(where, capacity, spec, streams, own)  # noqa: E731
-        self.members, self._stack = self._build_where(given, capacity, make)
+        self._settle(capacity, num_envs, spec, streams, own[0])
+        self.instances = n
+        self.nbytes_estimate *= n
+        make = lambda s, member: TrajectoryReplayBuffer._instance(capacity, num_envs, spec, streams, s, member)  # noqa: E731
+        self.members, self._stack = self._build_members(given, capacity, self.layout.row.row_bytes, own, make)
         self._core = self.members[0]._core  # the device, back end and kernels every instance shares
         self._graphs = BufferGraphs(bool(given["cuda_graphs"]) and self.device.type == "cuda", _SAMPLE_SLOTS)
-        self._steps, self._size = 0, 0
         self._out = TransitionSample(self.layout, relabelled=her is not None, kind=TransitionInstanceBatch)
         self._epoch = object()
-
-    def _build_on(
-        self, device: torch.device, capacity: int, spec: Mapping, streams: dict, own: list[dict[str, Any]]
-    ) -> tuple[list[TrajectoryReplayBuffer], InstanceStack]:
-        _, kernels = choose_backend(own[0]["backend"], device)
-        layout = TreeLayout.build(capacity, self._cfg.arity)
-        stack = InstanceStack.build(self.instances, layout, self.layout.row.row_bytes, kernels, device)
-        members = [
-            TrajectoryReplayBuffer._instance(
-                capacity, self.num_envs, spec, streams, s | {"device": device}, stack.member(i)
-            )
-            for i, s in enumerate(own)
-        ]
-        return members, stack
 
     # ---------------------------------------------------------------- reads
 
@@ -170,12 +136,7 @@ class TrajectoryReplayInstances(InstanceCalls, TrajectoryReplayBuffer):
         self.layout.check_step(views, self.num_envs, self.device)
         args = tuple(data[n] for n in self.layout.step_names())
         try:
-            if not self._graphs.active:
-                self._add(*args)
-            else:
-                key = ("add",) + tuple((a.dtype, a.device.type) for a in args)
-                on_device = all(a.device == self.device for a in args)
-                self._graphs.call(key, args, self._add, by_address=on_device)
+            self._add_call(self._graphs, args)  # every instance's add in one call (one graph of its own)
         except torch.OutOfMemoryError as err:
             what = f"adding a step of {self.num_envs} streams to each of {self.instances} instances"
             raise out_of_memory(err, self.device, what) from err
@@ -218,8 +179,7 @@ class TrajectoryReplayInstances(InstanceCalls, TrajectoryReplayBuffer):
                 batch = out.batch(parts, n, with_fields=True) if replayed else out.batch(out.split(parts), n)
         except torch.OutOfMemoryError as err:
             raise out_of_memory(err, self.device, f"drawing {self.instances} batches of {b}") from err
-        batch.source = self._epoch
-        return batch
+        return self._stamp(batch)
 
     def _sample_all(self, b: int, n: int, betas: list, gammas: list, relabel: bool) -> torch.Tensor:
         """Every instance's sample, into the rows of one [N, B * per draw] flat tensor."""
@@ -256,8 +216,7 @@ class TrajectoryReplayInstances(InstanceCalls, TrajectoryReplayBuffer):
         batch = SequenceInstanceBatch(
             self.layout, rows, mask, parts["indices"], parts["weights"], parts["generations"], length, burn_in
         )
-        batch.source = self._epoch
-        return batch
+        return self._stamp(batch)
 
     # ---------------------------------------------------------------- priorities
 
