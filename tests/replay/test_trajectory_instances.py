@@ -289,3 +289,22 @@ def test_settings_per_instance_and_shapes_of_one_instance():
     assert isinstance(seq, SequenceInstanceBatch) and seq["obs"].shape == (1, 5, 3, 3) and seq.mask.shape == (1, 5, 3)
     assert one.storage["obs"].shape == (1, E, T, 3)
     assert type(gper.TrajectoryReplayBuffer(E * T, E, SPEC, window=W, device="cpu")) is gper.TrajectoryReplayBuffer
+
+
+def test_a_reward_fn_that_fails_for_one_instance_leaves_every_instance_as_it_was():
+    calls = []  # armed: the calls since, of which the second (the second instance's relabelling) fails
+
+    def flaky(achieved, desired, info):
+        if armed := calls and calls[0] == "armed":
+            calls.append(1)
+        if armed and len(calls) == 3:
+            raise RuntimeError("reward_fn failed")
+        return reward_fn(achieved, desired, info)
+
+    pop, _ = _pair(her=gper.HindsightRelabeling(flaky, info_keys=("action",)))
+    steps = Steps(8, her=True)
+    for _ in range(W + 4):
+        pop.add(steps())
+    pop.sample(B, n_step=2, gamma=0.5)  # a first draw stages the beta input, as any sample does
+    calls.append("armed")
+    _unchanged(pop, lambda: _raises(lambda p: p.sample(B, n_step=2, gamma=0.5), pop, RuntimeError, "failed"))
