@@ -23,9 +23,8 @@ from gper._device import on_own_device
 from gper.replay.batch import StackedBatch
 from gper.replay.checkpoint import check_state
 from gper.replay.checks import out_of_memory
-from gper.replay.config import ReplayConfig, ReplaySettings, takes_settings, with_defaults
+from gper.replay.config import ReplayConfig
 from gper.replay.graphs import BufferGraphs, capturing
-from gper.replay.her import HindsightRelabeling
 from gper.replay.instance_calls import InstanceCalls
 from gper.replay.instances import check_instances, check_seed_room, instance_settings
 from gper.replay.trajectory import _SAMPLE_SLOTS, DEFAULT_ETA, TrajectoryReplayBuffer
@@ -60,35 +59,25 @@ class TrajectoryReplayInstances(InstanceCalls, TrajectoryReplayBuffer):
 
     _single = TrajectoryReplayBuffer
 
-    @takes_settings(ReplaySettings)
-    def __init__(
-        self,
-        capacity: int,
-        num_envs: int,
-        spec: Mapping[str, tuple],
-        *,
-        window: int = 80,
-        obs_keys: tuple[str, ...] = ("obs",),
-        autoreset: str = "auto",
-        her: HindsightRelabeling | None = None,
-        **settings: Any,
+    def _build(
+        self, capacity: int, num_envs: int, spec: Mapping, streams: dict, given: dict, member: None = None
     ) -> None:
-        given = with_defaults("TrajectoryReplayBuffer", settings)
+        """What ``TrajectoryReplayBuffer.__init__`` builds, for N instances: the stack and its
+        members (``streams``: the keywords ``window``, ``obs_keys``, ``autoreset`` and ``her``)."""
         n = check_instances(given["instances"])
         if n is None:
             raise ValueError("TrajectoryReplayInstances needs instances=N (an int >= 1)")
         own = instance_settings(given, n)  # every instance's settings checked before anything is built
-        for settings in own:
-            ReplayConfig.check(capacity, settings)
-        streams = {"window": window, "obs_keys": obs_keys, "autoreset": autoreset, "her": her}
+        for each in own:
+            ReplayConfig.check(capacity, each)
         self._settle(capacity, num_envs, spec, streams, own[0])
         self.instances = n
         self.nbytes_estimate *= n
-        make = lambda s, member: TrajectoryReplayBuffer._instance(capacity, num_envs, spec, streams, s, member)  # noqa: E731
+        make = lambda each, at: TrajectoryReplayBuffer._instance(capacity, num_envs, spec, streams, each, at)  # noqa: E731
         self.members, self._stack = self._build_members(given, capacity, self.layout.row.row_bytes, own, make)
         self._core = self.members[0]._core  # the device, back end and kernels every instance shares
         self._graphs = BufferGraphs(bool(given["cuda_graphs"]) and self.device.type == "cuda", _SAMPLE_SLOTS)
-        self._out = TransitionSample(self.layout, relabelled=her is not None, kind=TransitionInstanceBatch)
+        self._out = TransitionSample(self.layout, relabelled=self._her is not None, kind=TransitionInstanceBatch)
         self._epoch = object()
 
     # ---------------------------------------------------------------- reads
