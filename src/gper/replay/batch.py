@@ -66,6 +66,21 @@ class SampledBatch(Mapping[str, torch.Tensor]):
         return f"SampledBatch(batch_size={self.batch_size}, {fields})"
 
 
+class StackedBatch:
+    """The shape of a batch of a buffer of several instances (mixed in ahead of its batch class):
+    ``indices`` is [N, B], so the batch size is its second dimension."""
+
+    indices: torch.Tensor
+
+    @property
+    def batch_size(self) -> int:
+        return self.indices.shape[1]
+
+    @property
+    def instances(self) -> int:
+        return self.indices.shape[0]
+
+
 class FlatSample:
     """Where one ``sample`` call's outputs sit in a single flat int32 tensor of ``B * (W + 4)`` words:
     rows [B, W], indices [B] int64 (2B words), generations [B] int32, weights [B] float32.

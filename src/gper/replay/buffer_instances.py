@@ -16,46 +16,31 @@ from typing import Any
 
 import torch
 
-from gper._device import canonical_device, on_own_device
-from gper.ops.layout import TreeLayout
-from gper.replay.backends import choose_backend
-from gper.replay.batch import FlatSample, SampledBatch
+from gper._device import on_own_device
+from gper.replay.batch import FlatSample, SampledBatch, StackedBatch
 from gper.replay.buffer import _SAMPLE_SLOTS, PrioritizedReplayBuffer
 from gper.replay.checks import (
     check_batch_size,
-    check_beta_tensor,
-    check_generations,
-    check_indices,
-    check_td,
-    check_unit,
     out_of_memory,
-    warn_cpu_fallback,
 )
 from gper.replay.config import ReplayConfig, ReplaySettings, takes_settings, with_defaults
 from gper.replay.graphs import BufferGraphs
+from gper.replay.instance_calls import InstanceCalls
 from gper.replay.instance_state import InstanceCheckpoint
-from gper.replay.instances import InstanceSetting, InstanceStack, check_instances, instance_settings
+from gper.replay.instances import check_instances, instance_settings
 from gper.replay.storage import RowLayout
 
 
-class InstanceBatch(SampledBatch):
+class InstanceBatch(StackedBatch, SampledBatch):
     """A batch of every instance: fields ``[N, B, *shape]``; ``indices``, ``generations`` and
     ``weights`` ``[N, B]``; ``rows`` ``[N, B, W]``."""
-
-    @property
-    def batch_size(self) -> int:
-        return self.indices.shape[1]
-
-    @property
-    def instances(self) -> int:
-        return self.indices.shape[0]
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{f.name}: {f.shape} {f.dtype}" for f in self._layout.fields)
         return f"InstanceBatch(instances={self.instances}, batch_size={self.batch_size}, {fields})"
 
 
-class PrioritizedReplayInstances(InstanceCheckpoint, PrioritizedReplayBuffer):
+class PrioritizedReplayInstances(InstanceCheckpoint, InstanceCalls, PrioritizedReplayBuffer):
     """N independent prioritized buffers in one storage, built by ``PrioritizedReplayBuffer(...,
     instances=N)`` (whose docstring documents every setting). Calls take and return a leading [N]
     dimension; :attr:`members` are the instances, each a buffer of its own (read them: their
@@ -64,7 +49,7 @@ class PrioritizedReplayInstances(InstanceCheckpoint, PrioritizedReplayBuffer):
     ``alpha``, ``beta`` and ``eps`` read as a tuple of the N instances' values; assigning one value
     or N values sets them (checked whole first)."""
 
-    alpha, beta, eps = InstanceSetting(), InstanceSetting(), InstanceSetting()
+    _single = PrioritizedReplayBuffer
 
     @takes_settings(ReplaySettings)
     def __init__(self, capacity: int, spec: Mapping[str, tuple], **settings: Any) -> None:
@@ -78,34 +63,13 @@ class PrioritizedReplayInstances(InstanceCheckpoint, PrioritizedReplayBuffer):
         self._backend_request = given["backend"]
         self._row_layout = RowLayout.build(spec)
         self.nbytes_estimate = n * cfg.estimate_bytes(self._row_layout.row_bytes)
-        self.members, self._stack = self._build(capacity, spec, given, own)
+        make = lambda s, member: PrioritizedReplayBuffer._instance(capacity, spec, s, member)  # noqa: E731
+        self.members, self._stack = self._build_members(given, capacity, self._row_layout.row_bytes, own, make)
         self._core = self.members[0]._core  # the device, back end and kernels every instance shares
         self._graphs = BufferGraphs(bool(given["cuda_graphs"]) and self.device.type == "cuda", _SAMPLE_SLOTS)
         self._size = 0
         self._flat = FlatSample(self._row_layout)
         self._epoch = object()
-
-    def _build(self, capacity: int, spec: Mapping[str, tuple], given: dict[str, Any], own: list[dict[str, Any]]):
-        """``(members, stack)`` on the device; on the CPU after a warning if it runs out of memory
-        and ``cpu_fallback``."""
-        device = canonical_device(given["device"])
-        try:
-            return self._build_on(device, capacity, spec, own)
-        except torch.OutOfMemoryError:
-            if not given["cpu_fallback"] or device.type == "cpu":
-                raise
-            warn_cpu_fallback(device, capacity * self.instances, self.nbytes_estimate)
-        return self._build_on(torch.device("cpu"), capacity, spec, own)
-
-    def _build_on(self, device: torch.device, capacity: int, spec: Mapping[str, tuple], own: list[dict[str, Any]]):
-        _, kernels = choose_backend(own[0]["backend"], device)
-        layout = TreeLayout.build(capacity, self._cfg.arity)
-        stack = InstanceStack.build(self.instances, layout, self._row_layout.row_bytes, kernels, device)
-        members = [
-            PrioritizedReplayBuffer._instance(capacity, spec, s | {"device": device}, stack.member(i))
-            for i, s in enumerate(own)
-        ]
-        return members, stack
 
     # ---------------------------------------------------------------- reads
 
@@ -114,11 +78,6 @@ class PrioritizedReplayInstances(InstanceCheckpoint, PrioritizedReplayBuffer):
         """Views ``[N, capacity, *shape]`` of every field's storage (read them; write through ``add``)."""
         return self._row_layout.views(self._stack.rows)
 
-    @property
-    def seeds(self) -> tuple[int, ...]:
-        """Each instance's Philox key: ``seed + i``."""
-        return tuple(m.seed for m in self.members)
-
     def __repr__(self) -> str:
         return (
             f"PrioritizedReplayBuffer(instances={self.instances}, capacity={self.capacity}, size={self._size}, "
@@ -126,33 +85,11 @@ class PrioritizedReplayInstances(InstanceCheckpoint, PrioritizedReplayBuffer):
             f"fields={list(self.spec)})"
         )
 
-    def _settings_changed(self, name: str) -> None:
-        for m, cfg in zip(self.members, self._member_cfgs(), strict=True):
-            m._cfg = cfg
-            m._settings_changed(name)
-        if name in ("alpha", "eps", "weight_norm"):
-            self._graphs.clear()  # captured graphs froze them
-
-    def _member_cfgs(self) -> list[ReplayConfig]:
-        from dataclasses import replace
-
-        shared = {"weight_norm": self._cfg.weight_norm, "rank_refresh_interval": self._cfg.rank_refresh_interval}
-        return [replace(m._cfg, **shared) for m in self.members]
-
     # ---------------------------------------------------------------- add
 
     def _check_add(self, data: object) -> int:
         """The per-instance batch size ``n`` of ``data`` (each field ``[N, n, *shape]``), touching nothing."""
-        if not isinstance(data, Mapping):
-            raise TypeError(f"add() takes a mapping of field name to tensor, got {type(data).__name__}")
-        n = self.instances
-        for name, x in data.items():
-            if isinstance(x, torch.Tensor) and (x.dim() < 1 or x.shape[0] != n):
-                raise ValueError(
-                    f"add(): field {name!r} has shape {tuple(x.shape)}: every field is [{n}, n, *shape], "
-                    f"one batch of n per instance"
-                )
-        views = {name: x[0] if isinstance(x, torch.Tensor) else x for name, x in data.items()}
+        views = self._instance_views(data, "n, *shape], one batch of n per instance")
         return self.members[0].rows.check_batch(views)
 
     @on_own_device
@@ -184,40 +121,11 @@ class PrioritizedReplayInstances(InstanceCheckpoint, PrioritizedReplayBuffer):
         self._size = min(self._size + n, self.capacity)
         return pos.clone() if replayed else pos
 
-    def _own_copies(self, values: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-        """As :meth:`RowStorage.own_copies`, over the whole stack's rows."""
-        rows = self._stack.rows
-        lo, hi = rows.data_ptr(), rows.data_ptr() + rows.numel()
-        out = []
-        for x in values:
-            x = x.detach() if x.requires_grad else x
-            out.append(x.clone() if lo <= x.data_ptr() < hi else x)
-        return tuple(out)
-
     def _add(self, fields: tuple[torch.Tensor, ...], n: int, skip: int) -> torch.Tensor:
         values = self.members[0].rows.on_device(fields)
         return torch.stack([m._add(tuple(v[i] for v in values), n, skip) for i, m in enumerate(self.members)])
 
     # ---------------------------------------------------------------- sample
-
-    def _betas(self, beta: float | torch.Tensor | None, graphed: bool) -> list[torch.Tensor]:
-        """Each instance's IS exponent for a sample, as a 0-d device tensor the kernels read."""
-        members = self.members
-        if beta is None:
-            return [m._core.beta.tensor(m._cfg.beta, graphed, checked=True) for m in members]
-        if isinstance(beta, torch.Tensor) and beta.dim() == 1:
-            if beta.shape[0] != self.instances or not beta.dtype.is_floating_point or beta.device != self.device:
-                raise ValueError(
-                    f"beta tensor must be 0-d or [{self.instances}] float on {self.device}, got shape "
-                    f"{tuple(beta.shape)} {beta.dtype} on {beta.device}"
-                )
-            for b in beta.detach().unbind():
-                check_beta_tensor(b, self.device)
-            return [m._core.beta.tensor(b, graphed) for m, b in zip(members, beta.detach().unbind(), strict=True)]
-        if not isinstance(beta, torch.Tensor):
-            beta = check_unit("beta", beta)
-            return [m._core.beta.tensor(beta, graphed, checked=True) for m in members]
-        return [m._core.beta.tensor(beta, graphed) for m in members]
 
     @on_own_device
     def sample(self, batch_size: int, beta: float | torch.Tensor | None = None) -> InstanceBatch:
@@ -247,8 +155,7 @@ class PrioritizedReplayInstances(InstanceCheckpoint, PrioritizedReplayBuffer):
                 batch = self._batch(out, with_fields=True) if replayed else self._batch(self._split(out))
         except torch.OutOfMemoryError as err:
             raise out_of_memory(err, self.device, f"drawing {self.instances} batches of {b}") from err
-        batch.source = self._epoch
-        return batch
+        return self._stamp(batch)
 
     def _split(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         """The stacked outputs, views of ``flat`` [N, B * (W + 4)] whose row ``i`` is laid out as a
@@ -280,19 +187,6 @@ class PrioritizedReplayInstances(InstanceCheckpoint, PrioritizedReplayBuffer):
 
     # ---------------------------------------------------------------- priorities
 
-    def _check_indices(self, indices: object, what: str) -> torch.Tensor:
-        """[N, B] int64 indices after the checks of a single buffer's (each instance's range too)."""
-        if isinstance(indices, torch.Tensor) and (indices.dim() != 2 or indices.shape[0] != self.instances):
-            raise ValueError(f"{what}: indices must be [{self.instances}, B], got shape {tuple(indices.shape)}")
-        flat = check_indices(
-            indices.reshape(-1) if isinstance(indices, torch.Tensor) else indices,
-            self.device,
-            self._size,
-            self.strict,
-            what,
-        )
-        return flat.view(self.instances, -1)
-
     @on_own_device
     def update_priorities(self, batch_or_indices: InstanceBatch | torch.Tensor, td_errors: torch.Tensor) -> None:
         """Set priorities ``(|td| + eps) ** alpha`` (each instance's alpha and eps) for sampled slots.
@@ -304,35 +198,4 @@ class PrioritizedReplayInstances(InstanceCheckpoint, PrioritizedReplayBuffer):
             td_errors: [N, B] floating, on the buffer's device (NaN and ±Inf as a single buffer's).
         """
         batch = batch_or_indices if isinstance(batch_or_indices, InstanceBatch) else None
-        if batch is not None and batch.source is not self._epoch:
-            check_td(td_errors, batch.indices, self.device)
-            for m in self.members:
-                m.tree.count_stale(batch.batch_size)
-            return
-        indices = self._check_indices(batch.indices if batch is not None else batch_or_indices, "update_priorities()")
-        td = check_td(td_errors, indices, self.device)
-        expected = check_generations(batch.generations, indices) if batch is not None else None
-        args = (indices, td) if expected is None else (indices, td, expected)
-
-        def body(idx: torch.Tensor, values: torch.Tensor, gen: torch.Tensor | None = None) -> None:
-            for i, m in enumerate(self.members):
-                m._core.set_priorities(idx[i], values[i], None if gen is None else gen[i], m.alpha, m.eps)
-
-        try:
-            self._graphs.call(("update", indices.shape[1], expected is not None), args, body, by_address=True)
-        except torch.OutOfMemoryError as err:
-            raise out_of_memory(err, self.device, f"updating {indices.numel()} priorities") from err
-        for m in self.members:  # rank mode's refresh schedule (the same for every instance)
-            if m.policy.count_update():
-                m.refresh_ranks()
-
-    def priorities(self, indices: torch.Tensor) -> torch.Tensor:
-        """Stored sampling priorities of [N, B] ``indices`` (each instance's own), [N, B] float32."""
-        idx = self._check_indices(indices, "priorities()")
-        return torch.stack([m.tree.priorities(idx[i]) for i, m in enumerate(self.members)])
-
-    @on_own_device
-    def refresh_ranks(self) -> None:
-        """Rank mode: every instance's :meth:`PrioritizedReplayBuffer.refresh_ranks`."""
-        for m in self.members:
-            m.refresh_ranks()
+        self._update_members(batch, batch_or_indices, td_errors)

@@ -19,9 +19,8 @@ import torch
 from gper.ops.state import COUNTER_STATS, S_MAXP
 from gper.replay.checkpoint import check_contents, check_state
 from gper.replay.checks import warn_dropped
-from gper.replay.core import rebuild
 from gper.replay.files import TensorFile, write_tensors
-from gper.replay.tree import STATE_NAMES
+from gper.replay.instances import check_seed_room
 
 
 class InstanceCheckpoint:
@@ -57,16 +56,10 @@ class InstanceCheckpoint:
     # ---------------------------------------------------------------- state dict
 
     def _tensors(self) -> dict[str, torch.Tensor]:
-        stack = self._stack
-        out = {"rows": stack.rows} | {name: stack.tree[name] for name in STATE_NAMES}
-        keys = [m.policy.state_dict() for m in self.members]
-        if keys[0]:  # rank mode's sort keys: each instance's own tensor, stacked (a copy)
-            out |= {name: torch.stack([k[name] for k in keys]) for name in keys[0]}
-        return out
+        return self._stack.state_tensors([m._tensors() for m in self.members])
 
     def _config(self) -> dict[str, Any]:
-        per = {name: list(getattr(self, name)) for name in ("alpha", "beta", "eps")}
-        return self._cfg.checkpoint(self._row_layout) | per | {"instances": self.instances}
+        return self._cfg.checkpoint(self._row_layout) | self._per_instance()
 
     def _host_counts(self) -> dict[str, int]:
         return {"size": self._size, "updates_since_refresh": self.members[0].policy.updates_since_refresh}
@@ -128,10 +121,6 @@ class InstanceCheckpoint:
 
             self._restore(state, read, json_config=True, before_copy=before_copy)
 
-    def _member_state(self, state: Mapping[str, Any], i: int) -> dict[str, torch.Tensor]:
-        names = [n for n in self._tensors() if n != "rows"]
-        return {name: state[name][i] for name in names}
-
     def _restore(
         self,
         state: Mapping[str, Any],
@@ -141,8 +130,7 @@ class InstanceCheckpoint:
     ) -> None:
         config = json.loads(json.dumps(self._config())) if json_config else self._config()
         seed, host = check_state(state, config, self._tensors())
-        if seed > 2**63 - self.instances:
-            raise ValueError(f"load_state_dict(): seed {seed} leaves no room for {self.instances} instances")
+        check_seed_room(seed, self.instances)
         layout = self._stack.layout
         checked = [
             check_contents(self._member_state(state, i), layout, host["size"], self.device)
@@ -153,27 +141,12 @@ class InstanceCheckpoint:
             raise ValueError(f"load_state_dict(): the instances hold different numbers of filled slots: {sizes}")
         if before_copy is not None:
             before_copy()
-        stack = self._stack
         with torch.no_grad():
-            copy_rows(stack.rows)
-            for name in STATE_NAMES:
-                stack.tree[name].copy_(state[name])
+            self._stack.load(state, copy_rows)
             for i, m in enumerate(self.members):
                 m.policy.load_state_dict(self._member_state(state, i))
         for i, (m, (size, invalid)) in enumerate(zip(self.members, checked, strict=True)):
             m._size = size
             m._core.restored(seed + i, invalid, int(host["updates_since_refresh"]))
         self._size = sizes[0]
-        self._graphs.clear()
-        self._epoch = object()  # batches drawn before are stale
-
-    # ---------------------------------------------------------------- copies
-
-    def _init_args(self) -> dict[str, Any]:
-        per = {name: list(getattr(self, name)) for name in ("alpha", "beta", "eps")}
-        return super()._init_args() | per | {"instances": self.instances, "cuda_graphs": self._graphs.enabled}
-
-    def __reduce__(self) -> tuple:
-        from gper.replay.buffer import PrioritizedReplayBuffer
-
-        return (rebuild, (PrioritizedReplayBuffer, self._init_args(), self.state_dict()))
+        self._restored()

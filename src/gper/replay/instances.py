@@ -11,7 +11,7 @@ for all instances at once).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +20,7 @@ import torch
 from gper.ops import ReplayKernels
 from gper.ops.layout import TreeLayout
 from gper.ops.state import TreeState
-from gper.replay.tree import PriorityTree
+from gper.replay.tree import STATE_NAMES, PriorityTree
 
 #: the settings that may differ between instances (each a float, or a sequence or [N] tensor of them)
 PER_INSTANCE = ("alpha", "beta", "eps")
@@ -67,6 +67,12 @@ def instance_settings(given: Mapping[str, Any], n: int) -> list[dict[str, Any]]:
     return [base | {"seed": seed + i} | {name: values[name][i] for name in PER_INSTANCE} for i in range(n)]
 
 
+def check_seed_room(seed: int, n: int) -> None:
+    """A restored ``seed`` must leave room for ``n`` instances (instance ``i`` draws with ``seed + i``)."""
+    if seed > 2**63 - n:
+        raise ValueError(f"load_state_dict(): seed {seed} leaves no room for {n} instances")
+
+
 @dataclass
 class InstanceStack:
     """The tensors of ``n`` instances with a leading [n] dimension: the rows, the trees' and, by
@@ -85,6 +91,21 @@ class InstanceStack:
     ) -> InstanceStack:
         rows = torch.zeros(n, layout.capacity, row_bytes, dtype=torch.uint8, device=device)
         return InstanceStack(n, layout, rows, PriorityTree.allocate(layout, kernels, device, n))
+
+    def state_tensors(self, per_member: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """A whole-buffer state's tensors from each member's (``per_member``, a single buffer's
+        state tensors, by name, in its order): the stack's own rows and trees (no copies), and the
+        other tensors, which each member holds apart (rank mode's keys, a trajectory buffer's
+        streams), stacked (copies)."""
+        own = {"rows": self.rows} | {name: self.tree[name] for name in STATE_NAMES}
+        stacked = lambda name: torch.stack([m[name] for m in per_member])  # noqa: E731
+        return {name: own[name] if name in own else stacked(name) for name in per_member[0]}
+
+    def load(self, state: Mapping[str, torch.Tensor], copy_rows: Callable[[torch.Tensor], object]) -> None:
+        """Copy a checked state's rows (by ``copy_rows(rows)``) and trees into the stack."""
+        copy_rows(self.rows)
+        for name in STATE_NAMES:
+            self.tree[name].copy_(state[name])
 
     def member(self, i: int) -> Member:
         return Member(self, i)

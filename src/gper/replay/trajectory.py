@@ -19,18 +19,18 @@ from gper.ops import kernels as kernels_of
 from gper.ops.state import C_SIZE
 from gper.ops.trajectory.reference import T_DISCONTINUITIES, T_STEPS
 from gper.replay.checks import (
-    check_batch_size,
     check_indices,
     out_of_memory,
 )
 from gper.replay.config import BufferSettings, ReplayConfig, ReplaySettings, takes_settings, with_defaults
 from gper.replay.core import ReplayCore, rebuild
 from gper.replay.exponent import ExponentInput
-from gper.replay.graphs import capturing
+from gper.replay.graphs import BufferGraphs, capturing
 from gper.replay.her import HindsightRelabeling, Relabeler
+from gper.replay.instances import Member
 from gper.replay.stream_state import StreamState
 from gper.replay.streams import StreamLayout, check_streams
-from gper.replay.trajectory_batch import SequenceBatch, TransitionBatch, TransitionSample
+from gper.replay.trajectory_batch import SampleArgs, SequenceBatch, TransitionBatch, TransitionSample
 from gper.replay.trajectory_checkpoint import TrajectoryCheckpoint
 
 if TYPE_CHECKING:
@@ -42,11 +42,7 @@ _SAMPLE_SLOTS = 3
 DEFAULT_ETA = 0.9
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
+class TrajectoryReplayBuffer(BufferSettings, SampleArgs, TrajectoryCheckpoint):
     """``num_envs`` environment streams in time order, with prioritized sampling of start steps.
 
     Args:
@@ -81,6 +77,13 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
             those of the start steps.
     """
 
+    def __new__(cls, *args: Any, **settings: Any) -> TrajectoryReplayBuffer:
+        if cls is TrajectoryReplayBuffer and settings.get("instances") is not None:
+            from gper.replay.trajectory_instances import TrajectoryReplayInstances
+
+            cls = TrajectoryReplayInstances  # noqa: PLW0642 - the stacked kind of this buffer
+        return super().__new__(cls)
+
     @takes_settings(ReplaySettings)
     def __init__(
         self,
@@ -95,8 +98,34 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
         **settings: Unpack[ReplaySettings],
     ) -> None:
         given = with_defaults("TrajectoryReplayBuffer", settings)
-        if given["instances"] is not None:
-            raise ValueError("TrajectoryReplayBuffer does not take instances yet: build one buffer per instance")
+        self._build(
+            capacity, num_envs, spec, dict(window=window, obs_keys=obs_keys, autoreset=autoreset, her=her), given
+        )
+
+    # ``help()`` and ``inspect.signature`` show the settings ``__init__`` takes, not ``__new__``'s catch-all
+    __new__.__signature__ = __init__.__signature__  # type: ignore[attr-defined]
+
+    @classmethod
+    def _instance(cls, capacity: int, num_envs: int, spec: Mapping, streams: dict, given: dict, member: Member):
+        """Instance ``member.index`` of a buffer of several: a buffer of ``given`` settings (and the
+        ``streams`` keywords) whose rows and tree are views of ``member``'s stack."""
+        self = object.__new__(cls)
+        self._build(capacity, num_envs, spec, streams, given, member)
+        return self
+
+    def _build(
+        self, capacity: int, num_envs: int, spec: Mapping, streams: dict, given: dict, member: Member | None = None
+    ) -> None:
+        cfg = self._settle(capacity, num_envs, spec, streams, given)
+        nbytes = self.nbytes_estimate
+        self._core = ReplayCore.build(cfg, self.layout.row, given, _SAMPLE_SLOTS, nbytes, self._allocate, member)
+        self._gamma = ExponentInput(self._gamma_scalar, "gamma")
+        self._out = TransitionSample(self.layout, relabelled=self._her is not None)
+
+    def _settle(self, capacity: int, num_envs: int, spec: Mapping, streams: dict, given: dict) -> ReplayConfig:
+        """Check the settings and set what the buffer holds beside its core (a buffer of several
+        instances too, from its first instance's settings); return the checked config."""
+        window, obs_keys, autoreset, her = (streams[k] for k in ("window", "obs_keys", "autoreset", "her"))
         if not isinstance(given["backend"], str):
             raise TypeError(f"backend must be 'auto', 'triton' or 'torch', got {given['backend']!r}")
         cfg = ReplayConfig.check(capacity, given)
@@ -115,11 +144,9 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
         self.nbytes_estimate = cfg.estimate_bytes(self.layout.row.row_bytes)
         if her is not None:
             self.nbytes_estimate += Relabeler.estimate_bytes(num_envs, self.rows_per_env)
-        self._core = ReplayCore.build(cfg, self.layout.row, given, _SAMPLE_SLOTS, self.nbytes_estimate, self._allocate)
         self._steps = 0  # add calls, as the host knows them
         self._size = 0  # filled rows, as the host knows them (a lower bound until stats())
-        self._gamma = ExponentInput(self._gamma_scalar, "gamma")
-        self._out = TransitionSample(self.layout, relabelled=her is not None)
+        return cfg
 
     def _allocate(self, core: ReplayCore) -> None:
         """What the trajectory buffer holds beside the core, on the core's device."""
@@ -188,15 +215,21 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
         names = self.layout.step_names()
         args = tuple(data[n] for n in names)
         try:
-            graphs = self._core.graphs
-            if not graphs.active:
-                self._add(*args)
-            else:
-                key = ("add",) + tuple((a.dtype, a.device.type) for a in args)
-                on_device = all(a.device == self.device for a in args)
-                graphs.call(key, args, self._add, by_address=on_device)
+            self._add_call(self._core.graphs, args)
         except torch.OutOfMemoryError as err:
             raise out_of_memory(err, self.device, f"adding a step of {self.num_envs} streams") from err
+        self._count_add()
+
+    def _add_call(self, graphs: BufferGraphs, args: tuple[torch.Tensor, ...]) -> None:
+        """:meth:`_add` of a checked step, eagerly or from ``graphs`` (captured per dtype and device)."""
+        if not graphs.active:
+            self._add(*args)
+        else:
+            key = ("add",) + tuple((a.dtype, a.device.type) for a in args)
+            on_device = all(a.device == self.device for a in args)
+            graphs.call(key, args, self._add, by_address=on_device)
+
+    def _count_add(self) -> None:
         self._steps += 1
         # every add writes at least a row a stream (and stats() may have counted more)
         self._size = max(self._size, min(self._steps, self.rows_per_env) * self.num_envs)
@@ -208,21 +241,6 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
             self._relabeler.after_add(before, self.streams)
 
     # ---------------------------------------------------------------- sample
-
-    def _check_drawable(self, what: str) -> None:
-        if self._steps <= self.window:
-            raise RuntimeError(
-                f"{what}: {self._steps} steps added; a start is drawable once the window={self.window} steps "
-                f"after it are written, so sampling needs window + 1 = {self.window + 1} steps (or build the "
-                "buffer with a smaller window)"
-            )
-
-    def _check_steps(self, name: str, value: object) -> int:
-        if not _is_int(value):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-        if not 1 <= value <= self.window:
-            raise ValueError(f"{name} must be in [1, window={self.window}], got {value}")
-        return value
 
     @on_own_device
     def sample(
@@ -252,16 +270,7 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
             ValueError: bad arguments, or (relabelling) a ``reward_fn`` / ``terminated_fn`` that does
                 not return one value per step.
         """
-        b = check_batch_size(batch_size)
-        n = self._check_steps("n_step", n_step)
-        if gamma is None and n > 1:
-            raise ValueError(f"sample(n_step={n}) needs gamma for the n-step return")
-        if relabel is not None and not isinstance(relabel, bool):
-            raise TypeError(f"relabel must be a bool or None, got {type(relabel).__name__}")
-        if relabel and self.her is None:
-            raise ValueError("sample(relabel=True) needs a buffer built with her=gper.HindsightRelabeling(...)")
-        relabel = self.her is not None and relabel is not False
-        self._check_drawable("sample()")
+        b, n, relabel = self._check_sample(batch_size, n_step, gamma, relabel)
         graphs = self._core.graphs
         graphed = graphs.active
         beta_t = self._core.beta.tensor(self._cfg.beta if beta is None else beta, graphed, checked=beta is None)
@@ -282,8 +291,11 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
     def _draw(self, b: int, beta: torch.Tensor, parts: dict[str, torch.Tensor]) -> None:
         self._core.sample_into(parts, beta, self.policy.start_mode)
 
-    def _sample(self, b: int, n: int, beta: torch.Tensor, gamma: torch.Tensor, relabel: bool) -> torch.Tensor:
-        flat = self._out.empty(b, self.device)
+    def _sample(
+        self, b: int, n: int, beta: torch.Tensor, gamma: torch.Tensor, relabel: bool, flat: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """A sample's outputs as one flat tensor (``flat``: where to write them, default a new one)."""
+        flat = self._out.empty(b, self.device) if flat is None else flat
         parts = self._out.split(flat)
         tree = self.tree
         # the draw advances the tree's random counter before reward_fn / terminated_fn run: a copy to
@@ -339,31 +351,35 @@ class TrajectoryReplayBuffer(BufferSettings, TrajectoryCheckpoint):
         Returns:
             A :class:`SequenceBatch`: fields ``[B, burn_in + length, ...]`` and ``mask``.
         """
-        b = check_batch_size(batch_size)
-        length = self._check_steps("length", length)
-        if not _is_int(burn_in) or burn_in < 0:
-            raise ValueError(f"burn_in must be an int >= 0, got {burn_in!r}")
-        self._check_drawable("sample_sequences()")
+        b, length = self._check_sequences(batch_size, length, burn_in)
         beta_t = self._core.beta.tensor(self._cfg.beta if beta is None else beta, False, checked=beta is None)
-        w = self.layout.words
         try:
-            start = torch.empty(b, w, dtype=torch.int32, device=self.device)
-            parts = {
-                "rows": start,
-                "indices": torch.empty(b, dtype=torch.int64, device=self.device),
-                "generations": torch.empty(b, dtype=torch.int32, device=self.device),
-                "weights": torch.empty(b, dtype=torch.float32, device=self.device),
-            }
-            self._draw(b, beta_t, parts)
-            rows = torch.empty(b, burn_in + length + 1, w, dtype=torch.int32, device=self.device)
-            mask = torch.empty(b, burn_in + length, dtype=torch.bool, device=self.device)
-            self._streams.gather_sequences(self.rows.words, length, burn_in, parts["indices"], rows, mask)
+            parts, rows, mask = self._sequence_outputs((), b, length, burn_in)
+            self._sequences_into(beta_t, length, burn_in, parts, rows, mask)
         except torch.OutOfMemoryError as err:
             raise out_of_memory(err, self.device, f"drawing {b} sequences") from err
         batch = SequenceBatch(
             self.layout, rows, mask, parts["indices"], parts["weights"], parts["generations"], length, burn_in
         )
         return self._core.stamp(batch)
+
+    def _sequence_outputs(self, lead: tuple[int, ...], b: int, length: int, burn_in: int) -> tuple:
+        """``(parts, rows, mask)``: new outputs of ``b`` sequences (``lead``: () or a buffer of
+        several instances' (N,)): the starts' draws, the sequences' rows and their mask."""
+        w, s, device = self.layout.words, burn_in + length, self.device
+        parts = {
+            "rows": torch.empty(*lead, b, w, dtype=torch.int32, device=device),
+            "indices": torch.empty(*lead, b, dtype=torch.int64, device=device),
+            "generations": torch.empty(*lead, b, dtype=torch.int32, device=device),
+            "weights": torch.empty(*lead, b, dtype=torch.float32, device=device),
+        }
+        rows = torch.empty(*lead, b, s + 1, w, dtype=torch.int32, device=device)
+        return parts, rows, torch.empty(*lead, b, s, dtype=torch.bool, device=device)
+
+    def _sequences_into(self, beta: torch.Tensor, length: int, burn_in: int, parts: dict, rows, mask) -> None:
+        """Draw ``len(parts["indices"])`` starts into ``parts``, their sequences into ``rows`` and ``mask``."""
+        self._draw(parts["indices"].numel(), beta, parts)
+        self._streams.gather_sequences(self.rows.words, length, burn_in, parts["indices"], rows, mask)
 
     # ---------------------------------------------------------------- priorities
 

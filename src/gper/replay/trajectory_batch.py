@@ -16,8 +16,54 @@ from collections.abc import Iterator
 import torch
 
 from gper.replay.batch import SampledBatch
-from gper.replay.checks import check_unit
+from gper.replay.checks import check_batch_size, check_unit
 from gper.replay.streams import StreamLayout, next_name
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class SampleArgs:
+    """The checks of the trajectory buffer's sample arguments (mixed into it, and so into its kind
+    of several instances, which checks once for all): the buffer has ``window``, ``her`` and
+    ``_steps``."""
+
+    def _check_drawable(self, what: str) -> None:
+        if self._steps <= self.window:
+            raise RuntimeError(
+                f"{what}: {self._steps} steps added; a start is drawable once the window={self.window} steps "
+                f"after it are written, so sampling needs window + 1 = {self.window + 1} steps (or build the "
+                "buffer with a smaller window)"
+            )
+
+    def _check_steps(self, name: str, value: object) -> int:
+        if not _is_int(value):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if not 1 <= value <= self.window:
+            raise ValueError(f"{name} must be in [1, window={self.window}], got {value}")
+        return value
+
+    def _check_sample(self, batch_size: object, n_step: object, gamma: object, relabel: object) -> tuple:
+        """``(B, n_step, relabel)`` of a :meth:`sample` call, checked (``relabel`` as a bool)."""
+        b = check_batch_size(batch_size)
+        n = self._check_steps("n_step", n_step)
+        if gamma is None and n > 1:
+            raise ValueError(f"sample(n_step={n}) needs gamma for the n-step return")
+        if relabel is not None and not isinstance(relabel, bool):
+            raise TypeError(f"relabel must be a bool or None, got {type(relabel).__name__}")
+        if relabel and self.her is None:
+            raise ValueError("sample(relabel=True) needs a buffer built with her=gper.HindsightRelabeling(...)")
+        self._check_drawable("sample()")
+        return b, n, self.her is not None and relabel is not False
+
+    def _check_sequences(self, batch_size: object, length: object, burn_in: object) -> tuple[int, int]:
+        b = check_batch_size(batch_size)
+        length = self._check_steps("length", length)
+        if not _is_int(burn_in) or burn_in < 0:
+            raise ValueError(f"burn_in must be an int >= 0, got {burn_in!r}")
+        self._check_drawable("sample_sequences()")
+        return b, length
 
 
 class TransitionBatch(SampledBatch):
@@ -81,39 +127,46 @@ class TransitionSample:
     words: start rows [B, W], next rows [B, W], indices [B] int64, generations, weights, discount;
     with ``relabelled``, one more word a draw, whose first B bytes are the bool flags."""
 
-    def __init__(self, layout: StreamLayout, relabelled: bool = False) -> None:
+    def __init__(self, layout: StreamLayout, relabelled: bool = False, kind: type | None = None) -> None:
         self.layout = layout
         self.relabelled = relabelled
+        #: the batch class it builds (a buffer of several instances builds its own kind)
+        self.kind = TransitionBatch if kind is None else kind
         self._per_draw = 2 * layout.words + 5 + relabelled
 
-    def empty(self, b: int, device: torch.device) -> torch.Tensor:
-        return torch.empty(b * self._per_draw, dtype=torch.int32, device=device)
+    def empty(self, b: int, device: torch.device, lead: tuple[int, ...] = ()) -> torch.Tensor:
+        """A new flat output of ``b`` draws (``lead``: a buffer of several instances' (N,), whose
+        rows are padded to an even number of words: each row's int64 indices must be 8-byte aligned)."""
+        words = b * self._per_draw
+        return torch.empty(*lead, words + (words % 2 if lead else 0), dtype=torch.int32, device=device)
 
     def split(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The outputs' views of ``flat`` ([..., B * per draw]: a leading [N] is kept, each row of it
+        laid out as one buffer's)."""
         w = self.layout.words
-        b = flat.numel() // self._per_draw
+        lead, b = flat.shape[:-1], flat.shape[-1] // self._per_draw
         at = 2 * b * w
         parts = {
-            "rows": flat[: b * w].view(b, w),
-            "next_rows": flat[b * w : at].view(b, w),
-            "indices": flat[at : at + 2 * b].view(torch.int64),
-            "generations": flat[at + 2 * b : at + 3 * b],
-            "weights": flat[at + 3 * b : at + 4 * b].view(torch.float32),
-            "discount": flat[at + 4 * b : at + 5 * b].view(torch.float32),
+            "rows": flat[..., : b * w].view(*lead, b, w),
+            "next_rows": flat[..., b * w : at].view(*lead, b, w),
+            "indices": flat[..., at : at + 2 * b].view(torch.int64),
+            "generations": flat[..., at + 2 * b : at + 3 * b],
+            "weights": flat[..., at + 3 * b : at + 4 * b].view(torch.float32),
+            "discount": flat[..., at + 4 * b : at + 5 * b].view(torch.float32),
         }
         if self.relabelled:
-            parts["relabelled"] = flat[at + 5 * b :].view(torch.uint8)[:b].view(torch.bool)
+            parts["relabelled"] = flat[..., at + 5 * b :].view(torch.uint8)[..., :b].view(torch.bool)
         return parts
 
     def with_fields(self, flat: torch.Tensor) -> dict:
         """:meth:`split` plus the prebuilt field views under ``("field", name)`` (for a sample slot)."""
         parts: dict = dict(self.split(flat))
-        batch = TransitionBatch(self.layout, parts, 0)
+        batch = self.kind(self.layout, parts, 0)
         return parts | {("field", name): batch[name] for name in batch}
 
     def batch(self, parts: dict, n_step: int, with_fields: bool = False) -> TransitionBatch:
         fields = {k[1]: v for k, v in parts.items() if isinstance(k, tuple)} if with_fields else None
-        return TransitionBatch(self.layout, parts, n_step, fields)
+        return self.kind(self.layout, parts, n_step, fields)
 
 
 class SequenceBatch(SampledBatch):
@@ -148,11 +201,11 @@ class SequenceBatch(SampledBatch):
         )
 
     def _view(self, name: str, shift: int) -> torch.Tensor:
-        b, s1, w = self.rows.shape
+        *lead, s1, w = self.rows.shape  # [B, S + 1, W], or [N, B, S + 1, W] from several instances
         layout = self._stream.visible if shift == 0 else self._stream.row
-        flat = layout.view(self.rows.view(b * s1, w), name)
-        full = flat.view(b, s1, *flat.shape[1:])
-        return full[:, 1:] if shift else full[:, :-1]
+        flat = layout.view(self.rows.view(-1, w), name)
+        full = flat.view(*lead, s1, *flat.shape[1:])
+        return full.narrow(len(lead), 1, s1 - 1) if shift else full.narrow(len(lead), 0, s1 - 1)
 
     def __getitem__(self, name: str) -> torch.Tensor:
         view = self._fields.get(name)
@@ -188,13 +241,13 @@ class SequenceBatch(SampledBatch):
         eta = check_unit("eta", eta)
         if not isinstance(td, torch.Tensor):
             raise TypeError(f"update_priorities(): td_errors must be a torch.Tensor, got {type(td).__name__}")
-        want = (self.batch_size, self.length)
+        want = (*self.indices.shape, self.length)
         if tuple(td.shape) != want or not td.dtype.is_floating_point or td.device != device:
             raise ValueError(
                 f"update_priorities(): a sequence batch's td_errors must be a float tensor {want} (the steps after "
                 f"the burn-in) on {device}; got {tuple(td.shape)} {td.dtype} on {td.device}"
             )
-        mask = self.mask[:, self.burn_in :]
+        mask = self.mask[..., self.burn_in :]
         a = torch.where(mask, td.detach().float().abs(), 0.0)
-        mean = a.sum(dim=1) / mask.sum(dim=1).clamp_min(1)
-        return eta * a.amax(dim=1) + (1.0 - eta) * mean
+        mean = a.sum(dim=-1) / mask.sum(dim=-1).clamp_min(1)
+        return eta * a.amax(dim=-1) + (1.0 - eta) * mean

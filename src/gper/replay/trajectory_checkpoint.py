@@ -95,6 +95,16 @@ def check_trajectory_contents(
     return invalid, int(steps)  # a second read, after the checks passed
 
 
+def check_host_steps(host: Mapping[str, Any], flags: torch.Tensor | None) -> int:
+    """A state's host step count (an int >= 0), once its rows were found (``flags`` not None)."""
+    steps = host.get("steps")
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+        raise ValueError(f"load_state_dict(): host['steps'] must be an int >= 0, got {steps!r}")
+    if flags is None:
+        raise ValueError("load_state_dict(): 'rows' missing or of the wrong shape/dtype")
+    return steps
+
+
 class TrajectoryCheckpoint:
     """The checkpoint methods of :class:`~gper.TrajectoryReplayBuffer` (its rows, tree, policy,
     stream state and counts; the buffer defines ``_init_args`` and the rest)."""
@@ -136,8 +146,8 @@ class TrajectoryCheckpoint:
         """
         flags = None
         rows = state.get("rows") if isinstance(state, Mapping) else None
-        if isinstance(rows, torch.Tensor) and rows.shape == self.rows.rows.shape and rows.dtype == torch.uint8:
-            flags = rows.view(torch.int32)[:, self.layout.flags_col]
+        if isinstance(rows, torch.Tensor) and rows.shape == self._all_rows().shape and rows.dtype == torch.uint8:
+            flags = self._flags_of(rows)
         self._restore(state, flags, lambda dst: dst.copy_(state["rows"]))
 
     def save(self, path: str | os.PathLike, progress: Callable[[int, int], None] | None = None) -> int:
@@ -148,7 +158,7 @@ class TrajectoryCheckpoint:
             bytes written.
         """
         meta = {"config": self._config(), "seed": self.seed, "host": self._host_counts()}
-        tensors = self._tensors() | {"flags": self.rows.words[:, self.layout.flags_col].contiguous()}
+        tensors = self._tensors() | {"flags": self._flags_of(self._all_rows()).contiguous()}
         return write_tensors(path, tensors, meta, progress)
 
     def load(self, path: str | os.PathLike) -> None:
@@ -162,7 +172,7 @@ class TrajectoryCheckpoint:
         with TensorFile(path) as f:
             meta = f.metadata
             state: dict[str, Any] = {"config": meta.get("config"), "seed": meta.get("seed"), "host": meta.get("host")}
-            wanted = self._tensors() | {"flags": self.rows.words[:, self.layout.flags_col]}
+            wanted = self._tensors() | {"flags": self._flags_of(self._all_rows())}
             for name, mine in wanted.items():
                 if name not in f.keys():
                     raise ValueError(f"load(): {path} has no tensor {name!r}")
@@ -183,7 +193,7 @@ class TrajectoryCheckpoint:
     def _read_rows(self, f: TensorFile, rows: torch.Tensor, flags: torch.Tensor, path: str | os.PathLike) -> None:
         try:
             f.copy_into("rows", rows)
-            same = bool((rows.view(torch.int32)[:, self.layout.flags_col] == flags).all())
+            same = bool((self._flags_of(rows) == flags).all())
         except OSError as err:
             same, why = False, f"({err})"
         else:
@@ -194,6 +204,14 @@ class TrajectoryCheckpoint:
                 "holds part of it: load a complete file into it, or build a new one"
             )
 
+    def _all_rows(self) -> torch.Tensor:
+        """The stored rows a state holds whole (a buffer of several instances': all of theirs)."""
+        return self.rows.rows
+
+    def _flags_of(self, rows: torch.Tensor) -> torch.Tensor:
+        """The flags words of packed uint8 rows ``[..., slots, row_bytes]``: ``[..., slots]`` int32."""
+        return rows.view(torch.int32)[..., self.layout.flags_col]
+
     def _restore(
         self,
         state: Mapping[str, Any],
@@ -203,18 +221,34 @@ class TrajectoryCheckpoint:
     ) -> None:
         config = json.loads(json.dumps(self._config())) if json_config else self._config()
         seed, host = check_state(state, config, self._tensors())
-        steps = host.get("steps")
-        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
-            raise ValueError(f"load_state_dict(): host['steps'] must be an int >= 0, got {steps!r}")
-        if flags is None:
-            raise ValueError("load_state_dict(): 'rows' missing or of the wrong shape/dtype")
+        steps = check_host_steps(host, flags)
+        invalid, steps = self._check_contents(state, flags, host["size"], steps)
+        self._load_checked(state, copy_rows, seed, host, invalid, steps)
+
+    def _check_contents(
+        self, state: Mapping[str, Any], flags: torch.Tensor, host_size: int, host_steps: int
+    ) -> tuple[int, int]:
+        """Check what a state whose form passed holds (:func:`check_trajectory_contents`, and the
+        episode index's); return (the dropped update entries it counts, the device's step count)."""
         more = None
         if self._relabeler is not None:
             streams = state["streams"].detach().to(self.device)
             more = self._relabeler.checks(state, flags.to(self.device), streams)
-        invalid, steps = check_trajectory_contents(
-            state, flags, self.tree.layout, host["size"], steps, self.rows_per_env, self.window, self.device, more
+        rows_per_env, window = self.rows_per_env, self.window
+        return check_trajectory_contents(
+            state, flags, self.tree.layout, host_size, host_steps, rows_per_env, window, self.device, more
         )
+
+    def _load_checked(
+        self,
+        state: Mapping[str, Any],
+        copy_rows: Callable[[torch.Tensor], object],
+        seed: int,
+        host: Mapping[str, Any],
+        invalid: int,
+        steps: int,
+    ) -> None:
+        """Copy a checked state into place and take its counts (``steps``: the device's)."""
         with torch.no_grad():
             self._core.load_tensors(state, copy_rows)
             self._streams.load_state_dict(state)
