@@ -42,6 +42,8 @@ ADDED = {
     "her_ratio": 0.8,
     "weight_norm": "global",
     "distributed": "off",
+    "population": 1,
+    "sweep": (),
 }
 
 
@@ -53,8 +55,9 @@ def _upgrade(settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def _from_settings(settings: dict[str, Any]) -> Config:
-    if isinstance(settings.get("hidden"), list | tuple):
-        settings = settings | {"hidden": tuple(settings["hidden"])}
+    for name in ("hidden", "sweep"):  # tuples, which JSON holds as lists
+        if isinstance(settings.get(name), list | tuple):
+            settings = settings | {name: tuple(settings[name])}
     return from_settings(settings)
 
 

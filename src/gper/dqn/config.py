@@ -33,6 +33,13 @@ class Config:
     synthetic prices"""
     seed: int = 1
     """seed of torch, the environments and the replay buffer"""
+    population: int = 1
+    """agents trained at once, each with its own networks, Adam state, environments and exact
+    prioritized replay (an instance of one buffer): agent i is the single run seeded seed + i (bit for bit
+    on the CPU), all of them in the same launches and CUDA graphs; flat replay, one process (docs/training.md)"""
+    sweep: tuple[str, ...] = ()
+    """a grid of settings, NAME=V1,V2,... (repeatable: learning_rate, gamma, alpha, beta, tau, eps_start,
+    eps_end, exploration_fraction); each grid point gets population agents, agent i seed + i"""
     total_steps: int | None = None
     """environment steps to train for (all environments together)"""
     num_envs: int | None = None
@@ -313,6 +320,12 @@ def resolve(config: Config, device: torch.device, family: str | None = None) -> 
 
 
 def _check(cfg: Config) -> None:
+    if isinstance(cfg.population, bool) or not isinstance(cfg.population, int) or cfg.population < 1:
+        raise ValueError(f"population must be an integer >= 1, got {cfg.population!r}")
+    if cfg.sweep:
+        from gper.dqn.sweep import parse_sweeps
+
+        parse_sweeps(cfg.sweep)
     positive = ("total_steps", "num_envs", "buffer_size", "batch_size", "target_every", "train_every", "epoch_steps")
     for name in (*positive, "episode_len"):
         value = getattr(cfg, name)

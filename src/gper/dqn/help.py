@@ -138,7 +138,9 @@ def command_config(env: str, device: torch.device, default: Config | None = None
             hint = "(default: chosen for the network's size, on the CPU)"
         arg = tyro.conf.arg(help=docs.get(f.name), help_behavior_hint=hint)
         spec = dataclasses.field(default=f.default) if f.default is not dataclasses.MISSING else f
-        fields.append((f.name, Annotated[hints[f.name], arg], spec))
+        # --sweep is given once per setting swept: --sweep gamma=0.99,0.995 --sweep learning_rate=1e-3,3e-4
+        marks = (arg, tyro.conf.UseAppendAction) if f.name == "sweep" else (arg,)
+        fields.append((f.name, Annotated[(hints[f.name], *marks)], spec))
     return dataclasses.make_dataclass("Config", fields)
 
 
