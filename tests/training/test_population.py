@@ -17,6 +17,7 @@ import torch
 import gper
 from gper.training import AlgorithmSpec, RunConfig, train
 from gper.training.episodes import EpisodeTracker
+from gper.training.plot import figure
 from gper.training.population_stats import iqm, iqm_interval
 from gper.training.runlog import read_metrics
 from gper.training.tensorboard import installed
@@ -177,6 +178,16 @@ def test_a_population_is_reported_per_agent_and_in_aggregate(tmp_path, monkeypat
     assert last["losses/td_loss"] == pytest.approx(sum((a + 1) / 2 for a in range(8)) / 8)
     line = next(x for x in lines if x.startswith("step      2400"))
     assert f"iqm {_iqm_oracle(means):8.2f}  solved {pop['agents_solved']}/8" in line
+
+    # the plot: every agent's 100-episode mean thin, the IQM at the epochs' ends bold in its band
+    ret = figure(rows, solve_return=30.0).axes[0]
+    drawn = {line.get_label(): line for line in ret.lines}
+    assert len([line for line in ret.lines if line.get_lw() < 1]) == 8
+    bold = drawn["IQM across 8 agents"]
+    assert list(bold.get_xdata()) == [2000, 2400]
+    assert list(bold.get_ydata()) == pytest.approx([r["charts/iqm_return_last100"] for r in epochs], rel=1e-12)
+    assert [c.get_label() for c in ret.collections] == ["interquartile range of the agents"]
+    assert "solved: 30" in drawn and (folder / "plot.png").stat().st_size > 10_000
 
     if installed():  # TensorBoard: the agents' tags, at the episodes' steps
         scalars = event_scalars(folder)
