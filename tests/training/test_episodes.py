@@ -150,3 +150,21 @@ def test_gymnasium_episodes_are_the_same_in_both_autoreset_modes(seed):
                 obs, length = ref.reset()[0], 0
         assert [(float(x), x) for x in lengths] == same[e]  # reward 1 a step
     assert 0 < truncations < sum(len(same[e]) for e in range(n))  # episodes ended both ways
+
+
+def test_a_population_records_each_episodes_agent():
+    """Four environments, two agents of two: environments 0-1 are agent 0's, 2-3 agent 1's."""
+    tracker = EpisodeTracker(4, torch.device("cpu"), ring=3, agents=2)
+    assert tracker.ring == 6  # per agent
+    ones = torch.ones(4, dtype=torch.float64)
+    tracker.record(ones, torch.tensor([False, True, True, False]), torch.tensor(1.0))
+    tracker.record(2 * ones, torch.tensor([True, False, False, True]), torch.tensor(2.0))
+    per_agent, lost = tracker.drain_agents(_host(tracker))
+    assert lost == 0 and per_agent == [[(1.0, 1, 1), (3.0, 2, 2)], [(1.0, 1, 1), (3.0, 2, 2)]]
+    tracker.record(ones, torch.tensor([False, False, True, False]), torch.tensor(3.0))
+    assert tracker.drain(_host(tracker)) == ([(3.0, 2, 3)], 0)  # drain: all agents' together, 3-tuples
+    single = EpisodeTracker(2, torch.device("cpu"))
+    single.record(torch.ones(2, dtype=torch.float64), torch.tensor([True, False]), torch.tensor(1.0))
+    assert single.table.shape[1] == 3 and single.drain_agents(_host(single)) == ([[(1.0, 1, 1)]], 0)
+    with pytest.raises(ValueError, match="agents must be an integer >= 1 that divides num_envs 4, got 3"):
+        EpisodeTracker(4, torch.device("cpu"), agents=3)

@@ -36,10 +36,12 @@ class Learner(Protocol):
     """its replay buffer: ``save(path)``, ``load(path)`` and ``stats()`` (the checkpoint's
     ``replay.safetensors``; a sharded one's ``save`` returns the group's part, its ``load`` takes it)"""
     episodes: EpisodeTracker
-    """the training episodes' returns and lengths, recorded on the device"""
+    """the training episodes' returns and lengths, recorded on the device (a population's, with an
+    int attribute ``agents`` = N > 1: ``EpisodeTracker(num_envs * N, device, agents=N)``, see
+    :mod:`~gper.training.population_report`)"""
     sums: torch.Tensor
     """running sums over training steps (float64), reported per training step under the names of
-    :attr:`AlgorithmSpec.sum_metrics`"""
+    :attr:`AlgorithmSpec.sum_metrics` (a population's: ``[N, n_sums]``, a row per agent)"""
 
     def collect_step(self, timer: PhaseTimer | None) -> None:
         """One collection iteration: every environment stepped once, into the replay (timed

@@ -11,6 +11,11 @@ With an environment that resets on the *next* step (Gymnasium's ``next-step`` au
 belongs to no episode: the tracker remembers which copies ended on their last step and counts
 neither the reset step's reward nor its length, so it records the episodes a ``same-step``
 environment would.
+
+A population (``agents`` > 1: N agents trained together, :mod:`gper.training.population_report`)
+records all its environments in one tracker: environments ``[i*E, (i+1)*E)`` belong to agent ``i``
+(``E = num_envs // agents``), and each ring row records its agent too, which
+:meth:`EpisodeTracker.drain_agents` sorts the episodes by.
 """
 
 from __future__ import annotations
@@ -28,20 +33,31 @@ class EpisodeTracker:
             oldest are lost (:meth:`drain` says how many).
         autoreset: the environment's :attr:`~gper.envs.base.VecEnv.autoreset`, ``"same-step"``
             or ``"next-step"`` (see the module docstring).
+        agents: the agents of a population sharing the tracker (see the module docstring); a
+            population's ring holds ``ring`` episodes per agent.
     """
 
-    def __init__(self, num_envs: int, device: torch.device, ring: int = 8192, autoreset: str = "same-step") -> None:
+    def __init__(
+        self, num_envs: int, device: torch.device, ring: int = 8192, autoreset: str = "same-step", agents: int = 1
+    ) -> None:
         if autoreset not in ("same-step", "next-step"):
             raise ValueError(f"autoreset must be 'same-step' or 'next-step', got {autoreset!r}")
-        self.num_envs = num_envs
-        self.ring = max(int(ring), num_envs)
+        if not isinstance(agents, int) or agents < 1 or num_envs % agents:
+            raise ValueError(f"agents must be an integer >= 1 that divides num_envs {num_envs}, got {agents!r}")
+        self.num_envs, self.agents = num_envs, agents
+        # per agent: N agents finish about N times the episodes of one in an epoch
+        self.ring = max(int(ring) * agents, num_envs)
         self.autoreset = autoreset
         self.returns = torch.zeros(num_envs, dtype=torch.float64, device=device)
         self.lengths = torch.zeros(num_envs, dtype=torch.float64, device=device)
         # next-step autoreset: the copies whose last step ended an episode, so this step is a reset step
         self.resetting = torch.zeros(num_envs, dtype=torch.bool, device=device)
-        # rows: return, length, env step at the episode's end; row ``ring`` is the spare
-        self.table = torch.zeros(self.ring + 1, 3, dtype=torch.float64, device=device)
+        # rows: return, length, env step at the episode's end (and a population's agent); row ``ring``
+        # is the spare. One agent keeps its 3 columns: checkpoints written before populations load
+        self.table = torch.zeros(self.ring + 1, 3 if agents == 1 else 4, dtype=torch.float64, device=device)
+        # the agent of each environment, as the table's fourth column (a population's only)
+        block = num_envs // agents
+        self._agent = (torch.arange(num_envs, device=device) // block).to(torch.float64) if agents > 1 else None
         self.count = torch.zeros((), dtype=torch.int64, device=device)
         self._read = 0
 
@@ -60,7 +76,8 @@ class EpisodeTracker:
         self.returns += reward
         ended = done.to(torch.int64)
         slot = torch.where(done, (self.count + ended.cumsum(0) - 1) % self.ring, self.ring)
-        rows = torch.stack((self.returns, self.lengths, env_step.expand_as(self.returns)), dim=1)
+        columns = [self.returns, self.lengths, env_step.expand_as(self.returns)]
+        rows = torch.stack(columns if self._agent is None else [*columns, self._agent], dim=1)
         self.table.index_copy_(0, slot, rows)
         self.count += ended.sum()
         keep = (~done).to(self.returns.dtype)
@@ -72,8 +89,24 @@ class EpisodeTracker:
         return {"episodes": self.table, "episode_count": self.count}
 
     def drain(self, host: dict[str, torch.Tensor]) -> tuple[list[tuple[float, int, int]], int]:
-        """Episodes finished since the last drain, oldest first, from a host copy of :meth:`snapshot`;
-        and how many were lost because more than ``ring`` finished in between."""
+        """Episodes finished since the last drain, oldest first, from a host copy of :meth:`snapshot`,
+        as (return, length, env step at its end); and how many were lost because more than
+        ``ring`` finished in between. A population's: all its agents' episodes together (see
+        :meth:`drain_agents`)."""
+        rows, lost = self._drain_rows(host)
+        return [(float(r[0]), int(r[1]), int(r[2])) for r in rows], lost
+
+    def drain_agents(self, host: dict[str, torch.Tensor]) -> tuple[list[list[tuple[float, int, int]]], int]:
+        """Like :meth:`drain`, the episodes sorted by agent: list ``i`` holds agent ``i``'s (return,
+        length, env step), oldest first; one list for a single agent. Either drain reads the
+        episodes once: call one of them an epoch."""
+        rows, lost = self._drain_rows(host)
+        per_agent: list[list[tuple[float, int, int]]] = [[] for _ in range(self.agents)]
+        for r in rows:
+            per_agent[0 if self.agents == 1 else int(r[3])].append((float(r[0]), int(r[1]), int(r[2])))
+        return per_agent, lost
+
+    def _drain_rows(self, host: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], int]:
         count = int(host["episode_count"])
         new = count - self._read
         lost = max(0, new - self.ring)
@@ -81,7 +114,7 @@ class EpisodeTracker:
         table = host["episodes"]
         rows = [table[i % self.ring] for i in range(first, count)]
         self._read = count
-        return [(float(r[0]), int(r[1]), int(r[2])) for r in rows], lost
+        return rows, lost
 
     def restart(self) -> None:
         """Drop the episodes in flight: the environment was reset (their steps so far count nowhere)."""

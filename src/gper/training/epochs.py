@@ -184,7 +184,7 @@ class EpochLoop:
         host, now = sync_epoch(learner, self.readback)
         if self.launch is not None:
             self.stop.agree()  # every rank stops after the same epoch
-        episodes, lost = learner.episodes.drain(host)
+        episodes, lost = self.report.drain(learner.episodes, host)  # a population's: per agent
         metrics = self.report.end_epoch(
             host,
             episodes,

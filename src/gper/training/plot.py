@@ -5,17 +5,31 @@ the greedy evaluations (``eval/mean_return`` with ``eval/std_return`` as error b
 environment's "solved" threshold with the step where the 100-episode mean first reached it;
 below, the losses (``losses/td_loss`` on a log scale, ``losses/q_values`` on its own axis) and
 the per-phase times.
+
+A population's record (``agent_<i>/charts/episodic_return``, :mod:`gper.training.population_report`)
+draws, instead of the episodes and their mean, each agent's 100-episode mean as a thin line, the
+interquartile mean across the agents as a bold one with the agents' interquartile range (25th to
+75th percentile) as its band (a spread of the agents, not a confidence interval: that is
+``summary.json``'s, by bootstrap), and the step where that IQM first reached ``solve_return``. The
+IQM is taken at the epochs' ends (the steps of the ``charts/SPS`` records), from each agent's mean
+of its last 100 episodes then: the values of the epoch records' ``charts/iqm_return_last100``.
 """
 
 from __future__ import annotations
 
+import bisect
+import re
 from pathlib import Path
 from typing import Any
 
+from gper.training.population_stats import finite, iqm
 from gper.training.runlog import read_metrics
 
 #: the 100-episode window of the mean return (and of the solve point)
 WINDOW = 100
+
+#: a population's episode returns in ``metrics.jsonl``
+AGENT_RETURN = re.compile(r"agent_(\d+)/charts/episodic_return")
 
 
 def plot_run(
@@ -68,13 +82,22 @@ def _series(rows: list[dict[str, Any]], name: str) -> tuple[list[int], list[floa
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
+def population_agents(rows: list[dict[str, Any]]) -> list[int]:
+    """The agents whose episodes ``rows`` hold (none for a single agent's record)."""
+    return sorted({int(m.group(1)) for r in rows for k in r if (m := AGENT_RETURN.fullmatch(k))})
+
+
+def _running_means(returns: list[float]) -> list[float]:
+    """The mean of the last ``WINDOW`` returns (fewer at the start) after each one."""
+    return [sum(returns[max(0, i - WINDOW + 1) : i + 1]) / min(i + 1, WINDOW) for i in range(len(returns))]
+
+
 def _returns(ax: Any, rows: list[dict[str, Any]], solve_return: float | None) -> None:
-    steps, returns = _series(rows, "charts/episodic_return")
-    window: list[float] = []
-    if steps:
-        ax.plot(steps, returns, ".", ms=2, alpha=0.25, color="tab:blue", label="training episode")
-        window = [sum(returns[max(0, i - WINDOW + 1) : i + 1]) / min(i + 1, WINDOW) for i in range(len(returns))]
-        ax.plot(steps, window, "-", lw=2, color="tab:orange", label=f"mean of last {WINDOW}")
+    agents = population_agents(rows)
+    if agents:
+        solved, what = _population(ax, rows, agents, solve_return)
+    else:
+        solved, what = _episodes(ax, rows, solve_return), f"mean of last {WINDOW}"
     ev_steps, ev_mean = _series(rows, "eval/mean_return")
     if ev_steps:
         std = [r.get("eval/std_return") or 0.0 for r in rows if r.get("eval/mean_return") is not None]
@@ -83,14 +106,57 @@ def _returns(ax: Any, rows: list[dict[str, Any]], solve_return: float | None) ->
         ax.errorbar(ev_steps, ev_mean, yerr=std, fmt="o-", ms=5, lw=1.5, capsize=3, color="tab:green", label=label)
     if solve_return is not None:
         ax.axhline(solve_return, ls="--", lw=1, color="tab:red", label=f"solved: {solve_return:g}")
-        solved = next((s for i, s in enumerate(steps) if i + 1 >= WINDOW and window[i] >= solve_return), None)
         if solved is not None:
-            ax.axvline(solved, ls=":", lw=1, color="tab:red", label=f"mean of last {WINDOW} reached it: {solved:,}")
+            ax.axvline(solved, ls=":", lw=1, color="tab:red", label=f"{what} reached it: {solved:,}")
     ax.set_xlabel("env steps")
     ax.set_ylabel("episodic return")
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="best", fontsize=9)
+
+
+def _episodes(ax: Any, rows: list[dict[str, Any]], solve_return: float | None) -> int | None:
+    """One agent's episodes and their 100-episode mean; the step where that first reached ``solve_return``."""
+    steps, returns = _series(rows, "charts/episodic_return")
+    if not steps:
+        return None
+    ax.plot(steps, returns, ".", ms=2, alpha=0.25, color="tab:blue", label="training episode")
+    window = _running_means(returns)
+    ax.plot(steps, window, "-", lw=2, color="tab:orange", label=f"mean of last {WINDOW}")
+    if solve_return is None:
+        return None
+    return next((s for i, s in enumerate(steps) if i + 1 >= WINDOW and window[i] >= solve_return), None)
+
+
+def _population(
+    ax: Any, rows: list[dict[str, Any]], agents: list[int], solve_return: float | None
+) -> tuple[int | None, str]:
+    """A population's curves (see the module docstring); the epoch end where the IQM first
+    reached ``solve_return``, and what reached it."""
+    import numpy as np
+
+    curves = []
+    for n, agent in enumerate(agents):
+        steps, returns = _series(rows, f"agent_{agent}/charts/episodic_return")
+        curves.append((steps, _running_means(returns)))
+        label = f"an agent's mean of last {WINDOW}" if n == 0 else None
+        ax.plot(steps, curves[-1][1], "-", lw=0.7, alpha=0.45, color="tab:blue", label=label)
+    grid, center, low, high = [], [], [], []
+    for step in sorted({r["global_step"] for r in rows if "charts/SPS" in r}):
+        # each agent's mean after its last episode at or before the epoch's end
+        at = [window[i - 1] for steps, window in curves if (i := bisect.bisect_right(steps, step))]
+        if finite(at):
+            grid.append(step)
+            center.append(iqm(at))
+            low.append(float(np.percentile(at, 25)))
+            high.append(float(np.percentile(at, 75)))
+    what = f"IQM across {len(agents)} agents"
+    if grid:
+        ax.fill_between(grid, low, high, alpha=0.25, color="tab:orange", label="interquartile range of the agents")
+        ax.plot(grid, center, "-", lw=2.5, color="tab:orange", label=what)
+    if solve_return is None:
+        return None, what
+    return next((s for s, v in zip(grid, center, strict=True) if v >= solve_return), None), what
 
 
 def _losses(ax: Any, rows: list[dict[str, Any]]) -> None:

@@ -15,6 +15,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -64,11 +65,30 @@ class Results:
     stopped: str | None = None
     """the signal that stopped the run (SIGINT, SIGTERM) before it was done (``env_steps``: where); None
     when it ran to its end"""
+    population: dict[str, Any] | None = None
+    """a population's (:mod:`~gper.training.population_report`): its aggregate and each agent's record;
+    None for one agent (whose ``summary.json`` then has no such entry)"""
 
 
 def mean_last100(returns: list[float]) -> float:
     """The mean of the last 100 returns (fewer when there are fewer; NaN when there are none)."""
     return sum(returns[-100:]) / len(returns[-100:]) if returns else float("nan")
+
+
+def scan_windows(
+    returns: list[float], episodes: list[tuple[float, int, int]], goal: float | None
+) -> tuple[float, int | None]:
+    """Every 100-episode window of ``returns`` that ends in its newest ``len(episodes)`` entries
+    (``episodes``: those entries' (return, length, env step)): the best window's mean (-inf when
+    none ends there), and the env step of the first window at ``goal`` or above (None if none)."""
+    first_new = len(returns) - len(episodes)
+    best, solved = -math.inf, None
+    for k in range(max(100, first_new + 1), len(returns) + 1):
+        window = sum(returns[k - 100 : k]) / 100
+        best = max(best, window)
+        if solved is None and goal is not None and window >= goal:
+            solved = episodes[k - 1 - first_new][2]
+    return best, solved
 
 
 class RunReport:
@@ -84,6 +104,9 @@ class RunReport:
             per training step; :attr:`~gper.training.algorithm.AlgorithmSpec.sum_metrics`).
         learn_phases: the learn step's phases in the phase line's order (:func:`format_phase_line`).
     """
+
+    agents = 1
+    """the agents whose env steps one collection iteration takes (``num_envs`` each)"""
 
     def __init__(
         self,
@@ -161,6 +184,12 @@ class RunReport:
         s90 = state.get("success_90")
         self.success_90 = None if s90 is None else (int(s90[0]), float(s90[1]))
 
+    def drain(self, tracker: Any, host: dict[str, torch.Tensor]) -> tuple[Any, int]:
+        """The epoch's finished episodes from the host copy ``host`` of ``tracker``'s ring (an
+        :class:`~gper.training.episodes.EpisodeTracker`), in the form :meth:`end_epoch` takes, and
+        how many were lost."""
+        return tracker.drain(host)
+
     def end_evaluation(self, env_step: int, metrics: dict[str, float], now: float) -> None:
         """Report the evaluation after the epoch that ended at ``env_step`` (its ``eval/`` metrics);
         ``now``: when it ended, from which the next epoch's rates count."""
@@ -213,10 +242,11 @@ class RunReport:
         timed, self._rate_train_steps = train_steps - self._rate_train_steps, train_steps
         # trained: the epoch's training steps (its losses' mean); timed: those within its wall time
         metrics = {
-            "charts/SPS": iterations * self.cfg.num_envs / wall,
+            # a population's env steps: all its agents' (the env-step axis counts one agent's)
+            "charts/SPS": iterations * self.cfg.num_envs * self.agents / wall,
             "charts/train_steps_per_s": timed / wall,
             **charts,
-            "charts/mean_return_last100": mean_last100(self.returns),
+            **self._return_metrics(),
             **self._sum_metrics(host, trained),
             **{f"timing/{name}_ms": ms for name, (ms, _) in phases.items()},
         }
@@ -225,8 +255,7 @@ class RunReport:
         busy = busy_fraction(phases, iterations, timed, wall, self.device.type == "cuda", self.learn_phases)
         self.log(format_phase_line(phases, self.device, self.learn_phases))
         self.log(
-            f"step {env_step:>9d}  return(last100) {metrics['charts/mean_return_last100']:8.2f}  "
-            f"episodes {len(self.returns):6d}  env steps/s {metrics['charts/SPS']:9.0f}  "
+            f"step {env_step:>9d}  {self._return_said(metrics)}  env steps/s {metrics['charts/SPS']:9.0f}  "
             f"train steps/s {metrics['charts/train_steps_per_s']:8.0f}  "
             f"wall {now - self.t0:7.1f}s" + (f"  busy {busy:.0%}" if busy is not None else "")
         )
@@ -276,13 +305,18 @@ class RunReport:
 
     def _windows(self, episodes: list[tuple[float, int, int]], now: float) -> None:
         """Every 100-episode window that ends in this epoch: the best one, and the first at solve_return."""
-        returns, goal = self.returns, self.cfg.solve_return
-        first_new = len(returns) - len(episodes)
-        for k in range(max(100, first_new + 1), len(returns) + 1):
-            window = sum(returns[k - 100 : k]) / 100
-            self.best = max(self.best, window)
-            if self.solved_at is None and goal is not None and window >= goal:
-                self.solved_at = (episodes[k - 1 - first_new][2], now - self.t0)
+        best, solved = scan_windows(self.returns, episodes, self.cfg.solve_return)
+        self.best = max(self.best, best)
+        if self.solved_at is None and solved is not None:
+            self.solved_at = (solved, now - self.t0)
+
+    def _return_metrics(self) -> dict[str, float]:
+        """The epoch's return charts."""
+        return {"charts/mean_return_last100": mean_last100(self.returns)}
+
+    def _return_said(self, metrics: dict[str, float]) -> str:
+        """The epoch line's returns and episodes."""
+        return f"return(last100) {metrics['charts/mean_return_last100']:8.2f}  episodes {len(self.returns):6d}"
 
     def _sum_metrics(self, host: dict[str, torch.Tensor], trained: int) -> dict[str, float]:
         """The epoch's mean per training step of each device sum (none when it did not train)."""

@@ -17,6 +17,7 @@ from gper.training.evaluation import Evaluator, final_test
 from gper.training.extras import INSTALL, require
 from gper.training.parallel import Launch
 from gper.training.plot import plot_run
+from gper.training.population_report import PopulationReport, population_of
 from gper.training.report import Results, RunReport
 from gper.training.run_checkpoint import Checkpoint
 from gper.training.run_folder import open_run_folder
@@ -90,6 +91,7 @@ def _train_process(spec: AlgorithmSpec, config: Any, log: Any, launch: Launch | 
     missing = missing_members(learner)
     if missing:
         raise TypeError(f"{spec.name}: its learner {type(learner).__name__} lacks {', '.join(missing)}")
+    population_of(learner, cfg.num_envs)  # a population that breaks the contract: refused before the folder is made
     before = torch.get_num_threads()
     threads = None
     if learner.device.type == "cpu" and spec.cpu_threads is not None:  # put back when the run ends
@@ -128,7 +130,9 @@ class _Run:
                 evaluator = Evaluator(cfg, learner.device)
             returns = [] if resume is None else [float(r) for r in resume.state["returns"]]
             spec = self.spec
-            report = RunReport(cfg, learner.device, runlog, returns, self.log, spec.sum_metrics, spec.learn_phases)
+            args = (cfg, learner.device, runlog, returns, self.log, spec.sum_metrics, spec.learn_phases)
+            agents = population_of(learner, cfg.num_envs)  # N agents: each reported, and all in aggregate
+            report = RunReport(*args) if agents == 1 else PopulationReport(*args, agents=agents)
             return self._epochs(report, resume, evaluator, tqdm)
         finally:
             if evaluator is not None:
@@ -185,7 +189,10 @@ class _Run:
     def _write_record(self, results: Results, runlog: RunLog, stopped: bool = False) -> None:
         """``summary.json`` and ``plot.png`` (one line instead when matplotlib is missing)."""
         cfg = self.cfg
-        runlog.write_json("summary.json", dataclasses.asdict(results))
+        summary = dataclasses.asdict(results)
+        if summary["population"] is None:  # one agent's summary.json as it has always been
+            del summary["population"]
+        runlog.write_json("summary.json", summary)
         runlog.flush()
         title = cfg.env + (f" (stopped at env step {results.env_steps:,})" if stopped else "")
         plot = plot_run(runlog.metrics_path, runlog.folder / "plot.png", title=title, solve_return=cfg.solve_return)
