@@ -148,4 +148,4 @@ def test_on_cuda_the_population_trains_in_graphs_without_host_syncs():
     assert torch.isfinite(pop.sums).all() and (pop.sums[:, 0] > 0).all()
     params = list(pop.qnet.parameters())
     assert not torch.equal(params[0][0], params[0][1])  # each agent its own network
-    assert pop.greedy(torch.zeros(5, 4, device="cuda")).shape == (N, 5)
+    assert pop.greedy(torch.zeros(N * 5, 4, device="cuda")).shape == (N * 5,)

@@ -15,6 +15,7 @@ from typing import Any
 from gper.dqn.agent import SUM_ABS_TD, SUM_LOSS, SUM_Q, Agent
 from gper.dqn.build import setup
 from gper.dqn.config import Config, as_run, check_plain_run, cpu_threads, from_settings
+from gper.dqn.population_agent import PopulationAgent
 from gper.dqn.walk_settings import nest_walk
 from gper.training import run_checkpoint
 from gper.training.algorithm import AlgorithmSpec
@@ -61,8 +62,9 @@ def _from_settings(settings: dict[str, Any]) -> Config:
     return from_settings(settings)
 
 
-def _cpu_threads(cfg: Config, agent: Agent) -> int:
-    return cpu_threads(cfg, agent.obs_width, agent.env.n_actions)
+def _cpu_threads(cfg: Config, agent: Agent | PopulationAgent) -> int:
+    n_actions = agent.n_actions if isinstance(agent, PopulationAgent) else agent.env.n_actions
+    return cpu_threads(cfg, agent.obs_width, n_actions)
 
 
 DQN = AlgorithmSpec(

@@ -16,12 +16,15 @@ from gper.dqn.agent import Agent
 from gper.dqn.config import (
     Config,
     cpu_threads,
+    is_goal_env_name,
     pick_device,
     replay_kind,
     resolve,
     trajectory_capacity,
 )
 from gper.dqn.network import GOAL_OBS_KEYS, goal_trajectory_spec, padded_width, replay_spec, trajectory_spec
+from gper.dqn.population_agent import PopulationAgent
+from gper.dqn.sweep import agent_configs, parse_sweeps
 from gper.envs import GoalEnv, VecEnv, is_goal_env
 from gper.training.environment import build_env
 from gper.training.epochs import collect_iterations, train_steps_before
@@ -101,6 +104,8 @@ def setup(config: Config, log: Any = print, launch: Launch | None = None) -> tup
     rank = 0 if launch is None else launch.rank
     if launch is not None:
         parallel.check_settings(cfg, launch.world_size)
+    if cfg.population > 1 or cfg.sweep:
+        return setup_population(cfg, device, launch, notes, log)
     torch.manual_seed(cfg.seed + rank)
     if device.type == "cuda":
         torch.cuda.manual_seed(cfg.seed + rank)
@@ -151,3 +156,44 @@ def _env_and_replay(cfg: Config, device: torch.device, launch: Launch | None = N
     if is_goal_env(env):  # its fields are the observation's parts, unpadded (the network input is padded)
         return cfg, env, build_replay(cfg, env.obs_dim, device, env.autoreset, goal_env=env)
     return cfg, env, build_replay(cfg, padded_width(env.obs_dim), device, env.autoreset, launch=launch)
+
+
+def setup_population(
+    cfg: Config, device: torch.device, launch: Launch | None, notes: list[str], log: Any
+) -> tuple[Config, PopulationAgent, list[str]]:
+    """A population's part of :func:`setup`: ``cfg.population`` agents for each point of the
+    ``cfg.sweep`` grid (:func:`gper.dqn.sweep.agent_configs`), agent ``i`` seeded ``seed + i``, as one
+    :class:`~gper.dqn.population_agent.PopulationAgent`.
+
+    Raises:
+        ValueError: what a population does not train on (one line each): several processes, the
+            trajectory replay (n-step targets, an environment that resets on the next step, a
+            goal task), an environment with a final test of its own (the market's).
+    """
+    from gper.envs import registry
+
+    if launch is not None:
+        raise ValueError("a population trains in one process: run it without torchrun (or train one agent per rank)")
+    spec = registry.lookup(cfg.env)
+    if spec is not None and spec.final_test is not None:
+        raise ValueError(
+            f"{cfg.env}'s final test plays one policy: train its agents one run at a time, not as a population"
+        )
+    if is_goal_env_name(cfg.env) or cfg.n_step > 1 or cfg.replay == "trajectory":
+        raise ValueError("a population trains on the flat replay: n_step 1, no goal task, --replay flat or auto")
+    if spec is not None and len(spec.autoreset) > 1 and cfg.gym_autoreset == "next-step":
+        raise ValueError(f"{cfg.env} resetting on the next step needs the trajectory replay: not for a population")
+    agents = agent_configs(dataclasses.replace(cfg, replay="flat"), cfg.population, parse_sweeps(cfg.sweep))
+    cfg = agents[0]
+    total_train = train_steps_before(cfg, collect_iterations(cfg))
+    agent = PopulationAgent(agents, device, total_train)
+    if device.type == "cpu" and cfg.threads is None:
+        n = cpu_threads(cfg, agent.obs_width, agent.n_actions)
+        notes.append(f"{n} torch thread{'s' if n > 1 else ''} for this network's size (--threads to change)")
+    grid = f" over a grid of {len(agents) // cfg.population} settings" if cfg.sweep else ""
+    notes.append(f"a population of {len(agents)} agents{grid}, seeds {cfg.seed}..{cfg.seed + len(agents) - 1}")
+    if cfg.solve_return is None and agent.blocks[0].env.reward_threshold is not None:
+        cfg = dataclasses.replace(cfg, solve_return=float(agent.blocks[0].env.reward_threshold))
+    for note in notes:
+        log(f"gper train: {note}")
+    return dataclasses.replace(cfg, seed=agents[0].seed), agent, notes

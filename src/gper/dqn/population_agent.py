@@ -186,6 +186,7 @@ class PopulationAgent:
             cfg.buffer_size, replay_spec(self.obs_width), instances=agents,
             alpha=[c.alpha for c in cfgs], beta=[c.beta for c in cfgs],
             sampling=cfg.sampling, weight_norm=cfg.weight_norm, device=device, backend=cfg.backend, seed=cfg.seed,
+            cpu_fallback=False,  # the networks stay where they are: a replay on the CPU would not serve them
         )  # fmt: skip
         self.obs = obs.to(device)  # [N, E, obs_width]
         self.next_obs = torch.zeros_like(self.obs)
@@ -198,7 +199,7 @@ class PopulationAgent:
             [(1.0 - c.beta) / self.total_train_steps for c in cfgs], dtype=torch.float32, device=device
         )
         self._per_agent = PerAgent.of(cfgs, device)
-        self.episodes = EpisodeTracker(agents * cfg.num_envs, device, autoreset=env0.autoreset)
+        self.episodes = EpisodeTracker(agents * cfg.num_envs, device, autoreset=env0.autoreset, agents=agents)
         self.batched = not self.exact
         graphs = cfg.cuda_graphs and cuda
         self.collect = PhasedStep({"collect": self._collect}, device, graphs and env0.graph_safe, warmup=3)
@@ -315,11 +316,16 @@ class PopulationAgent:
     # ---- what the trainer core drives (gper.training.Learner)
 
     def greedy(self, obs: torch.Tensor) -> torch.Tensor:
-        """Greedy actions of every agent for ``obs`` [N, n, obs_dim] (or [n, obs_dim]: the same for all): [N, n]."""
-        if obs.dim() == 2:
-            obs = obs.expand(self.agents, *obs.shape)
+        """Greedy actions for ``obs`` [N * n, obs_dim]: rows ``[i * n, (i + 1) * n)`` are agent
+        ``i``'s (the evaluation's copies, :class:`gper.training.evaluation.Evaluator`); [N * n] actions."""
+        if obs.dim() != 2 or obs.shape[0] % self.agents:
+            raise ValueError(
+                f"greedy() takes [N * n, obs_dim] observations, n for each of the {self.agents} agents; "
+                f"got shape {tuple(obs.shape)}"
+            )
+        x = F.pad(obs, (0, self.obs_width - obs.shape[1])).view(self.agents, -1, self.obs_width)
         with torch.no_grad():
-            return self.qnet(F.pad(obs, (0, self.obs_width - obs.shape[-1])), self.batched).argmax(dim=2)
+            return self.qnet(x, self.batched).argmax(dim=2).reshape(-1)
 
     def collect_step(self, timer: PhaseTimer | None) -> None:
         self.collect.run(timer)

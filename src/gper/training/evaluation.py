@@ -105,16 +105,23 @@ def due(cfg: RunSettings, epoch: int, last: bool) -> bool:
 class Evaluator:
     """Plays the greedy policy on the evaluation environment (see the module docstring).
 
+    A population of ``agents`` (N > 1) plays ``N * eval_episodes`` copies at once, copies
+    ``[i * eval_episodes, (i + 1) * eval_episodes)`` agent ``i``'s (the policy maps every copy's
+    observation to its agent's action): the ``eval/`` metrics are over all of them, and each agent's
+    mean return is ``agent_<i>/eval/mean_return`` beside them.
+
     Args:
         cfg: the run's resolved settings.
         device: where the run trains: the evaluation environment lives there too.
+        agents: the learner's agents (a population's N).
     """
 
-    def __init__(self, cfg: RunSettings, device: torch.device) -> None:
-        self.cfg, self.seed = cfg, eval_seed(cfg.seed)
+    def __init__(self, cfg: RunSettings, device: torch.device, agents: int = 1) -> None:
+        self.cfg, self.seed, self.agents = cfg, eval_seed(cfg.seed), agents
         spec = registry.lookup(cfg.env)
         split = spec.eval_split if spec is not None else "train"
-        self.env = build_env(dataclasses.replace(cfg, num_envs=cfg.eval_episodes), device, split=split, own_rng=True)
+        copies = cfg.eval_episodes * agents
+        self.env = build_env(dataclasses.replace(cfg, num_envs=copies), device, split=split, own_rng=True)
 
     def run(self, policy: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, float]:
         """One evaluation: the ``eval/`` metrics (mean, std, min and max return, mean length, the
@@ -125,15 +132,25 @@ class Evaluator:
         n = len(returns)
         mean = sum(returns) / n
         success = {"eval/success_rate": sum(reached[0]) / n} if goal else {}
-        return success | {
-            "eval/mean_return": mean,
-            "eval/std_return": math.sqrt(sum((r - mean) ** 2 for r in returns) / n),
-            "eval/min_return": min(returns),
-            "eval/max_return": max(returns),
-            "eval/mean_length": sum(lengths) / n,
-            "eval/episodes": n,
-            "eval/seconds": time.perf_counter() - t0,
-        }
+        per_agent = {}
+        if self.agents > 1:
+            k = self.cfg.eval_episodes
+            per_agent = {
+                f"agent_{i}/eval/mean_return": sum(returns[i * k : (i + 1) * k]) / k for i in range(self.agents)
+            }
+        return (
+            per_agent
+            | success
+            | {
+                "eval/mean_return": mean,
+                "eval/std_return": math.sqrt(sum((r - mean) ** 2 for r in returns) / n),
+                "eval/min_return": min(returns),
+                "eval/max_return": max(returns),
+                "eval/mean_length": sum(lengths) / n,
+                "eval/episodes": n,
+                "eval/seconds": time.perf_counter() - t0,
+            }
+        )
 
     def close(self) -> None:
         self.env.close()

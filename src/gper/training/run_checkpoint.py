@@ -351,9 +351,14 @@ def _restore_replay(learner: Learner, ckpt: Checkpoint, launch: Launch | None) -
         raise ckpt.refuse(replay, f"wrong content: counts {found}, trainer.pt says {state['replay_counts']}")
 
 
-def _replay_counts(stats: dict[str, Any]) -> dict[str, int]:
-    """The :data:`REPLAY_COUNTS` among a replay's ``stats()``."""
-    return {name: int(stats[name]) for name in REPLAY_COUNTS if name in stats}
+def _replay_counts(stats: dict[str, Any]) -> dict[str, int | list[int]]:
+    """The :data:`REPLAY_COUNTS` among a replay's ``stats()`` (a buffer of several instances: a list
+    of each instance's)."""
+
+    def count(value: Any) -> int | list[int]:
+        return [int(v) for v in value] if isinstance(value, list) else int(value)
+
+    return {name: count(stats[name]) for name in REPLAY_COUNTS if name in stats}
 
 
 def _load(ckpt: Checkpoint, path: Path, map_location: str | torch.device) -> Any:

@@ -127,7 +127,7 @@ class _Run:
         evaluator = None
         try:
             if cfg.eval_every > 0 and self.main:
-                evaluator = Evaluator(cfg, learner.device)
+                evaluator = Evaluator(cfg, learner.device, getattr(learner, "agents", 1))
             returns = [] if resume is None else [float(r) for r in resume.state["returns"]]
             spec = self.spec
             args = (cfg, learner.device, runlog, returns, self.log, spec.sum_metrics, spec.learn_phases)
