@@ -207,7 +207,7 @@ def test_the_command_resumes_with_the_checkpoints_settings(run, tmp_path, capsys
         "run_dir": "runs",
         "run_name": None,
         "resume": str(folder),
-    } | {"hidden": (16,), "device": "cpu"} | {"cuda_graphs": True, "precision": "tf32", "threads": None}
+    } | {"hidden": (16,), "sweep": (), "device": "cpu"} | {"cuda_graphs": True, "precision": "tf32", "threads": None}
     # config.json records what ran on the CPU; the checkpoint keeps what was asked (a GPU resume runs as one)
     assert (recorded["cuda_graphs"], recorded["precision"], recorded["threads"]) == (False, "fp32", 1)
     assert main(["train", "--resume", str(folder), "--total-steps", "600"]) == 0

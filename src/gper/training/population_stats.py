@@ -8,7 +8,7 @@ the Edge of the Statistical Precipice*, NeurIPS 2021).
   optional extra.
 - :func:`iqm_interval`: its 95% confidence interval by rliable's stratified bootstrap
   (``rly.get_interval_estimates``, percentile method), over the agents as runs of one task.
-  rliable is the optional extra ``gper[stats]``, imported only here; without it (or when it fails,
+  rliable is the optional extra ``.[stats]``, imported only here; without it (or when it fails,
   as rliable 1.2 does with arch 8) the summary says the interval is left out and why.
 - :func:`population_summary`: the ``population`` entry of ``summary.json``.
 
@@ -29,7 +29,7 @@ REPS = 10_000
 CONFIDENCE = 0.95
 
 #: the extra that brings rliable
-INSTALL_STATS = 'pip install "gper[stats]"'
+INSTALL_STATS = 'pip install ".[stats]"'
 
 
 def finite(values: list[float]) -> list[float]:
