@@ -33,6 +33,7 @@ from gper.replay.checks import (
 )
 from gper.replay.config import ReplayConfig, ReplaySettings, takes_settings, with_defaults
 from gper.replay.graphs import BufferGraphs
+from gper.replay.instance_kernels import InstanceKernels
 from gper.replay.instance_state import InstanceCheckpoint
 from gper.replay.instances import InstanceSetting, InstanceStack, check_instances, instance_settings
 from gper.replay.storage import RowLayout
@@ -80,6 +81,7 @@ class PrioritizedReplayInstances(InstanceCheckpoint, PrioritizedReplayBuffer):
         self.nbytes_estimate = n * cfg.estimate_bytes(self._row_layout.row_bytes)
         self.members, self._stack = self._build(capacity, spec, given, own)
         self._core = self.members[0]._core  # the device, back end and kernels every instance shares
+        self._run = InstanceKernels(self._stack, self.members)  # batched launches where the back end has them
         self._graphs = BufferGraphs(bool(given["cuda_graphs"]) and self.device.type == "cuda", _SAMPLE_SLOTS)
         self._size = 0
         self._flat = FlatSample(self._row_layout)
@@ -195,8 +197,7 @@ class PrioritizedReplayInstances(InstanceCheckpoint, PrioritizedReplayBuffer):
         return tuple(out)
 
     def _add(self, fields: tuple[torch.Tensor, ...], n: int, skip: int) -> torch.Tensor:
-        values = self.members[0].rows.on_device(fields)
-        return torch.stack([m._add(tuple(v[i] for v in values), n, skip) for i, m in enumerate(self.members)])
+        return self._run.add(self.members[0].rows.on_device(fields), n, skip)
 
     # ---------------------------------------------------------------- sample
 
@@ -268,9 +269,9 @@ class PrioritizedReplayInstances(InstanceCheckpoint, PrioritizedReplayBuffer):
 
     def _draw(self, b: int, betas: list[torch.Tensor]) -> dict[str, torch.Tensor]:
         flat = torch.empty(self.instances, b * (self._row_layout.words + 4), dtype=torch.int32, device=self.device)
-        for i, m in enumerate(self.members):
-            m._core.sample_into(self._flat.split(flat[i]), betas[i])
-        return self._split(flat) | {"flat": flat}
+        parts = self._split(flat)
+        self._run.sample_into(parts, betas)
+        return parts | {"flat": flat}
 
     def _batch(self, parts: dict, with_fields: bool = False) -> InstanceBatch:
         fields = {f.name: parts[("field", f.name)] for f in self._row_layout.fields} if with_fields else None
@@ -313,10 +314,10 @@ class PrioritizedReplayInstances(InstanceCheckpoint, PrioritizedReplayBuffer):
         td = check_td(td_errors, indices, self.device)
         expected = check_generations(batch.generations, indices) if batch is not None else None
         args = (indices, td) if expected is None else (indices, td, expected)
+        params = self._run.update_params()  # device tensors of alpha and eps, made outside any capture
 
         def body(idx: torch.Tensor, values: torch.Tensor, gen: torch.Tensor | None = None) -> None:
-            for i, m in enumerate(self.members):
-                m._core.set_priorities(idx[i], values[i], None if gen is None else gen[i], m.alpha, m.eps)
+            self._run.set_priorities(idx, values, gen, params)
 
         try:
             self._graphs.call(("update", indices.shape[1], expected is not None), args, body, by_address=True)
