@@ -26,6 +26,33 @@ def batched(kernels: ModuleType) -> bool:
     return all(hasattr(kernels, name) for name in ("sample_instances", "update_instances", "add_rows_instances"))
 
 
+def beta_vector(beta: torch.Tensor | Sequence[torch.Tensor], n: int) -> torch.Tensor:
+    """``beta`` (as :func:`gper.ops.tree.triton_instances.sample_instances` takes it) as an [n]
+    tensor: a strided view where it can be (stride 0 for one shared beta), else a stacked copy."""
+    t, stride = beta_pointer(beta, n)
+    return t.expand(n) if t.dim() == 0 and stride == 0 else torch.as_strided(t, (n,), (stride,))
+
+
+def beta_pointer(beta: torch.Tensor | Sequence[torch.Tensor], n: int) -> tuple[torch.Tensor, int]:
+    """``(tensor, stride)`` the kernel reads instance k's beta at: a 0-d tensor is every instance's
+    (stride 0), an [N] tensor one each; a sequence of N 0-d views one each, read in place where
+    they lie at a common stride of one storage (each instance's own scalar), else stacked."""
+    if isinstance(beta, torch.Tensor):
+        return (beta, 0) if beta.dim() == 0 else (beta, beta.stride(0))
+    views = list(beta)
+    if len(views) == 1:
+        return views[0], 0
+    step = views[1].data_ptr() - views[0].data_ptr()
+    same = all(
+        v.dtype == torch.float32 and v.untyped_storage().data_ptr() == views[0].untyped_storage().data_ptr()
+        for v in views
+    )
+    even = all(v.data_ptr() - views[0].data_ptr() == i * step for i, v in enumerate(views))
+    if same and even and step >= 0 and step % 4 == 0:
+        return views[0], step // 4
+    return torch.stack(views), 1
+
+
 def loop_sample(
     kernels: ModuleType,
     *,

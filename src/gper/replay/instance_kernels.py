@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from gper.ops.instances import batched
+from gper.ops.instances import batched, beta_vector
 from gper.ops.state import SampleOut
 from gper.ops.tree import reference
 from gper.replay.instances import InstanceStack
@@ -36,6 +36,10 @@ class InstanceKernels:
         self.kernels = members[0]._core.kernels
         self.batched = batched(self.kernels)
         self.rows = stack.rows.view(torch.int32)  # [N, capacity, W], what the kernels gather
+        #: (alphas, eps) -> their [N] float32 device tensors: kept while the buffer lives, since a
+        #: captured graph reads them at their address (settings change rarely, each is 8 N bytes)
+        self._params: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.update_params()  # the first, made now: never inside a caller's graph capture
 
     @property
     def policy(self):
@@ -63,14 +67,14 @@ class InstanceKernels:
         policy = self.policy
         if policy.weight_norm != "batch" or policy.unit_weights:
             return
-        if self.stack.rows.device.type != "cuda":
+        if self.stack.rows.device.type != "cuda" or any(b.dtype != torch.float32 for b in betas):
             for i, m in enumerate(self.members):
                 m._core.policy.normalise({k: v[i] for k, v in parts.items()}, m.tree, betas[i])
             return
         w, idx = parts["weights"], parts["indices"]
         top = w.amax(dim=1, keepdim=True)
         leaf = self.stack.tree["tree"].gather(1, idx + self.stack.layout.leaf_offset)
-        beta = torch.stack([b.to(torch.float32) for b in betas]).view(-1, 1)
+        beta = beta_vector(betas, len(betas)).view(-1, 1)  # in place where the betas lie evenly
         wide = reference.is_weights(leaf, leaf.amin(dim=1, keepdim=True), beta)
         w.copy_(torch.where(top >= _TINY_WEIGHT, w / top, wide))
 
@@ -87,9 +91,11 @@ class InstanceKernels:
             return None
         from gper.ops.tree.triton_instances import instance_params
 
-        device = self.stack.rows.device
-        alphas = instance_params([m.alpha for m in self.members], device)
-        return alphas, instance_params([m.eps for m in self.members], device)
+        key = (tuple(m.alpha for m in self.members), tuple(m.eps for m in self.members))
+        if key not in self._params:
+            device = self.stack.rows.device
+            self._params[key] = (instance_params(key[0], device), instance_params(key[1], device))
+        return self._params[key]
 
     def set_priorities(self, idx, td, gen, params) -> None:
         """Every instance's priorities from its row of ``idx``, ``td`` (and ``gen``) [N, B]."""

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import torch
 
 from gper._triton import triton
+from gper.ops.instances import beta_pointer
 from gper.ops.state import SampleOut, TreeState
 from gper.ops.tree import triton as single
 from gper.ops.tree.triton import (
@@ -48,38 +49,12 @@ def _tree_strides(state: TreeState) -> dict[str, int]:
     return {"st_tree": _st(state.tree), "st_ctr": _st(state.counters)}
 
 
-_PARAMS: dict[tuple, torch.Tensor] = {}
-
-
 def instance_params(values: Sequence[float], device: torch.device) -> torch.Tensor:
-    """[N] float32 device tensor of ``values`` (each instance's alpha, or eps), cached: the kernels
-    read it where the single kernel takes the float (rounded to float32 as its launch rounds it).
-    Call it once outside a graph capture (the first call copies from the host)."""
-    key = (tuple(float(v) for v in values), torch.device(device))
-    if key not in _PARAMS:
-        if len(_PARAMS) > 256:  # settings changed many times: drop the old ones
-            _PARAMS.clear()
-        _PARAMS[key] = torch.tensor(key[0], dtype=torch.float32, device=device)
-    return _PARAMS[key]
-
-
-def _beta_pointer(beta: torch.Tensor | Sequence[torch.Tensor], n: int) -> tuple[torch.Tensor, int]:
-    """``(tensor, stride)`` the kernel reads instance k's beta at: a 0-d tensor is every instance's
-    (stride 0), an [N] tensor one each; a sequence of N 0-d views one each, read in place where
-    they lie at a common stride of one storage (each instance's own scalar), else stacked."""
-    if isinstance(beta, torch.Tensor):
-        return (beta, 0) if beta.dim() == 0 else (beta, beta.stride(0))
-    views = list(beta)
-    if len(views) == 1:
-        return views[0], 0
-    step = views[1].data_ptr() - views[0].data_ptr()
-    same = all(
-        v.dtype == torch.float32 and v.untyped_storage().data_ptr() == views[0].untyped_storage().data_ptr()
-        for v in views
-    )
-    if same and step % 4 == 0 and all(v.data_ptr() - views[0].data_ptr() == i * step for i, v in enumerate(views)):
-        return views[0], step // 4
-    return torch.stack(views), 1
+    """[N] float32 device tensor of ``values`` (each instance's alpha, or eps), what the batched
+    update reads where the single kernel takes the float: rounded to float32 as that launch rounds
+    it. A host-to-device copy: a caller that captures graphs makes it before the capture (and keeps
+    it alive as long as the graph)."""
+    return torch.tensor([float(v) for v in values], dtype=torch.float32, device=device)
 
 
 def sample_instances(
@@ -103,7 +78,7 @@ def sample_instances(
         out: :class:`SampleOut` of [N, B, W], [N, B] ... tensors (each instance's row contiguous).
     """
     n, b = out.idx.shape
-    beta_t, st_beta = _beta_pointer(beta, n)
+    beta_t, st_beta = beta_pointer(beta, n)
     _sample_kernel[_grid(b, LAUNCH.sample_block, n)](
         state.tree,
         state.mintree,
@@ -146,6 +121,7 @@ def update_instances(
     layout, claims = state.layout, state.claims
     n, b = idx.shape
     dev = idx.device
+    # floats: copied to the device here (a graph capture passes the tensors, made before it)
     alpha_t = alpha if isinstance(alpha, torch.Tensor) else instance_params(alpha, dev)
     eps_t = eps if isinstance(eps, torch.Tensor) else instance_params(eps, dev)
     idx, td = idx.contiguous(), td.contiguous()
