@@ -81,6 +81,7 @@ def update_both(a: Stack, b: Stack, bsz: int, g: torch.Generator, device: str, w
     n, cap = a.rows.shape[0], a.layout.capacity
     idx = torch.randint(-2, cap + 3, (n, bsz), generator=g)
     idx[:, : bsz // 4] = idx[:, :1]  # duplicates: a quarter of each row on one slot
+    idx[:, -1], idx[:, -2] = -1, cap  # out of range in every instance (and more at random)
     td = torch.randn(n, bsz, generator=g) * 3
     td[:, 1::7] = float("nan")
     td[:, 2::11] = float("inf")
