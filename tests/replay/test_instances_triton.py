@@ -98,7 +98,7 @@ def _steps(pop, singles, g, steps, b, add_n, device):
             s.update_priorities(singles_batches[i], td[i])
         pop.update_priorities(batch, td)
         # out-of-range raw indices are refused on the CPU, counted on CUDA
-        bound = pop._size if device == "cpu" else cap + 5
+        bound = singles[0].stats()["size"] if device == "cpu" else cap + 5
         raw = torch.randint(0, bound, (n, b), generator=g)
         raw[:, : b // 3] = raw[:, :1]  # duplicates
         raw = raw.to(device)
