@@ -14,6 +14,7 @@ from gper.ops.state import (
     C_INVALID,
     C_NONFINITE,
     C_STALE,
+    C_TICKET,
     MODE_PROPORTIONAL,
     MODE_STRATIFIED,
     MODE_UNIFORM,
@@ -21,8 +22,10 @@ from gper.ops.state import (
     SampleOut,
     TreeState,
 )
+from gper.ops.tree import reference
 from gper.ops.tree import triton as tt
 from gper.replay.tree import PriorityTree
+from helpers import EPS_DYADIC, dyadic_td
 
 MODES = (MODE_PROPORTIONAL, MODE_STRATIFIED, MODE_UNIFORM)
 #: a float64 (two words), an int32 word and a bool (read by bytes): 4 words a row
@@ -131,6 +134,7 @@ def _scenario(n: int, cap: int, arity: int, device: str, steps: int, bsz: int, a
     a = Stack(n, cap, arity, device)
     b = a.clone()
     add_both(a, b, cap // 2 + 1, g, device)
+    assert_exact_and_at_rest(a, "first add")  # every priority 1: exact sums
     alpha = [0.6 + 0.1 * i for i in range(n)]
     eps = [1e-6 * (i + 1) for i in range(n)]
     for step in range(steps):
@@ -140,6 +144,7 @@ def _scenario(n: int, cap: int, arity: int, device: str, steps: int, bsz: int, a
             update_both(a, b, bsz, g, device, step % 3 != 2, alpha, eps)
         for mode in MODES:
             sample_both(a, b, bsz, mode, ("views", "vector", "shared")[(step + mode) % 3], seed + 17)
+    assert_at_rest(a, "after the steps")
     counts = a.t["counters"][:, [C_INVALID, C_STALE, C_NONFINITE]]
     assert (counts > 0).all()  # every kind of dropped input was met (and counted alike)
 
@@ -188,26 +193,43 @@ def test_batched_launches_equal_the_loop_cuda(arity):
             update_both(a, b, 4096, g, "cuda", True, [0.6] * 64, [1e-6] * 64)
 
 
+def assert_at_rest(s: Stack, what: str) -> None:
+    """Every instance's scratch is back at rest: claims -1, the climb's counters 0, tickets 0."""
+    n = s.layout.capacity + s.layout.arity
+    assert bool((s.t["claims"][:, :n] == -1).all()) and bool((s.t["claims"][:, n:] == 0).all()), what
+    assert bool((s.t["counters"][:, C_TICKET:] == 0).all()), what
+
+
+def assert_exact_and_at_rest(s: Stack, what: str) -> None:
+    """Every instance's trees equal their rebuild from the leaves (with dyadic priorities, whose
+    sums are exact in any order), and :func:`assert_at_rest`."""
+    for i in range(s.rows.shape[0]):
+        tree, mintree = s.t["tree"][i].clone(), s.t["mintree"][i].clone()
+        reference.rebuild_trees(tree, mintree, s.layout)
+        assert torch.equal(tree, s.t["tree"][i]) and torch.equal(mintree, s.t["mintree"][i]), f"{what}: instance {i}"
+    assert_at_rest(s, what)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("arity", [4, 32])
 def test_climb_stress_many_duplicates_across_instances(arity):
-    """Contended climbs: 64 instances, each update's entries on a few hundred slots (many
-    duplicates per slot and per leaf parent), repeated; every tree must equal the loop's and its
-    own rebuild (the sums recomputed densely)."""
-    from gper.ops.tree import reference
-
-    g = torch.Generator().manual_seed(2)
-    n, cap = 64, 1 << 16
+    """Contended climbs in 64 instances at once: 16384-entry updates each, half of them on 1% of
+    the slots (many duplicates per slot and per ancestor), dyadic priorities (every sum exact),
+    then wrapping adds; each round equal to the loop's, to each tree's rebuild, and at rest."""
+    g = torch.Generator().manual_seed(arity)
+    n, cap, b = 64, 1 << 16, 16384
     a = Stack(n, cap, arity, "cuda")
-    b = a.clone()
-    add_both(a, b, cap, g, "cuda")
-    for step in range(20):
-        idx = torch.randint(0, 300 + step, (n, 16384), generator=g).cuda()
-        td = torch.randn(n, 16384, generator=g).cuda()
-        tt.update_instances(state=a.state(), idx=idx, td=td, expected_gen=None, alpha=[0.7] * n, eps=[1e-6] * n)
-        loop.loop_update(tt, state=b.state(), idx=idx, td=td, expected_gen=None, alpha=[0.7] * n, eps=[1e-6] * n)
-        a.assert_equal(b)
     c = a.clone()
-    for i in range(n):
-        reference.rebuild(state=loop.member_state(c.state(), i))
-    a.assert_equal(c)
+    add_both(a, c, cap, g, "cuda")
+    alpha, eps = [0.5] * n, [EPS_DYADIC] * n
+    for round_ in range(20):
+        hot = torch.randint(0, cap // 100, (n, b), generator=g)
+        idx = torch.where(torch.rand(n, b, generator=g) < 0.5, hot, torch.randint(0, cap, (n, b), generator=g))
+        td = dyadic_td(2 * torch.randint(-1, 5, (n, b), generator=g))
+        idx, td = idx.cuda(), td.cuda()
+        tt.update_instances(state=a.state(), idx=idx, td=td, expected_gen=None, alpha=alpha, eps=eps)
+        loop.loop_update(tt, state=c.state(), idx=idx, td=td, expected_gen=None, alpha=alpha, eps=eps)
+        a.assert_equal(c)
+        assert_exact_and_at_rest(a, f"round {round_}: update")
+        add_both(a, c, [1, 97, 4096, cap // 3 + 1][round_ % 4], g, "cuda")
+        assert_exact_and_at_rest(a, f"round {round_}: add")
