@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 
 from gper.ops.instances import batched, beta_vector
-from gper.ops.state import SampleOut
+from gper.ops.state import S_BETA, SampleOut
 from gper.ops.tree import reference
 from gper.replay.instances import InstanceStack
 from gper.replay.samplers.base import _TINY_WEIGHT
@@ -39,6 +39,10 @@ class InstanceKernels:
         #: (alphas, eps) -> their [N] float32 device tensors: kept while the buffer lives, since a
         #: captured graph reads them at their address (settings change rarely, each is 8 N bytes)
         self._params: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        #: each instance's own beta scalar (what a sample of the default beta reads), and all of
+        #: them as one strided [N] view: an identity check finds it without a look at addresses
+        self._own_betas = [m._core.beta.scalar for m in members]
+        self._own_vector = stack.tree["scalars"][:, S_BETA]
         self.update_params()  # the first, made now: never inside a caller's graph capture
 
     @property
@@ -55,15 +59,18 @@ class InstanceKernels:
                 m._core.sample_into({k: v[i] for k, v in parts.items()}, betas[i])
             return
         out = SampleOut(parts["rows"], parts["indices"], parts["generations"], parts["weights"])
+        own = all(b is o for b, o in zip(betas, self._own_betas, strict=True))
+        beta = self._own_vector if own else betas
         seed = self.members[0]._core.seed  # instance i's is seed + i (restores keep it so)
         self.kernels.sample_instances(
-            state=self.stack.tree_state(), rows=self.rows, seed=seed, mode=self.policy.kernel_mode, beta=betas, out=out
+            state=self.stack.tree_state(), rows=self.rows, seed=seed, mode=self.policy.kernel_mode, beta=beta, out=out
         )
-        self.normalise(parts, betas)
+        self.normalise(parts, betas, beta)
 
-    def normalise(self, parts: dict[str, torch.Tensor], betas: list[torch.Tensor]) -> None:
+    def normalise(self, parts: dict[str, torch.Tensor], betas: list[torch.Tensor], beta=None) -> None:
         """``batch`` normalisation of every instance's weights, as :meth:`SamplingPolicy.normalise`
-        does it for one: over [N, B] at once on CUDA, one instance at a time on the CPU."""
+        does it for one: over [N, B] at once on CUDA, one instance at a time on the CPU. ``beta``:
+        the same exponents as the kernel read them (default ``betas``)."""
         policy = self.policy
         if policy.weight_norm != "batch" or policy.unit_weights:
             return
@@ -74,7 +81,8 @@ class InstanceKernels:
         w, idx = parts["weights"], parts["indices"]
         top = w.amax(dim=1, keepdim=True)
         leaf = self.stack.tree["tree"].gather(1, idx + self.stack.layout.leaf_offset)
-        beta = beta_vector(betas, len(betas)).view(-1, 1)  # in place where the betas lie evenly
+        # in place where the betas lie evenly
+        beta = beta_vector(betas if beta is None else beta, len(betas)).view(-1, 1)
         wide = reference.is_weights(leaf, leaf.amin(dim=1, keepdim=True), beta)
         w.copy_(torch.where(top >= _TINY_WEIGHT, w / top, wide))
 
