@@ -4,7 +4,7 @@ adds with a bool field, samples, and a trajectory buffer's adds, on the GPU.
     compute-sanitizer --tool memcheck python benchmarks/sanitize_climb.py
     compute-sanitizer --tool racecheck python benchmarks/sanitize_climb.py
 
-``--instances``: the same on a buffer of ``instances=16`` (the batched launches of
+``--instances [--n N]``: the same on a buffer of ``instances=N`` (default 16; the batched launches of
 ``gper.ops.tree.triton_instances``: contended climbs in every instance at once, wrapping adds,
 samples in every mode), instead of the single buffers.
 """
@@ -91,8 +91,10 @@ def main() -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--instances", action="store_true", help="a buffer of instances=16 (batched launches)")
-    if parser.parse_args().instances:
-        instances()
+    parser.add_argument("--instances", action="store_true", help="a buffer of instances=N (batched launches)")
+    parser.add_argument("--n", type=int, default=16, help="N with --instances (default 16)")
+    args = parser.parse_args()
+    if args.instances:
+        instances(args.n)
     else:
         main()
