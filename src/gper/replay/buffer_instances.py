@@ -26,6 +26,7 @@ from gper.replay.checks import (
 from gper.replay.config import ReplayConfig, ReplaySettings, takes_settings, with_defaults
 from gper.replay.graphs import BufferGraphs
 from gper.replay.instance_calls import InstanceCalls
+from gper.replay.instance_kernels import InstanceKernels
 from gper.replay.instance_state import InstanceCheckpoint
 from gper.replay.instances import check_instances, instance_settings
 from gper.replay.storage import RowLayout
@@ -66,6 +67,7 @@ class PrioritizedReplayInstances(InstanceCheckpoint, InstanceCalls, PrioritizedR
         make = lambda s, member: PrioritizedReplayBuffer._instance(capacity, spec, s, member)  # noqa: E731
         self.members, self._stack = self._build_members(given, capacity, self._row_layout.row_bytes, own, make)
         self._core = self.members[0]._core  # the device, back end and kernels every instance shares
+        self._run = InstanceKernels(self._stack, self.members)  # batched launches where the back end has them
         self._graphs = BufferGraphs(bool(given["cuda_graphs"]) and self.device.type == "cuda", _SAMPLE_SLOTS)
         self._size = 0
         self._flat = FlatSample(self._row_layout)
@@ -122,8 +124,7 @@ class PrioritizedReplayInstances(InstanceCheckpoint, InstanceCalls, PrioritizedR
         return pos.clone() if replayed else pos
 
     def _add(self, fields: tuple[torch.Tensor, ...], n: int, skip: int) -> torch.Tensor:
-        values = self.members[0].rows.on_device(fields)
-        return torch.stack([m._add(tuple(v[i] for v in values), n, skip) for i, m in enumerate(self.members)])
+        return self._run.add(self.members[0].rows.on_device(fields), n, skip)
 
     # ---------------------------------------------------------------- sample
 
@@ -175,9 +176,9 @@ class PrioritizedReplayInstances(InstanceCheckpoint, InstanceCalls, PrioritizedR
 
     def _draw(self, b: int, betas: list[torch.Tensor]) -> dict[str, torch.Tensor]:
         flat = torch.empty(self.instances, b * (self._row_layout.words + 4), dtype=torch.int32, device=self.device)
-        for i, m in enumerate(self.members):
-            m._core.sample_into(self._flat.split(flat[i]), betas[i])
-        return self._split(flat) | {"flat": flat}
+        parts = self._split(flat)
+        self._run.sample_into(parts, betas)
+        return parts | {"flat": flat}
 
     def _batch(self, parts: dict, with_fields: bool = False) -> InstanceBatch:
         fields = {f.name: parts[("field", f.name)] for f in self._row_layout.fields} if with_fields else None
@@ -199,3 +200,11 @@ class PrioritizedReplayInstances(InstanceCheckpoint, InstanceCalls, PrioritizedR
         """
         batch = batch_or_indices if isinstance(batch_or_indices, InstanceBatch) else None
         self._update_members(batch, batch_or_indices, td_errors)
+
+    def _priority_params(self) -> object:
+        return self._run.update_params()  # device tensors of alpha and eps, made outside any capture
+
+    def _set_priorities(
+        self, idx: torch.Tensor, values: torch.Tensor, gen: torch.Tensor | None, params: object
+    ) -> None:
+        self._run.set_priorities(idx, values, gen, params)  # one set of launches where the back end has them

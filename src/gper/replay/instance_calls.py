@@ -190,11 +190,10 @@ class InstanceCalls:
             indices = torch.stack([raw_filter(m, indices[i]) for i, m in enumerate(self.members)])
         expected = check_generations(batch.generations, indices) if batch is not None else None
         args = (indices, td) if expected is None else (indices, td, expected)
+        params = self._priority_params()
 
         def body(idx: torch.Tensor, values: torch.Tensor, gen: torch.Tensor | None = None) -> None:
-            for i, m in enumerate(self.members):
-                alpha = self._member_alpha(m)
-                m._core.set_priorities(idx[i], values[i], None if gen is None else gen[i], alpha, m.eps)
+            self._set_priorities(idx, values, gen, params)
 
         try:
             self._graphs.call(("update", indices.shape[1], expected is not None), args, body, by_address=True)
@@ -203,6 +202,18 @@ class InstanceCalls:
         for m in self.members:  # rank mode's refresh schedule (the same for every instance)
             if m.policy.count_update():
                 m.refresh_ranks()
+
+    def _priority_params(self) -> object:
+        """What :meth:`_set_priorities` reads, made before the call (outside any graph capture)."""
+        return None
+
+    def _set_priorities(
+        self, idx: torch.Tensor, values: torch.Tensor, gen: torch.Tensor | None, params: object
+    ) -> None:
+        """Every member's priorities of [N, B] ``idx`` from ``values``: one member at a time."""
+        for i, m in enumerate(self.members):
+            alpha = self._member_alpha(m)
+            m._core.set_priorities(idx[i], values[i], None if gen is None else gen[i], alpha, m.eps)
 
     def priorities(self, indices: torch.Tensor) -> torch.Tensor:
         """Stored sampling priorities of [N, B] ``indices`` (each instance's own), [N, B] float32."""

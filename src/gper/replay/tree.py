@@ -82,9 +82,14 @@ class PriorityTree:
         ``instances=n``, whose trees are views of them)."""
         lead = () if n is None else (n,)
         claims = kernels.make_claims(layout=layout, device=device)
+        # stacked trees: each row padded to a multiple of 32 floats (128 bytes), so that every
+        # instance's tree starts aligned as a single tree does and a kernel serving all of them
+        # keeps its vector loads of K children (a row of numel + 1 would shift each by 4 bytes)
+        size = layout.numel + 1
+        width = size if n is None else -(-size // 32) * 32
         out = {
-            "tree": torch.zeros(*lead, layout.numel + 1, dtype=torch.float32, device=device),
-            "mintree": torch.full((*lead, layout.numel + 1), math.inf, dtype=torch.float32, device=device),
+            "tree": torch.zeros(*lead, width, dtype=torch.float32, device=device)[..., :size],
+            "mintree": torch.full((*lead, width), math.inf, dtype=torch.float32, device=device)[..., :size],
             "gen": torch.zeros(*lead, layout.capacity, dtype=torch.int32, device=device),
             "claims": claims if n is None else claims.expand(n, *claims.shape).contiguous(),
             "counters": torch.zeros(*lead, N_COUNTERS, dtype=torch.int64, device=device),

@@ -8,6 +8,8 @@ Kernels, one launch each unless said:
   (:mod:`gper.ops.tree.triton_climb`, the climb), two launches whatever the depth; of fewer:
   ``_update_claim`` + ``_update_leaves`` + one ``_recompute_level`` per remaining level
   (:mod:`gper.ops.tree.triton_update`).
+* ``sample_instances``, ``update_instances``, ``add_rows_instances``: the same launches for N
+  trees stacked on a leading [N] (:mod:`gper.ops.tree.triton_instances`).
 * ``add_rows``: ``_add_write`` + ``_add_repair`` (:mod:`gper.ops.tree.triton_climb`); where the add
   kernel cannot write the rows itself (more than six fields, or a field wider than 512 words),
   ``_add_positions`` + ``_add_commit`` + the repair.
@@ -422,3 +424,11 @@ def sample(*, state: TreeState, rows: torch.Tensor, seed: int, mode: int, beta: 
         BLOCK=LAUNCH.sample_block,
         num_warps=LAUNCH.sample_warps,
     )
+
+
+# several instances in one set of launches (their module imports this one's launch shapes)
+from gper.ops.tree.triton_instances import (  # noqa: E402, F401
+    add_rows_instances,
+    sample_instances,
+    update_instances,
+)

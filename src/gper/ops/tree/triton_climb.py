@@ -36,7 +36,7 @@ import torch
 
 from gper._triton import tl, triton
 from gper.ops.layout import TreeLayout
-from gper.ops.triton_lanes import lanes
+from gper.ops.triton_lanes import instance, lanes
 from gper.ops.triton_slots import C_CURSOR, C_SIZE, C_TICKET_TOP, S_MAXP
 
 
@@ -192,11 +192,25 @@ def _update_apply(
     LOG2K: tl.constexpr,
     DEPTH: tl.constexpr,
     BLOCK: tl.constexpr,
+    st_tree=0,
+    st_claims=0,  # of claims and arrive
+    st_sc=0,
+    st_b=0,
+    INST: tl.constexpr = False,
 ):
     """The update's second launch: the last entry under each leaf parent writes its claimed leaves,
     recomputes it and climbs (the count pass ran in the claim launch). A tree of one level: each
-    slot's winning entry writes its leaf."""
+    slot's winning entry writes its leaf. INST: instance ``k`` of grid axis 1, whose arrivals
+    count in its own counters (the instances' climbs never meet)."""
     s, m = lanes(B, BLOCK)
+    if INST:
+        k = instance(INST)
+        tree += k * st_tree
+        mintree += k * st_tree
+        claims += k * st_claims
+        arrive += k * st_claims
+        scalars += k * st_sc
+        clean += k * st_b
     i = tl.load(clean + s, mask=m, other=-1)
     valid = i >= 0
     i = tl.maximum(i, 0)
@@ -289,6 +303,17 @@ def _enter_leaves(tree, mintree, gen, scalars, leaf_off, pos, m, value, USE_MAX:
 
 
 @triton.jit
+def _source_stride(n, F: tl.constexpr):
+    """Elements of one instance's ``n`` items of a contiguous [N, n, ...] source of field ``F``
+    (bytes where the field is read by bytes, int32 words otherwise)."""
+    if F[3]:
+        st = n * F[1]
+    else:
+        st = n * (F[1] // 4)
+    return st
+
+
+@triton.jit
 def _add_write(
     tree,
     mintree,
@@ -318,10 +343,40 @@ def _add_write(
     W: tl.constexpr,
     USE_MAX: tl.constexpr,
     BLOCK: tl.constexpr,
+    st_tree=0,
+    st_gen=0,
+    st_ctr=0,
+    st_sc=0,
+    st_rows=0,  # in int32 words
+    st_pos=0,
+    INST: tl.constexpr = False,
 ):
     """The add's first launch: rows from the caller's tensors at the cursor, leaves at the max
-    priority (or ``value``), generations advanced. Nothing here waits on another program."""
+    priority (or ``value``), generations advanced. Nothing here waits on another program. INST:
+    instance ``k`` of grid axis 1; each source is then [N, n, ...] contiguous (its stride
+    follows from n and the field's size)."""
     s, m = lanes(n, BLOCK)
+    if INST:
+        k = instance(INST)
+        tree += k * st_tree
+        mintree += k * st_tree
+        gen += k * st_gen
+        counters += k * st_ctr
+        scalars += k * st_sc
+        rows += k * st_rows
+        rows8 += k * (4 * st_rows)
+        out_pos += k * st_pos
+        s0 += k * _source_stride(n, F0)
+        if F1 is not None:
+            s1 += k * _source_stride(n, F1)
+        if F2 is not None:
+            s2 += k * _source_stride(n, F2)
+        if F3 is not None:
+            s3 += k * _source_stride(n, F3)
+        if F4 is not None:
+            s4 += k * _source_stride(n, F4)
+        if F5 is not None:
+            s5 += k * _source_stride(n, F5)
     cursor = tl.load(counters + C_CURSOR)  # advanced by _add_repair
     pos = (cursor + skip + s) % cap
     tl.store(out_pos + s, pos, mask=m)
@@ -354,10 +409,21 @@ def _add_repair(
     K: tl.constexpr,
     LOG2K: tl.constexpr,
     BLOCK: tl.constexpr,
+    st_tree=0,
+    st_ctr=0,
+    st_arrive=0,
+    INST: tl.constexpr = False,
 ):
     """The add's second launch: one lane per leaf parent of the written range recomputes it from
     its leaves, then climbs (the range gives every node's number of arrivals); the last program
-    advances cursor and size (every program has read the cursor before it takes its ticket)."""
+    advances cursor and size (every program has read the cursor before it takes its ticket).
+    INST: instance ``k`` of grid axis 1, with its own cursor, counters and election."""
+    if INST:
+        k = instance(INST)
+        tree += k * st_tree
+        mintree += k * st_tree
+        counters += k * st_ctr
+        arrive += k * st_arrive
     kk = tl.arange(0, K)
     cursor = tl.load(counters + C_CURSOR)
     a = (cursor + skip) % cap

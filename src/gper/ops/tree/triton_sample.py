@@ -11,7 +11,7 @@ so both draw the same slots.
 from __future__ import annotations
 
 from gper._triton import tl, triton
-from gper.ops.triton_lanes import lanes
+from gper.ops.triton_lanes import instance, lanes
 from gper.ops.triton_slots import C_RNG, C_SIZE, C_TICKET, MODE_STRATIFIED, MODE_UNIFORM
 
 
@@ -155,7 +155,8 @@ def _draw_rows(
 @triton.jit
 def _advance_rng(counters, base, B, NB: tl.constexpr):
     """The last program of a sampling kernel advances the RNG counter: all have read it by then
-    (the barrier: every warp's read, not only the ticket's thread's)."""
+    (the barrier: every warp's read, not only the ticket's thread's). In a launch for several
+    instances ``counters`` is the instance's own, and axis 0 counts the programs of one instance."""
     tl.debug_barrier()
     ticket = tl.atomic_add(counters + C_TICKET, 1)
     last = ticket == tl.num_programs(0) - 1
@@ -186,8 +187,31 @@ def _sample_kernel(
     WP: tl.constexpr,
     BLOCK: tl.constexpr,
     LOG2K: tl.constexpr,
+    st_tree=0,  # per-instance strides (elements) of a launch for several instances (INST)
+    st_gen=0,
+    st_ctr=0,
+    st_rows=0,
+    st_beta=0,  # 0: one beta shared by every instance
+    st_orows=0,
+    st_oidx=0,
+    st_ogen=0,
+    st_ow=0,
+    INST: tl.constexpr = False,
 ):
     s, m = lanes(B, BLOCK)
+    if INST:  # instance k (grid axis 1): its own tensors, and its own Philox key seed + k
+        k = instance(INST)
+        tree += k * st_tree
+        mintree += k * st_tree
+        rows += k * st_rows
+        gen += k * st_gen
+        counters += k * st_ctr
+        beta_ptr += k * st_beta
+        out_rows += k * st_orows
+        out_idx += k * st_oidx
+        out_gen += k * st_ogen
+        out_w += k * st_ow
+        seed = seed + k  # int64 (k is): an int32 seed + k does not overflow
     _, base, cols, cm, vals = _draw_rows(
         tree, mintree, level_off, rows, gen, counters, beta_ptr, out_idx, out_gen, out_w, seed, B, s, m,
         DEPTH, K, NB, MODE, W, WP, BLOCK, LOG2K,

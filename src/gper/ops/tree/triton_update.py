@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from gper._triton import tl, triton
 from gper.ops.tree.triton_climb import _count_chain, _enter_leaves
-from gper.ops.triton_lanes import lanes
+from gper.ops.triton_lanes import instance, lanes
 from gper.ops.triton_slots import C_CURSOR, C_INVALID, C_NONFINITE, C_SIZE, C_STALE, C_TICKET_TOP, S_MAXP
 
 
@@ -33,16 +33,35 @@ def _update_claim(
     clean,  # [B] int64 out: idx, or -1 where dropped
     arrive,  # the climb's counters (read only if COUNT)
     level_off,
-    alpha,
-    eps,
+    alpha,  # a float; with INST an [N] float32 pointer (each instance's)
+    eps,  # as alpha
     B,
     HAS_GEN: tl.constexpr,
     COUNT: tl.constexpr,
     DEPTH: tl.constexpr,
     LOG2K: tl.constexpr,
     BLOCK: tl.constexpr,
+    st_b=0,  # per-instance strides (elements) with INST: of idx, td, expected_gen and clean
+    st_gen=0,
+    st_claims=0,  # of claims and arrive
+    st_ctr=0,
+    st_sc=0,
+    INST: tl.constexpr = False,
 ):
     s, m = lanes(B, BLOCK)
+    if INST:  # instance k (grid axis 1): its own entries, tensors and alpha, eps
+        k = instance(INST)
+        idx += k * st_b
+        td += k * st_b
+        expected_gen += k * st_b
+        clean += k * st_b
+        gen += k * st_gen
+        claims += k * st_claims
+        arrive += k * st_claims
+        counters += k * st_ctr
+        scalars += k * st_sc
+        alpha = tl.load(alpha + k)
+        eps = tl.load(eps + k)
     i = tl.load(idx + s, mask=m, other=0)
     size = tl.load(counters + C_SIZE)
     in_range = m & (i >= 0) & (i < size)
@@ -92,10 +111,23 @@ def _update_leaves(
     PARENT: tl.constexpr,
     WITH_MIN: tl.constexpr,
     BLOCK: tl.constexpr,
+    st_tree=0,
+    st_claims=0,
+    st_sc=0,
+    st_b=0,
+    INST: tl.constexpr = False,
 ):
     """Write the claimed leaves and, if PARENT, their parents: children still being written in
-    this launch are read from ``claims``, which holds the same values, so there is no race."""
+    this launch are read from ``claims``, which holds the same values, so there is no race.
+    INST: instance ``k`` of grid axis 1 at ``k * st_*`` of each stacked tensor."""
     s, m = lanes(B, BLOCK)
+    if INST:
+        k = instance(INST)
+        tree += k * st_tree
+        mintree += k * st_tree
+        claims += k * st_claims
+        scalars += k * st_sc
+        clean += k * st_b
     i = tl.load(clean + s, mask=m, other=-1)
     valid = i >= 0
     i = tl.maximum(i, 0)
@@ -120,8 +152,12 @@ def _update_leaves(
 
 
 @triton.jit
-def _reset_claims(claims, clean, B, BLOCK: tl.constexpr):
+def _reset_claims(claims, clean, B, BLOCK: tl.constexpr, st_claims=0, st_b=0, INST: tl.constexpr = False):
     s, m = lanes(B, BLOCK)
+    if INST:
+        k = instance(INST)
+        claims += k * st_claims
+        clean += k * st_b
     i = tl.load(clean + s, mask=m, other=-1)
     tl.store(claims + i, tl.full([BLOCK], -1, tl.int64), mask=i >= 0)
 
@@ -143,9 +179,22 @@ def _recompute_level(
     BLOCK: tl.constexpr,
     RESET: tl.constexpr,
     TOP: tl.constexpr,
+    st_tree=0,
+    st_leaves=0,
+    st_claims=0,
+    st_ctr=0,
+    INST: tl.constexpr = False,
 ):
     """Recompute the parents of ``leaves`` at one level from their children; with TOP (this is
-    level 1), the last program to finish also recomputes all of level 0 (at most K nodes)."""
+    level 1), the last program to finish also recomputes all of level 0 (at most K nodes). INST:
+    instance ``k`` of grid axis 1; the election is then each instance's own (its ticket)."""
+    if INST:
+        k = instance(INST)
+        tree += k * st_tree
+        mintree += k * st_tree
+        leaves += k * st_leaves
+        claims += k * st_claims
+        counters += k * st_ctr
     s = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     kk = tl.arange(0, K)
     raw = tl.load(leaves + s, mask=s < n, other=-1)
