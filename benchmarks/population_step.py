@@ -23,6 +23,7 @@ from gper.dqn import Config
 from gper.dqn.build import setup
 from gper.dqn.config import resolve
 from gper.dqn.population_agent import PopulationAgent
+from gper.dqn.sweep import agent_configs
 
 
 def iteration(agent) -> callable:
@@ -58,7 +59,7 @@ def main() -> None:
     base_gpu, base_wall = timed(single, args.steps)
     rows = [["single Agent", "1", f"{base_gpu * 1e3:.0f}", f"{base_wall * 1e3:.0f}", "1.00", "-"]]
     for n in args.agents:
-        pop = PopulationAgent(resolve(config, device), n, device, 10**6)
+        pop = PopulationAgent(agent_configs(resolve(config, device), n), device, 10**6)
         for _ in range(cfg.batch_size):
             pop.collect_step(None)
         gpu, wall = timed(pop, args.steps)

@@ -133,7 +133,7 @@ def test_bad_populations_and_sweeps_are_refused():
 def test_on_cuda_the_population_trains_in_graphs_without_host_syncs():
     config = dataclasses.replace(BASE, device="cuda")
     cfg = resolve(config, torch.device("cuda"))
-    pop = PopulationAgent(cfg, N, torch.device("cuda"), 1000)
+    pop = PopulationAgent(agent_configs(cfg, N), torch.device("cuda"), 1000)
     assert not pop.exact and len(pop.blocks) == 1
     _train(pop, cfg)  # past the graphs' warm-up and capture
     torch.cuda.synchronize()

@@ -48,13 +48,19 @@ class Stack:
     def clone(self) -> Stack:
         other = object.__new__(Stack)
         other.layout, other.rows = self.layout, self.rows.clone()
-        other.t = {k: v.clone() for k, v in self.t.items()}
+        # with the original's strides: a plain clone of a padded row view is dense, its rows no longer
+        # 128-byte aligned, and the kernels compiled for it may vectorize (and so sum) differently
+        other.t = {k: _same_strides(v) for k, v in self.t.items()}
         return other
 
     def assert_equal(self, other: Stack) -> None:
         assert torch.equal(self.rows, other.rows)
         for name, v in self.t.items():
             assert torch.equal(v, other.t[name]), name  # NaN nowhere: inf and finite values only
+
+
+def _same_strides(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device).copy_(x)
 
 
 def _values(n: int, b: int, g: torch.Generator, device: str) -> tuple[torch.Tensor, ...]:

@@ -64,7 +64,7 @@ def _same_state(pop, singles):
             assert stats[name][i] == value, name
 
 
-def _steps(pop, singles, g, steps, b, add_n, device):
+def _steps(pop, singles, g, steps, b, add_n, device, graphed=False):
     """Adds (the ring wraps), samples (default and [N] beta), updates from batches (NaN, Inf, stale
     entries: a slot overwritten since it was drawn) and from raw indices (out of range, duplicates)."""
     n, cap = len(singles), pop.capacity
@@ -84,8 +84,10 @@ def _steps(pop, singles, g, steps, b, add_n, device):
             pop.add(data)
         singles_batches = []
         for i, s in enumerate(singles):
-            # a 0-d tensor each, read in place as the [N] one is (a float would be written to S_BETA)
-            single = s.sample(b, beta=beta[i] if step % 2 else None)
+            # a 0-d tensor each, read in place as the [N] one is; a graphed buffer copies a tensor
+            # beta into its own scalar, as a float is written there, so a graphed stack meets floats
+            given = (float(beta[i]) if graphed else beta[i]) if step % 2 else None
+            single = s.sample(b, beta=given)
             singles_batches.append(single)
             for name in SPEC:
                 assert torch.equal(batch[name][i], single[name]), name
@@ -138,4 +140,4 @@ def test_batched_instances_equal_single_buffers_cuda(sampling, weight_norm, cuda
     pop.add(first)
     for i, s in enumerate(singles):
         s.add({k: v[i] for k, v in first.items()})
-    _steps(pop, singles, g, 12, 256, 3000, "cuda")  # 96k adds more: the ring wraps
+    _steps(pop, singles, g, 12, 256, 3000, "cuda", cuda_graphs)  # 96k adds more: the ring wraps
