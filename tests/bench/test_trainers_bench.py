@@ -112,7 +112,7 @@ GPER_ROW = {
     "time_to_goal_s": 21.3,
     "device": "cuda:0",
 }
-NOT_YET_ROW = {"trainer": "gper", "settings": "cartpole preset", "seeds": 16, "status": gper_run.NOT_YET}
+FAILED_ROW = {"trainer": "gper", "settings": "cartpole preset", "seeds": 16, "status": "error: RuntimeError: boom"}
 
 
 def test_table_rows_and_files(tmp_path):
@@ -121,16 +121,16 @@ def test_table_rows_and_files(tmp_path):
         table.EST_NOTE,
     ]
     assert table.table_row(GPER_ROW)[6:9] == ["1/1", "176,132", "21.3"]
-    assert table.table_row(NOT_YET_ROW)[3:] == ["-"] * 6 + [gper_run.NOT_YET]
+    assert table.table_row(FAILED_ROW)[3:] == ["-"] * 6 + [FAILED_ROW["status"]]
     assert len(table.HEADERS) == len(table.RIGHT) == len(table.table_row(PJX_ROW))
 
     c = table.csv_row(PJX_ROW)
     assert set(c) == set(table.CSV_COLUMNS)
     assert (c["solve_steps"], c["time_to_goal_is_estimate"], c["status"]) == ("100000 - 140000 120000", True, "ok")
     assert table.csv_row(GPER_ROW)["time_to_goal_is_estimate"] is False
-    assert table.csv_row(NOT_YET_ROW)["status"] == gper_run.NOT_YET
+    assert table.csv_row(FAILED_ROW)["status"] == FAILED_ROW["status"]
 
-    md = table.markdown("HEADER", ["jax 0.0"], [PJX_ROW, GPER_ROW, NOT_YET_ROW], ["a note"])
+    md = table.markdown("HEADER", ["jax 0.0"], [PJX_ROW, GPER_ROW, FAILED_ROW], ["a note"])
     assert md.startswith("# gper bench trainers\n\nHEADER\n")
     assert "| trainer | settings | seeds |" in md and "| PureJaxRL | its CartPole-v1 defaults | 4 |" in md
     assert "- jax 0.0" in md and md.rstrip().endswith("- a note")
@@ -207,8 +207,16 @@ def test_gper_at_purejaxrl_settings():
         gper_run.purejaxrl_settings({**purejaxrl_run.default_config(), "TRAINING_INTERVAL": 15})
 
 
-def test_gper_more_seeds_is_not_yet():
-    assert gper_run.run_gper({"env": "cartpole"}, 16) == {"seeds": 16, "status": gper_run.NOT_YET}
+def test_gper_more_seeds_train_as_one_population():
+    fields = gper_run.gper_configs(purejaxrl_run.default_config(), "cpu", 600)[0]
+    small = {**fields, "learning_starts": 64, "batch_size": 32, "hidden": (16,)}
+    row = gper_run.run_gper(small, 3, log=lambda *a: None)
+    assert row["seeds"] == 3 and len(row["solve_steps"]) == 3
+    assert row["total_env_steps"] == 3 * 600 and row["env_steps_per_s"] > 0 and row["run_s"] > 0
+    assert row["reached"] == sum(s is not None for s in row["solve_steps"])  # no CartPole agent solves in 600 steps
+    assert row["reached"] == 0 and row["median_solve_step"] is None and row["all_at_goal_s"] is None
+    c = table.csv_row({"trainer": "gper", "settings": "cartpole preset", **row})
+    assert c["solve_steps"] == "- - -" and c["status"] == "ok"
 
 
 def test_vendored_file_has_its_patches():

@@ -17,8 +17,8 @@ def add_trainers_arguments(p: argparse.ArgumentParser) -> None:
         nargs="+",
         type=int,
         default=[1, 16, 64, 256],
-        help="seed counts (default 1 16 64 256): PureJaxRL runs each as one jax.vmap; gper runs one seed a run, "
-        "so its rows above 1 read 'not yet'",
+        help="seed counts (default 1 16 64 256): PureJaxRL runs each as one jax.vmap, gper as one population "
+        "(gper train --population N)",
     )
     p.add_argument("--device", default="auto", help="gper's device: cuda, cuda:N, cpu or auto (JAX picks its own)")
     p.add_argument(

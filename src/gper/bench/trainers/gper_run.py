@@ -33,9 +33,6 @@ GPER_ROWS = (
     ("gper", "PureJaxRL's settings"),
 )
 
-#: the table cell of a gper row for more than one seed
-NOT_YET = "not yet: gper trains one seed per run"
-
 
 def purejaxrl_settings(pjx: dict[str, Any]) -> dict[str, Any]:
     """:class:`gper.dqn.Config` fields for PureJaxRL's DQN config ``pjx`` (its ``default_config()``).
@@ -86,26 +83,37 @@ def gper_configs(pjx: dict[str, Any], device: str, total_steps: int | None = Non
 
 
 def run_gper(fields: dict[str, Any], seeds: int, log: Any = print) -> dict[str, Any]:
-    """Train one gper run with ``fields`` and time it; for ``seeds`` > 1 a row saying it is not yet
-    done (the extension point for populations: several seeds in one run)."""
-    if seeds != 1:
-        return {"seeds": seeds, "status": NOT_YET}
+    """Train ``seeds`` agents with ``fields`` in one ``gper train`` run and time it: one seed is the
+    single agent's run, more are one population (``--population seeds``, agent ``i`` seed ``1 + i``)
+    trained in the same launches."""
+    import statistics
+
     from gper.dqn import Config, train
 
+    extra = {"population": seeds} if seeds > 1 else {}
     with tempfile.TemporaryDirectory(prefix="gper-bench-trainers-") as run_dir:
         t0 = time.perf_counter()
-        res = train(Config(**fields, run_dir=run_dir), log=log)
+        res = train(Config(**fields, **extra, run_dir=run_dir), log=log)
         call_s = time.perf_counter() - t0
+    if res.population is None:
+        steps, times = [res.solved_at_step], [res.solved_at_s]
+    else:
+        agents = res.population["per_agent"]
+        steps, times = [a["solved_at_step"] for a in agents], [a["solved_at_s"] for a in agents]
+    reached = [s for s in steps if s is not None]
+    reached_s = [t for t in times if t is not None]
     return {
-        "seeds": 1,
-        # what the call took beyond its training loop: building the agent, the replay, the graphs' capture
+        "seeds": seeds,
+        # what the call took beyond its training loop: building the agents, the replay, the graphs' capture
         "setup_s": max(0.0, call_s - res.wall_s),
         "run_s": res.wall_s,
-        "total_env_steps": res.env_steps,
-        "env_steps_per_s": res.env_steps / res.wall_s if res.wall_s > 0 else None,
-        "solve_steps": [res.solved_at_step],
-        "reached": int(res.solved_at_step is not None),
-        "median_solve_step": res.solved_at_step,
-        "time_to_goal_s": res.solved_at_s,
+        "total_env_steps": res.env_steps * seeds,  # env_steps counts each agent's
+        "env_steps_per_s": res.env_steps * seeds / res.wall_s if res.wall_s > 0 else None,
+        "solve_steps": steps,
+        "reached": len(reached),
+        "median_solve_step": statistics.median(reached) if reached else None,
+        "time_to_goal_s": statistics.median(reached_s) if reached_s else None,
+        # the whole population at the goal: the last agent's time, when every agent got there
+        "all_at_goal_s": max(reached_s) if len(reached_s) == seeds else None,
         "device": res.device,
     }

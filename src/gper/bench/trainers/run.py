@@ -36,7 +36,8 @@ class TrainersBenchConfig:
     """Settings of one ``gper bench trainers`` run.
 
     Attributes:
-        seeds: the seed counts; PureJaxRL runs each as one vmap, gper runs 1 only (larger ones: a "not yet" row).
+        seeds: the seed counts; PureJaxRL runs each as one vmap, gper each as one population (one seed:
+            the single agent's run).
         device: gper's device (``auto``, ``cuda``, ``cpu``); JAX picks its own (its default backend).
         out: the results directory.
         total_steps: override both trainers' env steps per seed (smoke runs); None keeps each one's own.
@@ -113,6 +114,8 @@ def notes(cfg: TrainersBenchConfig, rows: Sequence[dict[str, Any]]) -> list[str]
         "call, through jax.block_until_ready; env steps/s = seeds x env steps per seed / run s; its time to the "
         "goal is an estimate (~): run s x env step at the goal / env steps per seed, compilation not included",
         "gper: compile/setup = the train() call's time outside its training loop; run = its training wall time; "
+        "N seeds are one run of a population of N (gper train --population N, agent i seed 1 + i); its s to "
+        "goal is the median over the agents that reached it; "
         f"gper runs with {', '.join(f'{k}={v}' for k, v in gper_run.QUIET.items())} (PureJaxRL does none of these)",
         "gper at PureJaxRL's settings: " + ", ".join(f"{k}={pjx[k]}" for k in shown) + ", sampling=uniform, "
         "double_q=False, max_grad_norm=0; it differs from PureJaxRL in: " + "; ".join(gper_run.NOT_EXPRESSIBLE),
@@ -121,7 +124,14 @@ def notes(cfg: TrainersBenchConfig, rows: Sequence[dict[str, Any]]) -> list[str]
     for r in rows:
         if r.get("solve_steps") and len(r["solve_steps"]) > 1:
             out.append(
-                f"{r['trainer']} {r['seeds']} seeds: env steps at the goal {table.seed_spread(r['solve_steps'])}"
+                f"{r['trainer']} {r['settings']}, {r['seeds']} seeds: env steps at the goal "
+                f"{table.seed_spread(r['solve_steps'])}"
+            )
+        if r.get("all_at_goal_s") is not None and r["seeds"] > 1:
+            out.append(
+                f"{r['trainer']} {r['settings']}, {r['seeds']} seeds: every agent at the goal "
+                f"{r['all_at_goal_s']:.1f} s into training, "
+                f"{r['setup_s'] + r['all_at_goal_s']:.1f} s from the call's start"
             )
     if cfg.total_steps:
         out.append(f"a smoke run: every trainer ran {cfg.total_steps:,} env steps per seed (--total-steps)")

@@ -39,6 +39,7 @@ CSV_COLUMNS = (
     "median_solve_step",
     "time_to_goal_s",
     "time_to_goal_is_estimate",
+    "all_at_goal_s",
     "solve_steps",
     "device",
 )
@@ -94,6 +95,7 @@ def csv_row(row: dict[str, Any]) -> dict[str, object]:
         "median_solve_step": row.get("median_solve_step"),
         "time_to_goal_s": secs,
         "time_to_goal_is_estimate": est if secs is not None else None,
+        "all_at_goal_s": row.get("all_at_goal_s"),
         "solve_steps": None if steps is None else " ".join("-" if s is None else str(s) for s in steps),
         "device": row.get("device"),
     }
