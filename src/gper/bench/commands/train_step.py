@@ -32,6 +32,15 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
         help="a smoke run: the first precision only, 20 steps x 2 repeats (on CUDA; on the CPU 5 x 2)",
     )
     p.add_argument(
+        "--population",
+        nargs="+",
+        type=int,
+        metavar="N",
+        help="instead: the cartpole-sized iteration (collect + learn) of populations of N agents (gper train "
+        "--population N) beside the single agent, timed from CUDA graphs, with each phase's launches counted and "
+        "timed (torch.profiler) and the costliest kernels listed; e.g. --population 1 16 64 256",
+    )
+    p.add_argument(
         "--fused-step",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -70,7 +79,32 @@ def train_config(args: argparse.Namespace):
     )
 
 
+def population_config(args: argparse.Namespace):
+    from gper.bench.population_step import PopulationBenchConfig
+
+    prog = "gper bench train-step --population"
+    if any(n < 1 for n in args.population):
+        raise SystemExit(f"{prog}: every N must be >= 1, got {args.population}")
+    device = device_of(args.device, prog)
+    cuda = device.type == "cuda"
+    steps, repeats = (200, 5) if cuda else (5, 2)
+    if args.quick:
+        steps, repeats = (20 if cuda else 2), 2
+    return PopulationBenchConfig(
+        device=device,
+        agents=tuple(args.population),
+        steps=args.steps or steps,
+        repeats=args.repeats or repeats,
+        out=Path(args.out),
+    )
+
+
 def run_train(args: argparse.Namespace) -> int:
+    if args.population:
+        from gper.bench.population_step import run_population_bench
+
+        run_population_bench(population_config(args))
+        return 0
     from gper.bench.train_step import run_train_bench
 
     run_train_bench(train_config(args))
