@@ -145,7 +145,17 @@ def count_launches(learner, iterations: int) -> tuple[dict[str, int], dict[str, 
 
 
 def run_population_bench(cfg: PopulationBenchConfig, log=print) -> list[dict]:
-    """Time and count the iteration of each population size; print the table, write the files."""
+    """Time and count the iteration of each population size; print the table, write the files
+    (the matmuls at ``gper train``'s precision, TF32 on CUDA)."""
+    from gper.dqn import Config
+    from gper.dqn.config import resolve
+    from gper.training.precision import matmul_precision
+
+    with matmul_precision(resolve(Config(**_fields(cfg, True)), cfg.device).precision):
+        return _run(cfg, log)
+
+
+def _run(cfg: PopulationBenchConfig, log) -> list[dict]:
     env = environment(cfg.device)
     cuda = cfg.device.type == "cuda"
     rows: list[dict] = []

@@ -18,6 +18,7 @@ from gper.training.extras import INSTALL, require
 from gper.training.parallel import Launch
 from gper.training.plot import plot_run
 from gper.training.population_report import PopulationReport, population_of
+from gper.training.precision import matmul_precision
 from gper.training.report import Results, RunReport
 from gper.training.run_checkpoint import Checkpoint
 from gper.training.run_folder import open_run_folder
@@ -59,7 +60,8 @@ def train(spec: AlgorithmSpec, config: Any, log: Any = print) -> Results:
         if launch is not None and not launch.main:  # quiet: rank 0 speaks for the group
             config = dataclasses.replace(config, progress=False)
             log = _quiet
-        results = _train_process(spec, config, log, launch)
+        with matmul_precision(getattr(config, "precision", None)):
+            results = _train_process(spec, config, log, launch)
         finished = True
         return results
     finally:

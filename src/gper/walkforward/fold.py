@@ -33,6 +33,7 @@ from gper.envs.folds import HISTORY, Fold
 from gper.envs.market import N_ACTIONS, WARMUP, MarketEnv, return_std, trade
 from gper.envs.market_data import Bars
 from gper.training.epochs import collect_iterations, step_iteration, train_steps_before
+from gper.training.precision import matmul_precision
 from gper.walkforward.scores import buy_and_hold
 
 FLAT_ACTION = N_ACTIONS // 2
@@ -131,8 +132,21 @@ def run_fold(
 ) -> FoldRun:
     """Train, select and (with ``score_test``) test ``fold`` of ``bars`` (see the module docstring).
 
-    ``progress(n)`` is called with the env steps done since its last call.
+    ``progress(n)`` is called with the env steps done since its last call. Its matmuls run at the
+    settings' ``precision`` (:func:`gper.training.precision.matmul_precision`).
     """
+    with matmul_precision(fold_config(config, fold, device).precision):
+        return _run_fold(config, bars, fold, device, progress, score_test)
+
+
+def _run_fold(
+    config: Config,
+    bars: Bars,
+    fold: Fold,
+    device: torch.device,
+    progress: Callable[[int], None] | None,
+    score_test: bool,
+) -> FoldRun:
     cfg = fold_config(config, fold, device)
     torch.manual_seed(cfg.seed)
     if device.type == "cuda":
