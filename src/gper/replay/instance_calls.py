@@ -11,7 +11,7 @@ CUDA graph of the stacked buffer's own), the copy and restore bookkeeping they s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -118,11 +118,19 @@ class InstanceCalls:
             parts = value.detach().unbind()
             for v in parts:  # every value checked before any instance's scalar is written
                 check_beta_tensor(v, self.device, name)
-            return [input_of(m).tensor(v, graphed) for m, v in zip(members, parts, strict=True)]
+            inputs = [input_of(m) for m in members]
+            if graphed and (written := _write_all(inputs, value)) is not None:
+                return written
+            return [x.tensor(v, graphed) for x, v in zip(inputs, parts, strict=True)]
         if not isinstance(value, torch.Tensor):
             value = check_unit(name, value)
             return [input_of(m).tensor(value, graphed, checked=True) for m in members]
-        return [input_of(m).tensor(value, graphed) for m in members]
+        inputs = [input_of(m) for m in members]
+        if graphed:
+            check_beta_tensor(value, self.device, name)
+            if (written := _write_all(inputs, value)) is not None:
+                return written
+        return [x.tensor(value, graphed) for x in inputs]
 
     def _betas(self, beta: float | torch.Tensor | None, graphed: bool) -> list[torch.Tensor]:
         """Each instance's IS exponent for a sample."""
@@ -248,3 +256,30 @@ class InstanceCalls:
     def __reduce__(self) -> tuple:
         """``copy.deepcopy`` and ``pickle`` rebuild the buffer from its settings and state."""
         return (rebuild, (self._single, self._init_args(), self.state_dict()))
+
+
+def _write_all(inputs: Sequence[ExponentInput], value: torch.Tensor) -> list[torch.Tensor] | None:
+    """``value`` (0-d or [N]) written into every input's scalar by one copy where the scalars lie
+    evenly in one tensor (a stack's members, one row apart), clamped and NaN read as 1 as
+    :meth:`ExponentInput.tensor` writes each; the scalars, or None where they do not lie so."""
+    scalars = even_view([x.scalar for x in inputs])
+    if scalars is None:
+        return None
+    scalars.copy_(value.detach().clamp(0.0, 1.0).nan_to_num(1.0).expand(len(inputs)))
+    for x in inputs:
+        x.forget()
+    return [x.scalar for x in inputs]
+
+
+def even_view(scalars: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """One [N] view of the 0-d tensors ``scalars`` when they lie evenly spaced in one storage (the
+    members' scalars of a stack of instances, one row apart), so that one kernel writes them all; else None."""
+    first = scalars[0]
+    if len(scalars) < 2 or any(s.dim() != 0 or s.dtype != first.dtype for s in scalars):
+        return None
+    step = scalars[1].storage_offset() - first.storage_offset()
+    base = first.untyped_storage().data_ptr()
+    for i, s in enumerate(scalars):
+        if s.untyped_storage().data_ptr() != base or s.storage_offset() != first.storage_offset() + i * step:
+            return None
+    return first.as_strided((len(scalars),), (step,), first.storage_offset()) if step > 0 else None
