@@ -39,3 +39,18 @@ def test_population_flags():
     assert (quick.steps, quick.repeats) == (2, 2)
     with pytest.raises(SystemExit, match="every N must be >= 1"):
         train_step_cmd.population_config(parse(["train-step", "--population", "0", "--device", "cpu"]))
+
+
+def test_the_report_lists_the_costliest_kernels(tmp_path):
+    from gper.bench import population_step as ps
+    from gper.bench.report import environment
+
+    cfg = PopulationBenchConfig(torch.device("cpu"), agents=(2,), out=tmp_path)
+    row = {"learner": "population", "agents": 2, "device_us": 10.0, "wall_us": 11.0, "x_single": 1.0}
+    row |= {"env_steps_per_s": 5.0, "launches": 7, "kernel_us": 9.0, "busy_pct": 90.0}
+    row |= {f"{p}_launches": 1 for p in ps.PHASES} | {f"{p}_us": 1.5 for p in ps.PHASES}
+    resolved = type("R", (), {"num_envs": 4, "hidden": (8,), "batch_size": 16, "sampling": "proportional"})
+    ps.report(cfg, environment(cfg.device), [row], {2: [("gemm|kernel", 4.25)]}, resolved, log=lambda *a: None)
+    md = next(tmp_path.glob("train-step-population-cpu-*.md")).read_text()
+    assert "The costliest kernels of an iteration, 2 agents" in md and "| gemm/kernel | 4.2 |" in md
+    assert "| population | 2 | 10 | 11 | 1.00 | 5 | 7 | 9 | 90 | 1 / 2 |" in md

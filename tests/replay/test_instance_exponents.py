@@ -1,4 +1,4 @@
-"""The stack's exponents written by one copy: :func:`even_view` and :func:`_write_all` of
+"""The stack's exponents written by one copy: :func:`even_view` and :func:`write_all_scalars` of
 :mod:`gper.replay.instance_calls` (on CUDA graphed samples of an [N] beta take this path; the GPU
 tests of the instances check it bit for bit against single buffers)."""
 
@@ -9,7 +9,7 @@ import math
 import torch
 
 from gper.replay.exponent import ExponentInput
-from gper.replay.instance_calls import _write_all, even_view
+from gper.replay.instance_calls import even_view, write_all_scalars
 
 
 def test_even_view_of_a_stack_column():
@@ -28,11 +28,11 @@ def test_write_all_clamps_and_reads_nan_as_one():
     t = torch.zeros(3, 4)
     inputs = [ExponentInput(t[i, 1]) for i in range(3)]
     inputs[0].tensor(0.25, graphed=False)  # a float written, remembered
-    out = _write_all(inputs, torch.tensor([2.0, math.nan, 0.5]))
+    out = write_all_scalars(inputs, torch.tensor([2.0, math.nan, 0.5]))
     assert out is not None and all(o is x.scalar for o, x in zip(out, inputs, strict=True))
     assert t[:, 1].tolist() == [1.0, 1.0, 0.5]
     inputs[0].tensor(0.25, graphed=False)  # forgotten: the same float is written again
     assert t[0, 1] == 0.25
-    _write_all(inputs, torch.tensor(-3.0))  # a 0-d value for every instance
+    write_all_scalars(inputs, torch.tensor(-3.0))  # a 0-d value for every instance
     assert t[:, 1].tolist() == [0.0, 0.0, 0.0]
-    assert _write_all([ExponentInput(torch.zeros(())) for _ in range(2)], torch.tensor(0.5)) is None
+    assert write_all_scalars([ExponentInput(torch.zeros(())) for _ in range(2)], torch.tensor(0.5)) is None

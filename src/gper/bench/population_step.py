@@ -187,7 +187,7 @@ def _run(cfg: PopulationBenchConfig, log) -> list[dict]:
         rows.append(row)
         if cuda:
             torch.cuda.empty_cache()
-    _report(cfg, env, rows, top, resolved, log)
+    report(cfg, env, rows, top, resolved, log)
     return rows
 
 
@@ -203,7 +203,16 @@ def _cell(v: Any, digits: int = 0) -> str:
     return f"{v:,}"
 
 
-def _report(cfg, env, rows, top, resolved, log) -> None:
+def report(
+    cfg: PopulationBenchConfig,
+    env: dict,
+    rows: list[dict],
+    top: dict[int, list[tuple[str, float]]],
+    resolved: Any,
+    log: Any,
+) -> None:
+    """Print the table and write ``train-step-population-<device>-<stamp>.{csv,md}`` (with ``cfg.out``):
+    ``top`` maps N (0: the single agent) to its costliest kernels, (name, µs per iteration)."""
     cuda = cfg.device.type == "cuda"
     title = (
         f"{cfg.env} preset ({resolved.num_envs} envs an agent, {resolved.hidden}, batch {resolved.batch_size}, "
@@ -238,7 +247,9 @@ def _report(cfg, env, rows, top, resolved, log) -> None:
         who = "the single agent" if n == 0 else f"{n} agents"
         kernel_lines.append(f"\nThe costliest kernels of an iteration, {who} (µs per iteration, no graphs):\n")
         kernel_lines.append(
-            format_markdown(["kernel", "µs"], [[name[:100].replace("|", "/"), f"{us:,.1f}"] for name, us in items])
+            format_markdown(
+                ["kernel", "µs"], [[name[:100].replace("|", "/"), f"{us:,.1f}"] for name, us in items], [False, True]
+            )
         )
     for line in notes:
         log(f"- {line}")

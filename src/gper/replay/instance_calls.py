@@ -119,7 +119,7 @@ class InstanceCalls:
             for v in parts:  # every value checked before any instance's scalar is written
                 check_beta_tensor(v, self.device, name)
             inputs = [input_of(m) for m in members]
-            if graphed and (written := _write_all(inputs, value)) is not None:
+            if graphed and (written := write_all_scalars(inputs, value)) is not None:
                 return written
             return [x.tensor(v, graphed) for x, v in zip(inputs, parts, strict=True)]
         if not isinstance(value, torch.Tensor):
@@ -128,7 +128,7 @@ class InstanceCalls:
         inputs = [input_of(m) for m in members]
         if graphed:
             check_beta_tensor(value, self.device, name)
-            if (written := _write_all(inputs, value)) is not None:
+            if (written := write_all_scalars(inputs, value)) is not None:
                 return written
         return [x.tensor(value, graphed) for x in inputs]
 
@@ -258,7 +258,7 @@ class InstanceCalls:
         return (rebuild, (self._single, self._init_args(), self.state_dict()))
 
 
-def _write_all(inputs: Sequence[ExponentInput], value: torch.Tensor) -> list[torch.Tensor] | None:
+def write_all_scalars(inputs: Sequence[ExponentInput], value: torch.Tensor) -> list[torch.Tensor] | None:
     """``value`` (0-d or [N]) written into every input's scalar by one copy where the scalars lie
     evenly in one tensor (a stack's members, one row apart), clamped and NaN read as 1 as
     :meth:`ExponentInput.tensor` writes each; the scalars, or None where they do not lie so."""
