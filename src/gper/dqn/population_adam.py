@@ -18,6 +18,8 @@ from collections.abc import Sequence
 
 import torch
 
+from gper._triton import HAS_TRITON
+from gper.dqn.population_fused_adam import population_adam_step
 from gper.dqn.population_net import StackedQNetwork
 
 
@@ -51,9 +53,12 @@ class PopulationAdam:
         eps: float = 1e-8,
         capturable: bool = False,
         reference: str = "torch",
+        backend: str = "auto",
     ) -> None:
         if reference not in ("torch", "fused"):
             raise ValueError(f"reference must be torch or fused, got {reference!r}")
+        if backend not in ("auto", "torch", "triton"):
+            raise ValueError(f"backend must be auto, torch or triton, got {backend!r}")
         self.reference = reference
         self.params = list(params)
         if not self.params:
@@ -73,6 +78,12 @@ class PopulationAdam:
         self.exp_avg_sqs = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in self.params]
         self._lr_device = None
         _ = self._lr_on_device
+        if backend == "auto":
+            backend = "triton" if HAS_TRITON and capturable and self.params[0].is_cuda else "torch"
+        if backend == "triton" and not capturable:
+            raise ValueError("the triton backend keeps the step counts on the device: it needs capturable=True")
+        #: one kernel per tensor (:mod:`gper.dqn.population_fused_adam`), else torch ops
+        self.fused = backend == "triton"
 
     def zero_grad(self) -> None:
         """Drop the gradients (``set_to_none``, as the single agent's ``zero_grad``)."""
@@ -80,11 +91,40 @@ class PopulationAdam:
             p.grad = None
 
     @torch.no_grad()
-    def step(self) -> None:
-        """One Adam step of every agent, from the parameters' ``.grad``."""
+    def step(
+        self,
+        grad_scale: torch.Tensor | None = None,
+        targets: Sequence[torch.Tensor] | None = None,
+        tau: float | torch.Tensor = 1.0,
+    ) -> None:
+        """One Adam step of every agent, from the parameters' ``.grad``.
+
+        Args:
+            grad_scale: [N] float32, each agent's gradients multiplied by it first (a clipping's
+                scale, :func:`gper.dqn.population_loss.clip_scales`); the torch ops scale ``.grad``
+                in place, the kernel reads it scaled and leaves it.
+            targets: target parameters (a :class:`StackedQNetwork`'s, in this order), moved
+                towards the updated parameters: ``target.lerp_(param, tau)``, after the step.
+            tau: the target rate: one float, or [N] float32 on the parameters' device.
+        """
         grads = [p.grad for p in self.params]
         if any(g is None for g in grads):
             raise ValueError("PopulationAdam.step: a parameter has no gradient (backward first)")
+        targets = None if targets is None else list(targets)
+        if self.fused:
+            population_adam_step(
+                self.params, grads, self.exp_avgs, self.exp_avg_sqs, self.steps, self._lr_on_device,
+                beta1=self.beta1, beta2=self.beta2, eps=self.eps, grad_scale=grad_scale, targets=targets, tau=tau,
+            )  # fmt: skip
+            return
+        if grad_scale is not None:
+            for g in grads:
+                g.mul_(grad_scale.view((self.n_agents,) + (1,) * (g.dim() - 1)))
+        self._moments_and_update(grads)
+        if targets is not None:
+            _lerp_targets(targets, self.params, tau, self.n_agents)
+
+    def _moments_and_update(self, grads: list[torch.Tensor]) -> None:
         b1, b2 = self.beta1, self.beta2
         # torch.optim.Adam's single-tensor order: moments first, then the step count, then the update
         torch._foreach_lerp_(self.exp_avgs, grads, 1 - b1)
@@ -163,13 +203,22 @@ def soft_update_(target: StackedQNetwork, online: StackedQNetwork, tau: float | 
     broadcast over each tensor's leading dim."""
     _check_pair(target, online)
     targets, onlines = list(target.parameters()), list(online.parameters())
-    with torch.no_grad():
-        if isinstance(tau, (int, float)):
-            torch._foreach_lerp_(targets, onlines, float(tau))
-            return
-        rates = _per_agent(tau, target.n_agents, "tau").to(targets[0].device, torch.float32)
-        for t, p in zip(targets, onlines, strict=True):
-            t.lerp_(p, rates.view((target.n_agents,) + (1,) * (t.dim() - 1)))
+    if not isinstance(tau, (int, float)):
+        tau = _per_agent(tau, target.n_agents, "tau").to(targets[0].device, torch.float32)
+    _lerp_targets(targets, onlines, tau, target.n_agents)
+
+
+@torch.no_grad()
+def _lerp_targets(
+    targets: list[torch.Tensor], onlines: list[torch.Tensor], tau: float | torch.Tensor, n_agents: int
+) -> None:
+    """``target.lerp_(online, tau)`` for every tensor: one float (the single agent's
+    ``_foreach_lerp_``, bit for bit) or [N] float32 rates, broadcast over each tensor's leading dim."""
+    if isinstance(tau, (int, float)):
+        torch._foreach_lerp_(targets, onlines, float(tau))
+        return
+    for t, p in zip(targets, onlines, strict=True):
+        t.lerp_(p, tau.view((n_agents,) + (1,) * (t.dim() - 1)))
 
 
 def _check_pair(target: StackedQNetwork, online: StackedQNetwork) -> None:

@@ -31,7 +31,7 @@ import gper
 from gper.dqn.config import Config
 from gper.dqn.network import QNetwork, padded_width, replay_spec
 from gper.dqn.population_adam import PopulationAdam, hard_update_, soft_update_
-from gper.dqn.population_loss import clip_grad_norms_, population_loss
+from gper.dqn.population_loss import clip_grad_norms_, clip_scales, population_loss
 from gper.dqn.population_net import StackedQNetwork
 from gper.envs import VecEnv
 from gper.training.environment import build_env
@@ -199,6 +199,8 @@ class PopulationAgent:
             [(1.0 - c.beta) / self.total_train_steps for c in cfgs], dtype=torch.float32, device=device
         )
         self._per_agent = PerAgent.of(cfgs, device)
+        tau = self._per_agent.tau  # the fused step reads a list of rates from the device, made here
+        self._tau = float(tau) if isinstance(tau, (int, float)) else torch.tensor(tau, device=device)
         self.episodes = EpisodeTracker(agents * cfg.num_envs, device, autoreset=env0.autoreset, agents=agents)
         self.batched = not self.exact
         graphs = cfg.cuda_graphs and cuda
@@ -300,13 +302,18 @@ class PopulationAgent:
         self.beta_t.add_(self._beta_step).clamp_(max=1.0)
 
     def _adam(self) -> None:
-        cfg = self.cfg
-        if cfg.max_grad_norm > 0:
-            clip_grad_norms_(self.learn_state.grads, cfg.max_grad_norm, batched=self.batched)
-        self.adam.step()
+        cfg, grads = self.cfg, self.learn_state.grads
+        if self.adam.fused:  # the clipping's scale, the step and the soft target update in one kernel a tensor
+            scale = clip_scales(grads, cfg.max_grad_norm)[0] if cfg.max_grad_norm > 0 else None
+            targets = list(self.target.parameters()) if cfg.tau < 1.0 else None
+            self.adam.step(grad_scale=scale, targets=targets, tau=self._tau)
+        else:
+            if cfg.max_grad_norm > 0:
+                clip_grad_norms_(grads, cfg.max_grad_norm, batched=self.batched)
+            self.adam.step()
+            if cfg.tau < 1.0:
+                soft_update_(self.target, self.qnet, self._per_agent.tau)
         self.counters[1] += 1
-        if cfg.tau < 1.0:
-            soft_update_(self.target, self.qnet, self._per_agent.tau)
 
     def update_target(self, train_step: int) -> None:
         """The hard target update due after training step ``train_step`` (tau = 1), as the single agent's."""

@@ -102,6 +102,15 @@ def population_loss(
     )  # fmt: skip
 
 
+def clip_scales(grads: list[torch.Tensor], max_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each agent's clipping scale ``min(1, max_norm / (norm + 1e-6))`` (``clip_grad_norm_``'s) and
+    its global 2-norm, [N] each, for stacked gradients [N, ...], one norm per tensor for all agents;
+    nothing is scaled (:meth:`~gper.dqn.population_adam.PopulationAdam.step` applies the scale)."""
+    norms = torch.stack([torch.linalg.vector_norm(g.flatten(1), 2.0, dim=1) for g in grads], dim=1)
+    total = torch.linalg.vector_norm(norms, 2.0, dim=1)
+    return torch.clamp(max_norm / (total + 1e-6), max=1.0), total
+
+
 def clip_grad_norms_(grads: list[torch.Tensor], max_norm: float, batched: bool | None = None) -> torch.Tensor:
     """Each agent's gradients scaled to a global 2-norm of at most ``max_norm``, in place, as
     ``nn.utils.clip_grad_norm_(agent_parameters, max_norm, foreach=True)`` scales a single agent's.
@@ -125,9 +134,7 @@ def clip_grad_norms_(grads: list[torch.Tensor], max_norm: float, batched: bool |
     if batched is None:
         batched = grads[0].is_cuda
     if batched:
-        norms = torch.stack([torch.linalg.vector_norm(g.flatten(1), 2.0, dim=1) for g in grads], dim=1)
-        total = torch.linalg.vector_norm(norms, 2.0, dim=1)
-        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)  # clip_grad_norm_'s epsilon and clamp
+        coef, total = clip_scales(grads, max_norm)
         for g in grads:
             g.mul_(coef.view(n, *([1] * (g.dim() - 1))))
         return total
