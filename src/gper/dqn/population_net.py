@@ -12,8 +12,10 @@ holding its parameters computes. How the layers run depends on the device:
   or batch 5, 256 -> 16), and so do ``bmm`` plus the bias, ``einsum`` and ``vmap(F.linear)``. ATen's
   CPU ``bmm`` picks another kernel than ``addmm`` (a plain loop for small products, oneDNN or a
   batched GEMM for others: our reading of ``LinearAlgebra.cpp``), which sums in another order.
-- CUDA (``batched=True``, the default there): one ``torch.baddbmm`` per layer for all agents,
-  bias and product in one cuBLAS strided-batched GEMM, so the launches do not grow with N. cuBLAS
+- CUDA (``batched=True``, the default there): one cuBLAS strided-batched GEMM per layer for all
+  agents (hidden layers: ``torch.bmm`` and one pass for the bias and the ReLU,
+  :func:`~gper.dqn.population_layers.linear_relu`; the output layer ``torch.baddbmm``), so the
+  launches do not grow with N. cuBLAS
   may pick other kernels for the batched GEMM than for one agent's, so agreement with a single
   run on the GPU is to rounding, not bit for bit.
 
@@ -30,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gper.dqn.network import QNetwork
+from gper.dqn.population_layers import linear_relu
 
 
 class StackedLinear(nn.Module):
@@ -168,7 +171,10 @@ class StackedQNetwork(nn.Module):
             batched = x.is_cuda
         layers = list(self.layers)
         for layer in layers[:-1]:
-            x = torch.relu_(layer(x, batched))  # in place, as QNetwork's ReLU(inplace=True)
+            if batched:  # one GEMM and one pass for the bias and the ReLU (gper.dqn.population_layers)
+                x = linear_relu(x, layer.weight, layer.bias)
+            else:
+                x = torch.relu_(layer(x, batched))  # in place, as QNetwork's ReLU(inplace=True)
         return layers[-1](x, batched)
 
     def check_input(self, x: torch.Tensor, name: str) -> None:
