@@ -354,8 +354,12 @@ class Agent:
         host loop after every learn step. With tau = 1 it copies the online network every
         ``target_every`` steps (device work only: the host knows the count, nothing is read back);
         with tau < 1 it does nothing, because the soft update runs in the learn step's adam phase."""
-        if self.cfg.tau >= 1.0 and train_step % self.cfg.target_every == 0:
+        if self.target_update_due(train_step):
             self.sync_target()
+
+    def target_update_due(self, train_step: int) -> bool:
+        """Whether a hard target update follows training step ``train_step`` (the host's schedule)."""
+        return self.cfg.tau >= 1.0 and train_step % self.cfg.target_every == 0
 
     def sync_target(self) -> None:
         """Hard target update: copy the online network's parameters. Device work only."""

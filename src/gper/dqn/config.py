@@ -125,6 +125,10 @@ class Config:
     kernels follow backend: Triton on CUDA, the torch references on the CPU, when auto)"""
     time_every: int = 10
     """time every N-th step phase by phase with CUDA events (0: no phase timing)"""
+    graph_iterations: int = 1
+    """replay this many collection iterations, with their training steps and target updates, as one
+    CUDA graph (gper train's loop on CUDA with cuda_graphs; blocks never hold a timed step: raise
+    time_every or set it to 0); 1: each iteration its own graph replays"""
     epoch_steps: int | None = None
     """environment steps per epoch (one readback, one timing line, one metrics flush)"""
     run_dir: str = "runs"

@@ -317,8 +317,12 @@ class PopulationAgent:
 
     def update_target(self, train_step: int) -> None:
         """The hard target update due after training step ``train_step`` (tau = 1), as the single agent's."""
-        if self.cfg.tau >= 1.0 and train_step % self.cfg.target_every == 0:
+        if self.target_update_due(train_step):
             hard_update_(self.target, self.qnet)
+
+    def target_update_due(self, train_step: int) -> bool:
+        """Whether a hard target update follows training step ``train_step`` (the host's schedule)."""
+        return self.cfg.tau >= 1.0 and train_step % self.cfg.target_every == 0
 
     # ---- what the trainer core drives (gper.training.Learner)
 

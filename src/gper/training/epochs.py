@@ -20,6 +20,7 @@ import torch
 from gper.training import evaluation, run_checkpoint
 from gper.training.algorithm import AlgorithmSpec, Learner
 from gper.training.evaluation import Evaluator
+from gper.training.iteration_graphs import IterationGraphs
 from gper.training.parallel import Launch
 from gper.training.readback import AsyncReadback
 from gper.training.report import RunReport
@@ -129,6 +130,8 @@ class EpochLoop:
     """training steps done (from the run's start)"""
     path: Path | None = field(init=False, default=None)
     """the last checkpoint this loop wrote"""
+    blocks: IterationGraphs | None = field(init=False, default=None)
+    """blocks of ``graph_iterations`` iterations as one graph, or None (one iteration at a time)"""
 
     def run(self, start_it: int, iterations: int, report_state: dict[str, Any] | None) -> Reached:
         """Iterations ``start_it`` to ``iterations``; ``report_state``: the report of a resumed run."""
@@ -138,6 +141,7 @@ class EpochLoop:
         own, ring = learner.device_values(), learner.episodes.snapshot()
         if "sums" in own or own.keys() & ring.keys():
             raise ValueError(f"a learner's device values may not be named sums or {', '.join(ring)}: got {list(own)}")
+        self.blocks = IterationGraphs(learner, cfg.graph_iterations) if cfg.graph_iterations > 1 else None
         values = {"sums": learner.sums, **own, **ring}
         self.readback = AsyncReadback(values)
         self.bar = None
@@ -165,18 +169,36 @@ class EpochLoop:
         return Reached(it, self.train_steps, time.perf_counter() - report.t0, self.path)
 
     def _iterations(self, it: int, end: int) -> tuple[int, bool]:
-        """Iterations ``it`` to ``end``; (where they stopped, whether a stop signal cut the epoch)."""
-        n = self.cfg.num_envs
-        for i in range(it, end):
-            if step_iteration(self.cfg, self.learner, i, self.timer, self.train_steps):
-                self.train_steps += 1
-            if self.bar is not None and (i + 1) % 64 == 0:
-                self.bar.update(64 * n)
-            if self.stop.requested and i + 1 < end:
+        """Iterations ``it`` to ``end``, in blocks of ``graph_iterations`` where they fit (see
+        :mod:`~gper.training.iteration_graphs`); (where they stopped, whether a stop signal cut the epoch)."""
+        cfg, n, i = self.cfg, self.cfg.num_envs, it
+        while i < end:
+            done = self._block(i, end)
+            if not done:
+                if step_iteration(cfg, self.learner, i, self.timer, self.train_steps):
+                    self.train_steps += 1
+                done = 1
+            i += done
+            if self.bar is not None and i * n - self.bar.n >= 64 * n:
+                self.bar.update(i * n - self.bar.n)
+            if self.stop.requested and i < end:
                 # a consistent point: the episodes not reported yet are in the checkpoint's ring
-                self.path = self._save(i + 1)
-                return i + 1, True
+                self.path = self._save(i)
+                return i, True
         return end, False
+
+    def _block(self, i: int, end: int) -> int:
+        """Iterations ``i`` onwards as one block when one may run there: its size, else 0."""
+        blocks, cfg = self.blocks, self.cfg
+        if blocks is None or i + blocks.k > end or not blocks.ready():
+            return 0
+        if cfg.time_every > 0 and any((i + j) % cfg.time_every == 0 for j in range(blocks.k)):
+            return 0  # a timed iteration runs alone, phase by phase
+        trains = [trains_at(cfg, i + j) for j in range(blocks.k)]
+        if not blocks.run(trains, self.train_steps):
+            return 0
+        self.train_steps += sum(trains)
+        return blocks.k
 
     def _report_epoch(self, it: int, end: int) -> None:
         """The epoch from ``it`` to ``end``: read back, reported, shown on the bar."""

@@ -73,6 +73,11 @@ class PhasedStep:
     def captured(self) -> bool:
         return self._whole is not None
 
+    @property
+    def state(self) -> object | None:
+        """The object whose attributes the phases share (None if not given)."""
+        return self._state
+
     def run(self, timer: PhaseTimer | None = None) -> None:
         """Run one step; with ``timer``, record each phase's start (and the step's end) in it."""
         if self.use_graphs and self._whole is None and self._steps >= self.warmup:
@@ -116,7 +121,7 @@ class PhasedStep:
                     fn()
             self._by_phase.append((name, graph))
         if self._state is not None:
-            self._kept.append(_attributes(self._state))  # the phase graphs read these addresses
+            self._kept.append(attributes_of(self._state))  # the phase graphs read these addresses
         whole = torch.cuda.CUDAGraph()
         side = torch.cuda.Stream(self.device)
         with capture(whole):
@@ -133,7 +138,7 @@ class PhasedStep:
         self._whole = whole
 
 
-def _attributes(state: object) -> dict[str, object]:
+def attributes_of(state: object) -> dict[str, object]:
     """What ``state``'s attributes hold now: its ``__dict__``, or a slotted dataclass's fields."""
     if hasattr(state, "__dict__"):
         return dict(vars(state))

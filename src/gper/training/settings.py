@@ -38,6 +38,7 @@ class RunSettings(Protocol):
     progress: bool
     tensorboard: bool
     time_every: int
+    graph_iterations: int
 
 
 @dataclasses.dataclass
@@ -95,6 +96,9 @@ class RunConfig:
     """TensorBoard event files beside ``metrics.jsonl``"""
     time_every: int = 0
     """every this many collection iterations runs phase by phase with timing (0: never)"""
+    graph_iterations: int = 1
+    """collection iterations (with their training steps) replayed as one CUDA graph
+    (:mod:`gper.training.iteration_graphs`); 1: each iteration its own replays"""
 
 
 #: settings a resumed run takes from its own configuration: it trains on up to ``total_steps``
@@ -103,6 +107,7 @@ RUN_HONOURED = ("total_steps",)
 RUN_FREE = (
     "device",
     "time_every",
+    "graph_iterations",
     "epoch_steps",
     "run_dir",
     "run_name",
@@ -124,7 +129,8 @@ def check_run_settings(cfg: Any) -> None:
     Raises:
         ValueError: one line naming the setting and what it must be.
     """
-    for name in ("total_steps", "num_envs", "train_every", "epoch_steps", "eval_episodes", "keep_checkpoints"):
+    positive = ("total_steps", "num_envs", "train_every", "epoch_steps", "eval_episodes", "keep_checkpoints")
+    for name in (*positive, "graph_iterations"):
         value = getattr(cfg, name)
         if not _is_int(value) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
