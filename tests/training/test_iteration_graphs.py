@@ -29,19 +29,23 @@ def _run(tmp_path, name: str, **changes):
     return res, run_checkpoint(tmp_path / name)[0], computed_records(tmp_path / name)
 
 
-def _same_tensors(a, b) -> None:
+def _same_tensors(a, b, path: str = "") -> None:
     if isinstance(a, torch.Tensor):
-        assert torch.equal(a, b)
+        if path.endswith("/episodes/table"):
+            # the episode ring's last row is its trash row: every step's unfinished episodes are
+            # written there together (index_copy_ of duplicate indices), so on CUDA any of them may land
+            a, b = a[:-1], b[:-1]
+        assert torch.equal(a, b), path
     elif isinstance(a, dict):
-        assert a.keys() == b.keys()
+        assert a.keys() == b.keys(), path
         for k in a:
-            _same_tensors(a[k], b[k])
+            _same_tensors(a[k], b[k], f"{path}/{k}")
     elif isinstance(a, (list, tuple)):
         assert len(a) == len(b)
-        for x, y in zip(a, b, strict=True):
-            _same_tensors(x, y)
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _same_tensors(x, y, f"{path}/{i}")
     else:
-        assert a == b
+        assert a == b, path
 
 
 @pytest.mark.parametrize("k, time_every, population", [(4, 0, 1), (7, 10, 1), (4, 3, 2)])
