@@ -37,6 +37,11 @@ def test_population_flags():
     assert cfg.agents == (1, 16) and (cfg.steps, cfg.repeats) == (5, 2)
     quick = train_step_cmd.population_config(parse(["train-step", "--population", "2", "--device", "cpu", "--quick"]))
     assert (quick.steps, quick.repeats) == (2, 2)
+    given = parse(["train-step", "--population", "2", "--device", "cpu", "--hidden", "8", "--no-fused-step"])
+    assert train_step_cmd.population_config(given).overrides == {"fused_step": False, "hidden": (8,)}
+    two = ["train-step", "--population", "2", "--device", "cpu", "--precisions", "fp32", "fp32"]
+    with pytest.raises(SystemExit, match="one precision"):
+        train_step_cmd.population_config(parse(two))
     with pytest.raises(SystemExit, match="every N must be >= 1"):
         train_step_cmd.population_config(parse(["train-step", "--population", "0", "--device", "cpu"]))
 

@@ -117,6 +117,12 @@ def test_bad_populations_and_sweeps_are_refused():
         PopulationAgent([], torch.device("cpu"), 10)
     with pytest.raises(ValueError, match=r"may differ in .* not in \['batch_size'\]"):
         PopulationAgent([cfg, dataclasses.replace(cfg, batch_size=8)], torch.device("cpu"), 10)
+    with pytest.raises(ValueError, match=r"tau values must all be 1 .* or all below 1 .* got \[0.5, 1.0\]"):
+        PopulationAgent([dataclasses.replace(cfg, tau=t) for t in (1.0, 0.5)], torch.device("cpu"), 10)
+    soft = PopulationAgent([dataclasses.replace(cfg, tau=t) for t in (0.1, 0.5)], torch.device("cpu"), 10)
+    # its own kernels follow the replay's back end (torch on the CPU), as the single agent's fused step
+    assert soft.kernels == soft.rb.backend == "torch" and soft.qnet.kernels == soft.target.kernels == "torch"
+    assert not soft.adam.fused
     for text, match in [
         ("learning_rate", "NAME=V1,V2"),
         ("hidden=1,2", "cannot be swept"),

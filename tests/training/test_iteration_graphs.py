@@ -48,7 +48,7 @@ def _same_tensors(a, b, path: str = "") -> None:
         assert a == b, path
 
 
-@pytest.mark.parametrize("k, time_every, population", [(4, 0, 1), (7, 10, 1), (4, 3, 2)])
+@pytest.mark.parametrize("k, time_every, population", [(4, 0, 1), (7, 10, 1), (2, 3, 2)])
 def test_blocks_train_as_iteration_by_iteration_on_the_cpu(tmp_path, k, time_every, population):
     one, one_state, one_records = _run(tmp_path, "one", time_every=time_every, population=population)
     blk, blk_state, blk_records = _run(
@@ -74,6 +74,10 @@ def test_the_schedule_of_a_block():
 def test_refusals(tmp_path):
     with pytest.raises(ValueError, match="graph_iterations must be an integer >= 1"):
         train(Config(**{**SMALL, "graph_iterations": 0}, run_dir=str(tmp_path)), log=lambda *a: None)
+    # every window of 10 iterations would hold a timed one: no block could run
+    with pytest.raises(ValueError, match="graph_iterations 10 needs time_every 0 or above 10, got time_every 10"):
+        train(Config(**{**SMALL, "graph_iterations": 10, "time_every": 10}, run_dir=str(tmp_path)), log=lambda *a: None)
+    assert not any(tmp_path.iterdir())  # refused before a run folder was made
 
     class NoPhases:
         device = "cpu"

@@ -138,6 +138,12 @@ def check_shared(cfgs: Sequence[Config]) -> None:
         differ = sorted(k for k in first if k not in SWEEPABLE and k != "seed" and first[k] != theirs[k])
         if differ:
             raise ValueError(f"the agents of a population may differ in {', '.join(SWEEPABLE)} only, not in {differ}")
+    if len({cfg.tau >= 1.0 for cfg in cfgs}) > 1:
+        # one schedule of target updates for all: hard copies every target_every steps, or soft ones
+        raise ValueError(
+            "a population's tau values must all be 1 (hard target updates) or all below 1 (soft ones), got "
+            f"{sorted({cfg.tau for cfg in cfgs})}"
+        )
 
 
 class PopulationAgent:
@@ -176,18 +182,23 @@ class PopulationAgent:
         self.num_envs = cfg.num_envs  # each agent's
         self.qnet = StackedQNetwork.from_networks(nets).to(device)
         self.target = self.qnet.detached_copy()
-        self.adam = PopulationAdam(
-            list(self.qnet.parameters()),
-            lr=[c.learning_rate for c in cfgs],
-            capturable=cuda,
-            reference="fused" if cfg.fused_step else "torch",
-        )
         self.rb = gper.PrioritizedReplayBuffer(
             cfg.buffer_size, replay_spec(self.obs_width), instances=agents,
             alpha=[c.alpha for c in cfgs], beta=[c.beta for c in cfgs],
             sampling=cfg.sampling, weight_norm=cfg.weight_norm, device=device, backend=cfg.backend, seed=cfg.seed,
             cpu_fallback=False,  # the networks stay where they are: a replay on the CPU would not serve them
         )  # fmt: skip
+        # the population's own kernels (Adam, the layers' bias-and-ReLU pass) follow the replay's back
+        # end, as the single agent's fused step does: torch where Triton is asked off or its probe failed
+        self.kernels = self.rb.backend if cfg.backend == "auto" else cfg.backend
+        self.qnet.kernels = self.target.kernels = self.kernels
+        self.adam = PopulationAdam(
+            list(self.qnet.parameters()),
+            lr=[c.learning_rate for c in cfgs],
+            capturable=cuda,
+            reference="fused" if cfg.fused_step else "torch",
+            backend="auto" if self.kernels == "triton" else "torch",
+        )
         self.obs = obs.to(device)  # [N, E, obs_width]
         self.next_obs = torch.zeros_like(self.obs)
         self.counters = torch.zeros(2, dtype=torch.float64, device=device)  # env steps (each agent's), train steps

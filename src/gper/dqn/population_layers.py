@@ -54,8 +54,8 @@ def bias_relu_(y: torch.Tensor, bias: torch.Tensor, backend: str = "auto") -> to
 
 class _LinearReLU(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        y = bias_relu_(torch.bmm(x, weight.transpose(1, 2)), bias)
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, backend: str) -> torch.Tensor:
+        y = bias_relu_(torch.bmm(x, weight.transpose(1, 2)), bias, backend)
         ctx.save_for_backward(x, weight, y)
         return y
 
@@ -66,10 +66,11 @@ class _LinearReLU(torch.autograd.Function):
         gx = torch.bmm(gz, weight) if ctx.needs_input_grad[0] else None
         gw = torch.bmm(gz.transpose(1, 2), x) if ctx.needs_input_grad[1] else None
         gb = gz.sum(1) if ctx.needs_input_grad[2] else None
-        return gx, gw, gb
+        return gx, gw, gb, None
 
 
-def linear_relu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+def linear_relu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, backend: str = "auto") -> torch.Tensor:
     """``relu(x @ weight^T + bias)`` for N agents at once: ``x [N, B, in]``, ``weight [N, out, in]``,
-    ``bias [N, out]`` -> ``[N, B, out]``, differentiable in all three."""
-    return _LinearReLU.apply(x, weight, bias)
+    ``bias [N, out]`` -> ``[N, B, out]``, differentiable in all three; ``backend`` of the
+    bias-and-ReLU pass (:func:`bias_relu_`)."""
+    return _LinearReLU.apply(x, weight, bias, backend)

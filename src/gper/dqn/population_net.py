@@ -89,6 +89,8 @@ class StackedQNetwork(nn.Module):
                 f"hidden layer, got n_agents={n_agents}, obs_dim={obs_dim}, n_actions={n_actions}, hidden={hidden}"
             )
         self.n_agents, self.obs_dim, self.n_actions, self.hidden = n_agents, obs_dim, n_actions, hidden
+        #: the batched hidden layers' bias-and-ReLU pass: "auto" (Triton on CUDA), "triton" or "torch"
+        self.kernels = "auto"
         widths = (obs_dim, *hidden, n_actions)
         self.layers = nn.ModuleList(
             StackedLinear(torch.zeros(n_agents, out, inp), torch.zeros(n_agents, out))
@@ -151,6 +153,7 @@ class StackedQNetwork(nn.Module):
         """A copy without gradients: the population's target networks, as a single agent's
         ``copy.deepcopy(qnet).requires_grad_(False)``."""
         copy = StackedQNetwork(self.n_agents, self.obs_dim, self.n_actions, self.hidden)
+        copy.kernels = self.kernels
         copy.to(self.layers[0].weight.device)
         with torch.no_grad():
             torch._foreach_copy_(list(copy.parameters()), list(self.parameters()))
@@ -172,7 +175,7 @@ class StackedQNetwork(nn.Module):
         layers = list(self.layers)
         for layer in layers[:-1]:
             if batched:  # one GEMM and one pass for the bias and the ReLU (gper.dqn.population_layers)
-                x = linear_relu(x, layer.weight, layer.bias)
+                x = linear_relu(x, layer.weight, layer.bias, self.kernels)
             else:
                 x = torch.relu_(layer(x, batched))  # in place, as QNetwork's ReLU(inplace=True)
         return layers[-1](x, batched)

@@ -71,6 +71,7 @@ class IterationGraphs:
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self._kept: list[dict] = []  # what the learn state held at each capture: the graphs read it
         self._pool = None
+        self._warned = False
 
     def ready(self) -> bool:
         """Whether blocks may run now: on CUDA once both step graphs are captured (past the warm-up
@@ -97,6 +98,13 @@ class IterationGraphs:
         graph = self.graphs.get(key)
         if graph is None:
             if len(self.graphs) >= MAX_GRAPHS:
+                if not self._warned:
+                    self._warned = True
+                    warnings.warn(
+                        f"graph_iterations: this run's blocks have more than {MAX_GRAPHS} schedules; blocks of the "
+                        "others run iteration by iteration (a K that divides target_every * train_every has fewer)",
+                        stacklevel=2,
+                    )
                 return False
             graph = self.graphs[key] = self._capture(key, train_steps)
         graph.replay()
@@ -129,12 +137,15 @@ class IterationGraphs:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
-            with capture(graph, pool=self._pool):
-                self._phases(key, train_steps)()
-        if state is not None:
-            self._kept.append(attributes_of(state))  # the block graph reads these addresses
-            for name, value in before.items():  # the step graphs' tensors back where eager code finds them
-                setattr(state, name, value)
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
+                with capture(graph, pool=self._pool):
+                    self._phases(key, train_steps)()
+            if state is not None:
+                self._kept.append(attributes_of(state))  # the block graph reads these addresses
+        finally:
+            if state is not None:
+                for name, value in before.items():  # the step graphs' tensors back where eager code finds them
+                    setattr(state, name, value)
         return graph

@@ -138,6 +138,10 @@ def check_run_settings(cfg: Any) -> None:
         value = getattr(cfg, name)
         if not _is_int(value) or value < 0:
             raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    k, timed = cfg.graph_iterations, cfg.time_every
+    if _is_int(k) and k > 1 and _is_int(timed) and 0 < timed <= k:
+        # every window of k iterations would hold a timed one, which runs alone: no block would run
+        raise ValueError(f"graph_iterations {k} needs time_every 0 or above {k}, got time_every {timed}")
     if not is_seed(cfg.seed):
         raise ValueError(f"seed must be an integer from 0 to 2**63 - 1, got {cfg.seed!r}")
     if cfg.solve_return is not None and not math.isfinite(cfg.solve_return):

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from gper.training import parallel, run_checkpoint
+from gper.training import iteration_graphs, parallel, run_checkpoint
 from gper.training.algorithm import AlgorithmSpec, Learner, missing_members
 from gper.training.epochs import EpochLoop, collect_iterations
 from gper.training.evaluation import Evaluator, final_test
@@ -94,6 +94,8 @@ def _train_process(spec: AlgorithmSpec, config: Any, log: Any, launch: Launch | 
     if missing:
         raise TypeError(f"{spec.name}: its learner {type(learner).__name__} lacks {', '.join(missing)}")
     population_of(learner, cfg.num_envs)  # a population that breaks the contract: refused before the folder is made
+    if cfg.graph_iterations > 1 and (reason := iteration_graphs.unsupported(learner)) is not None:
+        raise ValueError(f"graph_iterations {cfg.graph_iterations}: {reason}")
     before = torch.get_num_threads()
     threads = None
     if learner.device.type == "cpu" and spec.cpu_threads is not None:  # put back when the run ends

@@ -38,7 +38,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="instead: the cartpole-sized iteration (collect + learn) of populations of N agents (gper train "
         "--population N) beside the single agent, timed from CUDA graphs, with each phase's launches counted and "
-        "timed (torch.profiler) and the costliest kernels listed; e.g. --population 1 16 64 256",
+        "timed (torch.profiler) and the costliest kernels listed; e.g. --population 1 16 64 256. It takes the "
+        "cartpole preset's sizes, and --hidden, one --precisions value and --fused-step",
     )
     p.add_argument(
         "--fused-step",
@@ -87,6 +88,13 @@ def population_config(args: argparse.Namespace):
         raise SystemExit(f"{prog}: every N must be >= 1, got {args.population}")
     device = device_of(args.device, prog)
     cuda = device.type == "cuda"
+    if args.precisions and len(args.precisions) != 1:
+        raise SystemExit(f"{prog}: times gper train's step at one precision: give --precisions one value")
+    if args.precisions and not cuda and args.precisions != ["fp32"]:
+        raise SystemExit(f"{prog}: --precisions tf32/bf16 need CUDA")
+    overrides = {"fused_step": args.fused_step} | ({"precision": args.precisions[0]} if args.precisions else {})
+    if args.hidden:
+        overrides["hidden"] = tuple(args.hidden)
     steps, repeats = (200, 5) if cuda else (5, 2)
     if args.quick:
         steps, repeats = (20 if cuda else 2), 2
@@ -96,6 +104,7 @@ def population_config(args: argparse.Namespace):
         steps=args.steps or steps,
         repeats=args.repeats or repeats,
         out=Path(args.out),
+        overrides=overrides,
     )
 
 
