@@ -12,7 +12,10 @@ environments each, a 256-256 network, batch 256, proportional PER; :class:`gper.
   phase under :mod:`torch.profiler`, one profile per phase: every device activity of the phase
   (kernels, memsets, memcopies: what a graph of it replays) is counted and its device time added,
   so the table says how many launches each phase makes, how long they keep the GPU busy, and
-  which kernels cost the most. Launch counts need CUDA (on the CPU the columns stay empty).
+  which kernels cost the most. Launch counts need CUDA (on the CPU the columns stay empty). That
+  learner's replay buffer still replays its own graphs, with what it runs outside them (an
+  input's copy, say), which a step captured whole folds into its own graph or leaves out: the
+  counts are those of the eager step, close to the graphed one's but not always equal.
 
 The gap between the timed iteration and the sum of its kernels' times is launch latency and
 idle time between kernels: where a graph replays many short kernels back to back, that gap is the
@@ -238,7 +241,8 @@ def report(
         "against the single agent's (gper train's Agent)",
         "launches, kernel µs: device activities (kernels, memsets, copies) of one iteration and the sum of their "
         f"device times, counted by torch.profiler on the same learner run without graphs ({cfg.profile_iterations} "
-        "iterations, one profile per phase); busy % = kernel µs / device µs: the rest is the gaps between kernels",
+        "iterations, one profile per phase; its replay buffer replays its own graphs); busy % = kernel µs / device µs: "
+        "the rest is the gaps between kernels (over 100 where the eager step runs work the graphed one does not)",
     ]
     if not cuda:
         notes.append("on the CPU: host times, no launch counts")
