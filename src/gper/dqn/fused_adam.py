@@ -53,11 +53,25 @@ if HAS_TRITON:
         offs = pid * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
         step = tl.load(step_ptr).to(tl.float32)
+        g = tl.load(g_ptr + offs, mask=mask)
+        adam_update(
+            p_ptr, m_ptr, v_ptr, t_ptr, offs, mask, g, step, lr, beta1, beta2, log2_beta1, log2_beta2, eps, tau,
+            HAS_TARGET,
+        )  # fmt: skip
+
+    @triton.jit
+    def adam_update(
+        p_ptr, m_ptr, v_ptr, t_ptr, offs, mask, g, step, lr, beta1, beta2, log2_beta1, log2_beta2, eps, tau,
+        HAS_TARGET: tl.constexpr,
+    ):  # fmt: skip
+        """One Adam step of the elements ``offs`` (gradient ``g``, advanced step count ``step``,
+        learning rate ``lr`` and target rate ``tau``: scalars or per element), parameter and
+        moments stored back, then the target moved towards the new parameter (HAS_TARGET). The
+        single agent's kernel and the population's (:mod:`gper.dqn.population_fused_adam`) share it."""
         # beta^step as exp2(step log2 beta): the step count lives on the device (captured steps)
         bc1 = 1.0 - tl.exp2(step * log2_beta1)
         bc2 = 1.0 - tl.exp2(step * log2_beta2)
         p = tl.load(p_ptr + offs, mask=mask)
-        g = tl.load(g_ptr + offs, mask=mask)
         m = beta1 * tl.load(m_ptr + offs, mask=mask) + (1.0 - beta1) * g
         v = beta2 * tl.load(v_ptr + offs, mask=mask) + (1.0 - beta2) * g * g
         p = p - (lr / bc1) * m / (tl.sqrt(v) / tl.sqrt(bc2) + eps)

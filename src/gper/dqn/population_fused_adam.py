@@ -8,8 +8,8 @@ three-layer network. At 256 agents of the cartpole network (17.6M parameters) th
 the iteration's 2,355 (``benchmarks/results/train-step-population-nvidia-h200-20261204-184341.md``),
 where one pass (parameter, moments and target read and written, the gradient read: 36 bytes an
 element) takes about 130 µs at the H200's 4.8 TB/s. The arithmetic is the single agent's fused
-kernel's (:mod:`gper.dqn.fused_adam`) with each agent's learning rate, step count, clipping scale
-and target rate read by agent: ``agent = element // elements_per_agent``.
+kernel's (:func:`gper.dqn.fused_adam.adam_update`, which both call) with each agent's learning
+rate, step count, clipping scale and target rate read by agent: ``agent = element // elements_per_agent``.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ BLOCK = 1024
 
 
 if HAS_TRITON:
+    from gper.dqn.fused_adam import adam_update
 
     @triton.jit
     def _population_adam_kernel(
@@ -58,22 +59,14 @@ if HAS_TRITON:
         g = tl.load(g_ptr + offs, mask=mask)
         if HAS_SCALE:
             g = g * tl.load(scale_ptr + agent, mask=mask, other=1.0)
-        bc1 = 1.0 - tl.exp2(step * log2_beta1)
-        bc2 = 1.0 - tl.exp2(step * log2_beta2)
-        p = tl.load(p_ptr + offs, mask=mask)
-        m = beta1 * tl.load(m_ptr + offs, mask=mask) + (1.0 - beta1) * g
-        v = beta2 * tl.load(v_ptr + offs, mask=mask) + (1.0 - beta2) * g * g
-        p = p - (lr / bc1) * m / (tl.sqrt(v) / tl.sqrt(bc2) + eps)
-        tl.store(p_ptr + offs, p, mask=mask)
-        tl.store(m_ptr + offs, m, mask=mask)
-        tl.store(v_ptr + offs, v, mask=mask)
-        if HAS_TARGET:
-            if TAU_PER_AGENT:
-                rate = tl.load(tau_ptr + agent, mask=mask, other=0.0)
-            else:
-                rate = tau
-            t = tl.load(t_ptr + offs, mask=mask)
-            tl.store(t_ptr + offs, t + rate * (p - t), mask=mask)
+        if TAU_PER_AGENT:
+            rate = tl.load(tau_ptr + agent, mask=mask, other=0.0)
+        else:
+            rate = tau
+        adam_update(
+            p_ptr, m_ptr, v_ptr, t_ptr, offs, mask, g, step, lr, beta1, beta2, log2_beta1, log2_beta2, eps, rate,
+            HAS_TARGET,
+        )  # fmt: skip
 
 
 def population_adam_step(
