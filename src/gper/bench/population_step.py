@@ -48,16 +48,19 @@ COLUMNS = [
     "per_sample_launches",
     "upload_launches",
     "fwd_bwd_launches",
+    "learn_launches",
     "per_update_launches",
     "adam_launches",
     "collect_us",
     "per_sample_us",
     "upload_us",
     "fwd_bwd_us",
+    "learn_us",
     "per_update_us",
     "adam_us",
 ]
-PHASES = ("collect", "per_sample", "upload", "fwd_bwd", "per_update", "adam")
+#: the learn step's phases: fwd_bwd and adam, or learn where one kernel runs both (gper.dqn.population_fused_learn)
+PHASES = ("collect", "per_sample", "upload", "fwd_bwd", "learn", "per_update", "adam")
 
 
 @dataclass

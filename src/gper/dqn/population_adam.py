@@ -172,6 +172,11 @@ class PopulationAdam:
         self._lr_on_device.copy_(self.lr)
 
     @property
+    def device_lr(self) -> torch.Tensor:
+        """The [N] float64 learning rates on the step counts' device (what a captured step reads)."""
+        return self._lr_on_device
+
+    @property
     def _lr_on_device(self) -> torch.Tensor:
         # made once, outside any capture: a host-to-device copy may not run inside a CUDA graph capture
         if getattr(self, "_lr_device", None) is None:

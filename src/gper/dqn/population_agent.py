@@ -31,6 +31,7 @@ import gper
 from gper.dqn.config import Config
 from gper.dqn.network import QNetwork, padded_width, replay_spec
 from gper.dqn.population_adam import PopulationAdam, hard_update_, soft_update_
+from gper.dqn.population_fused_learn import MAX_WIDTH, fused_learn_supported, population_learn_step
 from gper.dqn.population_loss import clip_grad_norms_, clip_scales, population_loss
 from gper.dqn.population_net import StackedQNetwork
 from gper.envs import VecEnv
@@ -162,10 +163,20 @@ class PopulationAgent:
         exact: each agent its own environments and generator stream, and per-agent network
             arithmetic: the single runs' bits (default on the CPU); False: one vectorized
             environment and batched matmuls (the default on CUDA).
+        fused_learn: the learn step's forwards, loss, backward, clipping, Adam and soft target
+            update as one kernel (:mod:`gper.dqn.population_fused_learn`), for networks it holds
+            (two hidden layers of up to 128 units); None (default): where ``fused_step`` is on, the
+            population's kernels are Triton's, the device CUDA and the precision TF32 or FP32.
+            True on the CPU (with ``backend="triton"``) runs it under the Triton interpreter (tests).
     """
 
     def __init__(
-        self, cfgs: Sequence[Config], device: torch.device, total_train_steps: int, exact: bool | None = None
+        self,
+        cfgs: Sequence[Config],
+        device: torch.device,
+        total_train_steps: int,
+        exact: bool | None = None,
+        fused_learn: bool | None = None,
     ) -> None:
         cfgs = list(cfgs)
         if not cfgs:
@@ -192,12 +203,13 @@ class PopulationAgent:
         # end, as the single agent's fused step does: torch where Triton is asked off or its probe failed
         self.kernels = self.rb.backend if cfg.backend == "auto" else cfg.backend
         self.qnet.kernels = self.target.kernels = self.kernels
+        forced = fused_learn is True  # the fused kernels on the CPU too (the Triton interpreter: tests)
         self.adam = PopulationAdam(
             list(self.qnet.parameters()),
             lr=[c.learning_rate for c in cfgs],
-            capturable=cuda,
+            capturable=cuda or forced,
             reference="fused" if cfg.fused_step else "torch",
-            backend="auto" if self.kernels == "triton" else "torch",
+            backend=("triton" if forced else "auto") if self.kernels == "triton" else "torch",
         )
         self.obs = obs.to(device)  # [N, E, obs_width]
         self.next_obs = torch.zeros_like(self.obs)
@@ -217,14 +229,37 @@ class PopulationAgent:
         graphs = cfg.cuda_graphs and cuda
         self.collect = PhasedStep({"collect": self._collect}, device, graphs and env0.graph_safe, warmup=3)
         self.learn_state = PopulationLearnState()
-        phases = {
-            "per_sample": self._sample,
-            "upload": self._upload,
-            "fwd_bwd": self._fwd_bwd,
-            "per_update": self._per_update,
-            "adam": self._adam,
-        }
-        self.learn = PhasedStep(phases, device, graphs, state=self.learn_state, concurrent=("per_update",))
+        self.fused_learn = self._fused_learn_applies(fused_learn)
+        if self.fused_learn:  # one kernel for fwd_bwd and adam; the priority update reads its TD errors
+            self.learn_state.td = torch.zeros(agents, cfg.batch_size, device=device)
+            phases = {"per_sample": self._sample, "upload": self._upload, "learn": self._learn_fused}
+            phases["per_update"] = self._per_update
+            concurrent: tuple[str, ...] = ()
+        else:
+            phases = {
+                "per_sample": self._sample,
+                "upload": self._upload,
+                "fwd_bwd": self._fwd_bwd,
+                "per_update": self._per_update,
+                "adam": self._adam,
+            }
+            concurrent = ("per_update",)
+        self.learn = PhasedStep(phases, device, graphs, state=self.learn_state, concurrent=concurrent)
+
+    def _fused_learn_applies(self, asked: bool | None) -> bool:
+        cfg = self.cfg
+        holds = fused_learn_supported(self.obs_width, cfg.hidden, self.n_actions)
+        if asked is None:
+            return (
+                holds and cfg.fused_step and self.kernels == "triton" and self.device.type == "cuda"
+                and cfg.precision in ("tf32", "fp32") and self.adam.fused
+            )  # fmt: skip
+        if asked and not (holds and self.adam.fused):
+            raise ValueError(
+                f"fused_learn needs two hidden layers of at most {MAX_WIDTH} units (got {cfg.hidden}, "
+                f"{self.obs_width} inputs, {self.n_actions} actions) and the population's Triton kernels"
+            )
+        return bool(asked)
 
     def _start(self, cfgs: list[Config], device: torch.device):
         """The environment blocks, each agent's starting network and the first observations [N, E, W]."""
@@ -307,6 +342,21 @@ class PopulationAgent:
         )  # fmt: skip
         total.backward()
         s.grads = [p.grad for p in self.qnet.parameters()]
+
+    def _learn_fused(self) -> None:
+        # _fwd_bwd and _adam in one launch: the same loss, clipping, Adam and soft target update
+        s, cfg, adam = self.learn_state, self.cfg, self.adam
+        x, next_x = s.x, s.next_x
+        if next_x.stride() != x.stride() or x.stride(2) != 1:
+            x, next_x = x.contiguous(), next_x.contiguous()
+        population_learn_step(
+            list(self.qnet.parameters()), list(self.target.parameters()), adam.exp_avgs, adam.exp_avg_sqs,
+            adam.steps, adam.device_lr, x, next_x, s.action, s.reward, s.done, s.weights.contiguous(), self.sums, s.td,
+            gamma=self._per_agent.gamma, double_q=cfg.double_q, max_grad_norm=cfg.max_grad_norm,
+            soft_tau=self._tau if cfg.tau < 1.0 else None, beta1=adam.beta1, beta2=adam.beta2, eps=adam.eps,
+            precision="tf32" if cfg.precision == "tf32" and self.device.type == "cuda" else "ieee",
+        )  # fmt: skip
+        self.counters[1] += 1
 
     def _per_update(self) -> None:
         self.rb.update_priorities(self.learn_state.batch, self.learn_state.td)
