@@ -40,6 +40,9 @@ MAX_WIDTH = 128
 BLOCK_B = 32
 #: warps a program runs on
 NUM_WARPS = 8
+#: one stage: the loop's loads are not multi-buffered (pipelined, the weight tiles would need
+#: several times the shared memory an SM has)
+NUM_STAGES = 1
 
 
 def fused_learn_supported(obs_dim: int, hidden: tuple[int, ...], n_actions: int) -> bool:
@@ -324,4 +327,5 @@ def population_learn_step(
         IN=_padded(n_in), H1=_padded(h1), H2=_padded(h2), A=_padded(n_act), BLOCK_B=BLOCK_B,
         DOUBLE_Q=double_q, GAMMA_PER_AGENT=gamma_t is not None, CLIP=max_grad_norm > 0, SOFT=soft_tau is not None,
         TAU_PER_AGENT=tau_t is not None, PRECISION=precision, num_warps=NUM_WARPS,
+        num_stages=NUM_STAGES,
     )  # fmt: skip
