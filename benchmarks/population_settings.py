@@ -63,27 +63,26 @@ def kernel_sweep(device: torch.device, agents: list[int], out: Path) -> None:
                 adam.steps, adam.device_lr, x, nx, action, reward, done, weights, sums, td,
                 gamma=0.99, double_q=double_q, max_grad_norm=clip, soft_tau=None, precision="tf32",
             )  # fmt: skip
-            for block in (16, 32, 64):
-                for warps in (4, 8):
-                    fl.BLOCK_B, fl.NUM_WARPS = block, warps
-                    try:
-                        for _ in range(3):
-                            step()
-                    except Exception as exc:  # a variant that does not compile (shared memory, say)
-                        rows.append([name, str(n), str(block), str(warps), type(exc).__name__])
-                        print(*rows[-1], flush=True)
-                        continue
-                    times = []
-                    for _ in range(7):
-                        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                        start.record()
-                        for _ in range(50):
-                            step()
-                        end.record()
-                        end.synchronize()
-                        times.append(start.elapsed_time(end) * 1e3 / 50)
-                    rows.append([name, str(n), str(block), str(warps), f"{statistics.median(times):,.1f}"])
+            for block, warps in ((16, 4), (16, 8), (32, 4), (32, 8), (32, 16), (64, 8), (64, 16)):
+                fl.BLOCK_B, fl.NUM_WARPS = block, warps
+                try:
+                    for _ in range(3):
+                        step()
+                except Exception as exc:  # a variant that does not compile (shared memory, say)
+                    rows.append([name, str(n), str(block), str(warps), type(exc).__name__])
                     print(*rows[-1], flush=True)
+                    continue
+                times = []
+                for _ in range(7):
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    for _ in range(50):
+                        step()
+                    end.record()
+                    end.synchronize()
+                    times.append(start.elapsed_time(end) * 1e3 / 50)
+                rows.append([name, str(n), str(block), str(warps), f"{statistics.median(times):,.1f}"])
+                print(*rows[-1], flush=True)
     fl.BLOCK_B, fl.NUM_WARPS = 32, 8
     env = environment(device)
     md = [f"# The fused learn kernel alone: {env['device']}", "", header_line(env, "population_settings --kernel"), ""]

@@ -67,29 +67,17 @@ if HAS_TRITON:
         return tl.load(w_ptr + agent * n_out * n_in + o * n_in + i, mask=(i < n_in) & (o < n_out), other=0.0)
 
     @triton.jit
-    def _weight(w_ptr, agent, n_in, n_out, OUT: tl.constexpr, IN: tl.constexpr):
-        """The same weight as ``W [OUT, IN]``."""
-        o = tl.arange(0, OUT)[:, None]
-        i = tl.arange(0, IN)[None, :]
-        return tl.load(w_ptr + agent * n_out * n_in + o * n_in + i, mask=(i < n_in) & (o < n_out), other=0.0)
-
-    @triton.jit
     def _bias(b_ptr, agent, n_out, OUT: tl.constexpr):
         o = tl.arange(0, OUT)
         return tl.load(b_ptr + agent * n_out + o, mask=o < n_out, other=0.0)
 
     @triton.jit
-    def _mlp(
-        x, w1, b1, w2, b2, w3, b3, agent, n_in, h1, h2, n_act,
-        IN: tl.constexpr, H1: tl.constexpr, H2: tl.constexpr, A: tl.constexpr, PRECISION: tl.constexpr,
-    ):  # fmt: skip
-        """The network of ``agent`` on ``x [rows, IN]``: both hidden activations and the Q-values (padding 0)."""
-        a1 = tl.dot(x, _weight_t(w1, agent, n_in, h1, IN, H1), input_precision=PRECISION)
-        a1 = tl.maximum(a1 + _bias(b1, agent, h1, H1)[None, :], 0.0)
-        a2 = tl.dot(a1, _weight_t(w2, agent, h1, h2, H1, H2), input_precision=PRECISION)
-        a2 = tl.maximum(a2 + _bias(b2, agent, h2, H2)[None, :], 0.0)
-        q = tl.dot(a2, _weight_t(w3, agent, h2, n_act, H2, A), input_precision=PRECISION)
-        return a1, a2, q + _bias(b3, agent, n_act, A)[None, :]
+    def _mlp(x, w1t, b1, w2t, b2, w3t, b3, PRECISION: tl.constexpr):
+        """A network (its weights transposed, ``W^T [in, out]``, biases ``[out]``) on ``x [rows, in]``:
+        both hidden activations and the Q-values (padded columns 0)."""
+        a1 = tl.maximum(tl.dot(x, w1t, input_precision=PRECISION) + b1[None, :], 0.0)
+        a2 = tl.maximum(tl.dot(a1, w2t, input_precision=PRECISION) + b2[None, :], 0.0)
+        return a1, a2, tl.dot(a2, w3t, input_precision=PRECISION) + b3[None, :]
 
     @triton.jit
     def _adam_tile(
@@ -145,10 +133,46 @@ if HAS_TRITON:
         rows = tl.arange(0, BLOCK_B)
         cols_in = tl.arange(0, IN)
         cols_a = tl.arange(0, A)
+        real = cols_a[None, :] < n_act
         if GAMMA_PER_AGENT:
             g = tl.load(gamma_ptr + agent)
         else:
             g = gamma
+        # Pass 1, the TD targets: y = r + gamma (1 - done) Q'(s', a') for every row, from the target
+        # network (and, double-Q, the online one) on next_x, kept in the TD errors' row until pass 2.
+        # Each pass loads its networks once: the chunks then run on chip.
+        t1 = _weight_t(tw1, agent, n_in, h1, IN, H1)
+        t2 = _weight_t(tw2, agent, h1, h2, H1, H2)
+        t3 = _weight_t(tw3, agent, h2, n_act, H2, A)
+        tc1, tc2, tc3 = _bias(tb1, agent, h1, H1), _bias(tb2, agent, h2, H2), _bias(tb3, agent, n_act, A)
+        if DOUBLE_Q:
+            o1 = _weight_t(w1, agent, n_in, h1, IN, H1)
+            o2 = _weight_t(w2, agent, h1, h2, H1, H2)
+            o3 = _weight_t(w3, agent, h2, n_act, H2, A)
+            oc1, oc2, oc3 = _bias(b1, agent, h1, H1), _bias(b2, agent, h2, H2), _bias(b3, agent, n_act, A)
+        for start in range(0, B, BLOCK_B):
+            r = start + rows
+            live = r < B
+            m_in = live[:, None] & (cols_in[None, :] < n_in)
+            nx = tl.load(nx_ptr + agent * x_agent_stride + r[:, None] * x_row_stride + cols_in[None, :], mask=m_in,
+                         other=0.0)  # fmt: skip
+            _, _, qt = _mlp(nx, t1, tc1, t2, tc2, t3, tc3, PRECISION)
+            if DOUBLE_Q:  # a' = the online network's argmax (the first of equal maxima), valued by the target
+                _, _, qo = _mlp(nx, o1, oc1, o2, oc2, o3, oc3, PRECISION)
+                best = tl.argmax(tl.where(real, qo, float("-inf")), axis=1)
+                next_q = tl.sum(tl.where(cols_a[None, :] == best[:, None], qt, 0.0), axis=1)
+            else:
+                next_q = tl.max(tl.where(real, qt, float("-inf")), axis=1)
+            reward = tl.load(rew_ptr + agent * rew_agent_stride + r * rew_row_stride, mask=live, other=0.0)
+            done = tl.load(done_ptr + agent * done_agent_stride + r * done_row_stride, mask=live, other=0.0)
+            tl.store(td_ptr + agent * B + r, reward + (g * (1.0 - done)) * next_q, mask=live)
+        tl.debug_barrier()  # pass 2's threads read the targets other threads of this program wrote
+        # Pass 2: the online network on x, the loss, and the backward in transposed form
+        # (d a^T = W^T d z^T), so every product reads the weights as loaded, W^T [in, out].
+        w1t = _weight_t(w1, agent, n_in, h1, IN, H1)
+        w2t = _weight_t(w2, agent, h1, h2, H1, H2)
+        w3t = _weight_t(w3, agent, h2, n_act, H2, A)
+        c1, c2, c3 = _bias(b1, agent, h1, H1), _bias(b2, agent, h2, H2), _bias(b3, agent, n_act, A)
         gw1 = tl.zeros((H1, IN), dtype=tl.float32)
         gb1 = tl.zeros((H1,), dtype=tl.float32)
         gw2 = tl.zeros((H2, H1), dtype=tl.float32)
@@ -161,48 +185,35 @@ if HAS_TRITON:
         for start in range(0, B, BLOCK_B):
             r = start + rows
             live = r < B
-            at = agent * x_agent_stride + r[:, None] * x_row_stride + cols_in[None, :]
             m_in = live[:, None] & (cols_in[None, :] < n_in)
-            x = tl.load(x_ptr + at, mask=m_in, other=0.0)
-            nx = tl.load(nx_ptr + at, mask=m_in, other=0.0)
-            a1, a2, q = _mlp(x, w1, b1, w2, b2, w3, b3, agent, n_in, h1, h2, n_act, IN, H1, H2, A, PRECISION)
-            _, _, qt = _mlp(nx, tw1, tb1, tw2, tb2, tw3, tb3, agent, n_in, h1, h2, n_act, IN, H1, H2, A, PRECISION)
-            at_b = agent * B + r  # the contiguous [N, B] tensors: weights, TD errors
+            x = tl.load(x_ptr + agent * x_agent_stride + r[:, None] * x_row_stride + cols_in[None, :], mask=m_in,
+                        other=0.0)  # fmt: skip
+            a1, a2, q = _mlp(x, w1t, c1, w2t, c2, w3t, c3, PRECISION)
             action = tl.load(act_ptr + agent * act_agent_stride + r * act_row_stride, mask=live, other=0)
-            action = action.to(tl.int32)
-            taken = cols_a[None, :] == action[:, None]
+            taken = cols_a[None, :] == action.to(tl.int32)[:, None]
             q_a = tl.sum(tl.where(taken, q, 0.0), axis=1)
-            real = cols_a[None, :] < n_act
-            if DOUBLE_Q:  # a' = the online network's argmax (the first of equal maxima), valued by the target
-                _, _, qo = _mlp(nx, w1, b1, w2, b2, w3, b3, agent, n_in, h1, h2, n_act, IN, H1, H2, A, PRECISION)
-                best = tl.argmax(tl.where(real, qo, float("-inf")), axis=1)
-                next_q = tl.sum(tl.where(cols_a[None, :] == best[:, None], qt, 0.0), axis=1)
-            else:
-                next_q = tl.max(tl.where(real, qt, float("-inf")), axis=1)
-            reward = tl.load(rew_ptr + agent * rew_agent_stride + r * rew_row_stride, mask=live, other=0.0)
-            done = tl.load(done_ptr + agent * done_agent_stride + r * done_row_stride, mask=live, other=0.0)
-            weight = tl.load(wt_ptr + at_b, mask=live, other=0.0)
-            y = reward + (g * (1.0 - done)) * next_q
+            y = tl.load(td_ptr + agent * B + r, mask=live, other=0.0)
+            weight = tl.load(wt_ptr + agent * B + r, mask=live, other=0.0)
             td = q_a - y
             abs_td = tl.abs(td)
             huber = tl.where(abs_td < 1.0, 0.5 * td * td, abs_td - 0.5)
-            tl.store(td_ptr + at_b, td, mask=live)
+            tl.store(td_ptr + agent * B + r, td, mask=live)
             loss_sum += tl.where(live, huber * weight, 0.0)
             q_sum += tl.where(live, q_a, 0.0)
             td_sum += tl.where(live, abs_td, 0.0)
-            # backward: d loss / d q[a] = w clamp(td, -1, 1) / B (the mean of the weighted Huber loss)
+            # d loss / d q[a] = w clamp(td, -1, 1) / B (the mean of the weighted Huber loss)
             d_qa = tl.where(live, weight * tl.minimum(tl.maximum(td, -1.0), 1.0) / B, 0.0)
-            d_q = tl.where(taken, d_qa[:, None], 0.0)  # [BLOCK_B, A]
-            gb3 += tl.sum(d_q, axis=0)
-            gw3 = tl.dot(tl.trans(d_q), a2, gw3, input_precision=PRECISION)
-            d_a2 = tl.dot(d_q, _weight(w3, agent, h2, n_act, A, H2), input_precision=PRECISION)
-            d_a2 = tl.where(a2 > 0.0, d_a2, 0.0)
-            gb2 += tl.sum(d_a2, axis=0)
-            gw2 = tl.dot(tl.trans(d_a2), a1, gw2, input_precision=PRECISION)
-            d_a1 = tl.dot(d_a2, _weight(w2, agent, h1, h2, H2, H1), input_precision=PRECISION)
-            d_a1 = tl.where(a1 > 0.0, d_a1, 0.0)
-            gb1 += tl.sum(d_a1, axis=0)
-            gw1 = tl.dot(tl.trans(d_a1), x, gw1, input_precision=PRECISION)
+            d_qt = tl.trans(tl.where(taken, d_qa[:, None], 0.0))  # [A, BLOCK_B]
+            gb3 += tl.sum(d_qt, axis=1)
+            gw3 = tl.dot(d_qt, a2, gw3, input_precision=PRECISION)
+            d_a2t = tl.dot(w3t, d_qt, input_precision=PRECISION)  # [H2, BLOCK_B]
+            d_a2t = tl.where(tl.trans(a2) > 0.0, d_a2t, 0.0)
+            gb2 += tl.sum(d_a2t, axis=1)
+            gw2 = tl.dot(d_a2t, a1, gw2, input_precision=PRECISION)
+            d_a1t = tl.dot(w2t, d_a2t, input_precision=PRECISION)  # [H1, BLOCK_B]
+            d_a1t = tl.where(tl.trans(a1) > 0.0, d_a1t, 0.0)
+            gb1 += tl.sum(d_a1t, axis=1)
+            gw1 = tl.dot(d_a1t, x, gw1, input_precision=PRECISION)
         sums = sums_ptr + agent * 3
         tl.store(sums, tl.load(sums) + (tl.sum(loss_sum, axis=0) / B).to(tl.float64))
         tl.store(sums + 1, tl.load(sums + 1) + (tl.sum(q_sum, axis=0) / B).to(tl.float64))
