@@ -95,7 +95,7 @@ def kernel_sweep(device: torch.device, agents: list[int], out: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--settings", nargs="+", default=["preset-128", "purejaxrl"], choices=sorted(SETTINGS))
+    parser.add_argument("--settings", nargs="*", default=["preset-128", "purejaxrl"], choices=sorted(SETTINGS))
     parser.add_argument("--agents", nargs="+", type=int, default=[1, 16, 64, 256])
     parser.add_argument("--kernel", action="store_true", help="also time the fused learn kernel's variants")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))

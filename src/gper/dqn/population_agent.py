@@ -5,7 +5,10 @@ state, replay (instance ``i`` of one ``PrioritizedReplayBuffer(..., instances=N)
 stream. The steps run every agent in the same launches: the stacked networks
 (:mod:`gper.dqn.population_net`), one loss (:mod:`gper.dqn.population_loss`), one Adam step
 (:mod:`gper.dqn.population_adam`), one replay call. The learn step has the single agent's five
-phases (``per_sample -> upload -> fwd_bwd -> per_update -> adam``) and the same CUDA graphs.
+phases (``per_sample -> upload -> fwd_bwd -> per_update -> adam``) and the same CUDA graphs; where
+the network is small enough (:func:`gper.dqn.population_fused_learn.fused_learn_supported`), on
+CUDA, ``fwd_bwd`` and ``adam`` are one phase ``learn`` of three kernels
+(:mod:`gper.dqn.population_fused_learn`): ``per_sample -> upload -> learn -> per_update``.
 
 Where the random numbers come from decides whether agent ``i`` reproduces its single run bit for
 bit. On the CPU each agent keeps its own environments and its own state of torch's generator
@@ -344,7 +347,7 @@ class PopulationAgent:
         s.grads = [p.grad for p in self.qnet.parameters()]
 
     def _learn_fused(self) -> None:
-        # _fwd_bwd and _adam in one launch: the same loss, clipping, Adam and soft target update
+        # _fwd_bwd and _adam in three launches: the same loss, clipping, Adam and soft target update
         s, cfg, adam = self.learn_state, self.cfg, self.adam
         x, next_x = s.x, s.next_x
         if next_x.stride() != x.stride() or x.stride(2) != 1:
