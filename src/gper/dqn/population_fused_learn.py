@@ -39,10 +39,25 @@ from gper._triton import HAS_TRITON, tl, triton
 
 #: the widest layer (hidden units, inputs, actions) the kernel holds on chip
 MAX_WIDTH = 128
-#: batch rows a gradient program holds
-BLOCK_B = 32
+#: batch rows a gradient program holds: the smaller where the agents' chunks would not fill the
+#: GPU (more programs, each done sooner), the larger where they do (half the chunks' gradients to
+#: write and add up); None picks by :func:`_block_rows`
+BLOCK_B: int | None = None
 #: warps a gradient program runs on
 NUM_WARPS = 8
+#: gradient programs (agents x chunks of 64 rows) from which the larger chunk pays (two per SM of an H200)
+_MANY_PROGRAMS = 256
+
+
+def _block_rows(n_agents: int, batch: int) -> int:
+    """Rows a gradient program holds (see :data:`BLOCK_B`). Measured on an H200 at 256 agents
+    (``benchmarks/results/fused-learn-kernel-nvidia-h200-20261204-213658.md``): 64 rows took 357 µs
+    a call against 473 for 32 (batch 256, 128-128) and 178 against 201 (batch 128, 120-84)."""
+    if BLOCK_B is not None:
+        return BLOCK_B
+    return 64 if n_agents * triton.cdiv(batch, 64) >= _MANY_PROGRAMS else 32
+
+
 #: parameters a reduce or adam program handles
 BLOCK_P = 1024
 
@@ -349,7 +364,8 @@ def population_learn_step(
     gamma_t = gamma if isinstance(gamma, torch.Tensor) else None
     tau_t = soft_tau if isinstance(soft_tau, torch.Tensor) else None
     total = sum(p[0].numel() for p in params)  # an agent's parameters
-    chunks, blocks = triton.cdiv(b, BLOCK_B), triton.cdiv(total, BLOCK_P)
+    block_b = _block_rows(n, b)
+    chunks, blocks = triton.cdiv(b, block_b), triton.cdiv(total, BLOCK_P)
     part = torch.empty(n, chunks, total, device=x.device)
     psum = torch.empty(n, chunks, 3, device=x.device)
     grad = torch.empty(n, total, device=x.device)
@@ -359,7 +375,7 @@ def population_learn_step(
         done, *done.stride(), weights, gamma_t.reshape(-1) if gamma_t is not None else steps,
         *params, *targets, td, part, psum,
         b, n_in, h1, h2, n_act, total, 0.0 if gamma_t is not None else float(gamma),
-        IN=_padded(n_in), H1=_padded(h1), H2=_padded(h2), A=_padded(n_act), BLOCK_B=BLOCK_B,
+        IN=_padded(n_in), H1=_padded(h1), H2=_padded(h2), A=_padded(n_act), BLOCK_B=block_b,
         DOUBLE_Q=double_q, GAMMA_PER_AGENT=gamma_t is not None, PRECISION=precision, num_warps=NUM_WARPS,
     )  # fmt: skip
     _reduce_kernel[(n, blocks)](
