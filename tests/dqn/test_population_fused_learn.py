@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gper.dqn.population_adam import PopulationAdam, soft_update_
 import gper.dqn.population_fused_learn as fused_learn
+from gper.dqn.population_adam import PopulationAdam, soft_update_
 from gper.dqn.population_fused_learn import fused_learn_supported, population_learn_step
 from gper.dqn.population_loss import clip_scales, population_loss
 from gper.dqn.population_net import StackedQNetwork, stacked_init
