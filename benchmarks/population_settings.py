@@ -83,7 +83,7 @@ def kernel_sweep(device: torch.device, agents: list[int], out: Path) -> None:
                     times.append(start.elapsed_time(end) * 1e3 / 50)
                 rows.append([name, str(n), str(block), str(warps), f"{statistics.median(times):,.1f}"])
                 print(*rows[-1], flush=True)
-    fl.BLOCK_B, fl.NUM_WARPS = None, 8
+    fl.BLOCK_B, fl.NUM_WARPS = 32, 8
     env = environment(device)
     md = [f"# The fused learn kernel alone: {env['device']}", "", header_line(env, "population_settings --kernel"), ""]
     md += ["population_learn_step back to back (no graph), µs a call, median of 7 x 50 calls", ""]

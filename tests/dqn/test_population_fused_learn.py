@@ -74,12 +74,12 @@ def _reference(online, target, adam, batch, *, gamma, double_q, max_norm, tau):
         (16, (128, 128), 16, True, 1.0, 0.5, 0.95),  # the widest the kernel holds
     ],
 )
-@pytest.mark.parametrize("block_rows", [None, 64], ids=["picked", "64-rows"])
+@pytest.mark.parametrize("block_rows", [None, 64], ids=["default-rows", "64-rows"])
 def test_the_kernel_is_the_torch_step(
     device, n_in, hidden, n_act, double_q, max_norm, tau, gamma, block_rows, monkeypatch
 ):
     _runs_on(device)
-    if block_rows is not None:  # the larger chunk, which the kernel picks for many agents
+    if block_rows is not None:  # the larger chunk (faster at many agents, not the default yet)
         monkeypatch.setattr(fused_learn, "BLOCK_B", block_rows)
     _check_against_torch(device, n_in, hidden, n_act, double_q, max_norm, tau, gamma)
 

@@ -39,25 +39,13 @@ from gper._triton import HAS_TRITON, tl, triton
 
 #: the widest layer (hidden units, inputs, actions) the kernel holds on chip
 MAX_WIDTH = 128
-#: batch rows a gradient program holds: the smaller where the agents' chunks would not fill the
-#: GPU (more programs, each done sooner), the larger where they do (half the chunks' gradients to
-#: write and add up); None picks by :func:`_block_rows`
-BLOCK_B: int | None = None
+#: batch rows a gradient program holds. 32, the size checked on the GPU; 64 took 357 µs a call
+#: against 473 for 32 at 256 agents of batch 256 and a 128-128 network on an H200 (178 against 201
+#: at batch 128 and 120-84; ``benchmarks/results/fused-learn-kernel-nvidia-h200-20261204-213658.md``),
+#: but is checked only under the interpreter so far, so it is not the default
+BLOCK_B = 32
 #: warps a gradient program runs on
 NUM_WARPS = 8
-#: gradient programs (agents x chunks of 64 rows) from which the larger chunk pays (two per SM of an H200)
-_MANY_PROGRAMS = 256
-
-
-def _block_rows(n_agents: int, batch: int) -> int:
-    """Rows a gradient program holds (see :data:`BLOCK_B`). Measured on an H200 at 256 agents
-    (``benchmarks/results/fused-learn-kernel-nvidia-h200-20261204-213658.md``): 64 rows took 357 µs
-    a call against 473 for 32 (batch 256, 128-128) and 178 against 201 (batch 128, 120-84)."""
-    if BLOCK_B is not None:
-        return BLOCK_B
-    return 64 if n_agents * triton.cdiv(batch, 64) >= _MANY_PROGRAMS else 32
-
-
 #: parameters a reduce or adam program handles
 BLOCK_P = 1024
 
@@ -364,7 +352,7 @@ def population_learn_step(
     gamma_t = gamma if isinstance(gamma, torch.Tensor) else None
     tau_t = soft_tau if isinstance(soft_tau, torch.Tensor) else None
     total = sum(p[0].numel() for p in params)  # an agent's parameters
-    block_b = _block_rows(n, b)
+    block_b = BLOCK_B
     chunks, blocks = triton.cdiv(b, block_b), triton.cdiv(total, BLOCK_P)
     part = torch.empty(n, chunks, total, device=x.device)
     psum = torch.empty(n, chunks, 3, device=x.device)
