@@ -173,3 +173,68 @@ def test_runs_on_any_device(device):
     for t in step:
         assert t.device.type == device.type and t.shape[0] == 32
     assert (env.steps < MAX_STEPS).all()
+
+
+def _triton_runs_on(device: torch.device) -> bool:
+    from gper._triton import HAS_TRITON
+    from helpers import TRITON_ON_CPU
+
+    return HAS_TRITON if device.type == "cuda" else TRITON_ON_CPU
+
+
+def test_the_step_kernel_computes_the_torch_steps(device):
+    """The one-kernel step (backend="triton") against the torch ops, step by step from the same
+    states and draws: flags, step counts and resets exactly, states to the last bits (NumPy's and
+    PyTorch's sin and cos may round apart on the CPU), across terminations and the time limit."""
+    if not _triton_runs_on(device):
+        pytest.skip("the step kernel needs Triton (on CPU tensors, TRITON_INTERPRET=1)")
+    n = 300
+    ops = CartPole(n, device, generator=torch.Generator(device).manual_seed(7), backend="torch")
+    fused = CartPole(n, device, generator=torch.Generator(device).manual_seed(7), backend="triton")
+    assert (ops.backend, fused.backend) == ("torch", "triton")
+    states = torch.as_tensor(start_states(n, np.random.default_rng(3)), device=device)
+    steps = torch.randint(0, MAX_STEPS, (n,), device=device)
+    steps[:50] = MAX_STEPS - 1  # these truncate in the first step
+    actions = torch.Generator(device).manual_seed(11)
+    ends = 0
+    for _ in range(40):
+        ops.set_state(states, steps)
+        fused.set_state(states, steps)
+        action = torch.randint(0, 2, (n,), device=device, generator=actions)
+        a, b = ops.step(action), fused.step(action)
+        for name in ("terminated", "truncated"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
+        assert torch.equal(a.reward, b.reward) and b.reward.dtype == torch.float32
+        assert torch.equal(ops.steps, fused.steps)
+        for x, y in ((a.next_obs, b.next_obs), (a.obs, b.obs), (ops.state, fused.state)):
+            assert x.dtype == y.dtype and x.shape == y.shape
+            torch.testing.assert_close(y, x, rtol=1e-6 if x.dtype == torch.float32 else 1e-13, atol=1e-12)
+        ends += int((a.terminated | a.truncated).sum())
+        states, steps = ops.state.clone(), ops.steps.clone()
+    assert ends > 100  # the resets were exercised
+
+
+def test_the_step_kernel_is_exact_on_cuda():
+    """On CUDA the kernel and the torch ops call the same sin and cos and round every operation
+    alike: whole runs from one seed agree bit for bit."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    runs = []
+    for backend in ("torch", "triton"):
+        env = CartPole(512, "cuda", seed=5, backend=backend)
+        actions = torch.Generator("cuda").manual_seed(1)
+        out = []
+        for _ in range(700):
+            step = env.step(torch.randint(0, 2, (512,), device="cuda", generator=actions))
+            out.append(torch.cat([step.next_obs, step.obs, step.terminated[:, None], step.truncated[:, None]], 1))
+        runs.append(torch.stack(out))
+    assert torch.equal(runs[0], runs[1])
+
+
+test_the_step_kernel_is_exact_on_cuda = pytest.mark.gpu(test_the_step_kernel_is_exact_on_cuda)
+
+
+def test_backend_is_checked():
+    with pytest.raises(ValueError, match="backend must be"):
+        CartPole(2, "cpu", backend="cuda")
+    assert CartPole(2, "cpu").backend == "torch"  # auto: the kernel on CUDA only

@@ -10,17 +10,23 @@ NumPy's do (PyTorch's vectorized CPU ``sin``/``cos`` differ from glibc's by one 
 arguments, and CUDA's may too, so long runs can drift apart at the last float64 digit).
 
 ``step`` is CUDA-graph safe: fixed-shape device ops only, and every piece of state is updated in place.
+On CUDA (``backend="auto"``, where Triton is installed) it runs as one kernel plus the reset
+states' draw (:mod:`gper.envs.cartpole_kernel`): the same float64 arithmetic, two launches instead
+of some fifty.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import torch
 
+from gper._triton import HAS_TRITON
 from gper.envs._rng import EnvRng
 from gper.envs.base import Step, VecEnv, canonical_device, check_num_envs
+from gper.envs.cartpole_kernel import cartpole_step, constants
 from gper.envs.registry import EnvSpec
 
 GRAVITY = 9.8
@@ -49,6 +55,9 @@ class CartPole(VecEnv):
         generator: draw reset states from this generator (the caller seeds it).
         graph_safe_rng: draw from torch's default generator of ``device``, which a CUDA graph
             capture handles by itself; the trainer then seeds torch globally (see :mod:`gper.envs._rng`).
+        backend: ``"auto"`` (default): the step as one Triton kernel on CUDA where Triton is
+            installed, the torch ops elsewhere; ``"torch"``: the torch ops; ``"triton"``: the kernel
+            (on the CPU only under ``TRITON_INTERPRET=1``). Both draw the same reset states.
 
     Actions are checked on the host for shape, dtype and device only; their values are not
     (that would need a sync): any nonzero action pushes right, like Gymnasium's ``action == 1``.
@@ -67,9 +76,11 @@ class CartPole(VecEnv):
         seed: int = 0,
         generator: torch.Generator | None = None,
         graph_safe_rng: bool = False,
+        backend: str = "auto",
     ) -> None:
         self.num_envs = check_num_envs(num_envs)
         self.device = canonical_device(device)
+        self.backend = _step_backend(backend, self.device)
         self._rng = EnvRng(self.device, seed, generator, graph_safe_rng)
         self.state = torch.zeros(num_envs, 4, dtype=torch.float64, device=self.device)
         """[N, 4] float64: x, x_dot, theta, theta_dot."""
@@ -78,6 +89,7 @@ class CartPole(VecEnv):
         # A divisor tensor on the device, not a Python float: CUDA divides by a host scalar as a
         # multiplication by its reciprocal, which rounds differently from NumPy's division.
         self._total_mass = torch.tensor(TOTAL_MASS, dtype=torch.float64, device=self.device)
+        self._constants = constants(_KERNEL_CONSTANTS, self.device) if self.backend == "triton" else None
         self.reset()
 
     @property
@@ -97,6 +109,10 @@ class CartPole(VecEnv):
 
     def step(self, actions: torch.Tensor) -> Step:
         self.check_actions(actions)
+        if self.backend == "triton":
+            # every copy draws its reset state, as below: the same numbers from the same generator
+            draws = torch.rand(self.num_envs, 4, dtype=torch.float64, device=self.device, generator=self._rng.generator)
+            return Step(*cartpole_step(self.state, self.steps, actions, draws, self._constants, MAX_STEPS))
         x, x_dot, theta, theta_dot = self.state.unbind(1)
         force = torch.where(actions != 0, FORCE_MAG, -FORCE_MAG).to(torch.float64)
         costheta = torch.cos(theta)
@@ -140,6 +156,29 @@ class CartPole(VecEnv):
             self._rng.generator.set_state(state["generator"])
 
 
+#: the step kernel's float64 constants (gper.envs.cartpole_kernel.CONSTANT_NAMES), as the torch ops use them
+_KERNEL_CONSTANTS = {
+    "force_mag": FORCE_MAG, "polemass_length": POLEMASS_LENGTH, "total_mass": TOTAL_MASS, "gravity": GRAVITY,
+    "length": LENGTH, "four_thirds": 4.0 / 3.0, "masspole": MASSPOLE, "tau": TAU, "x_threshold": X_THRESHOLD,
+    "theta_threshold": THETA_THRESHOLD, "reset_span": 2 * RESET_BOUND, "reset_bound": RESET_BOUND,
+}  # fmt: skip
+
+
+def _step_backend(request: str, device: torch.device) -> str:
+    """``"torch"`` or ``"triton"`` for ``backend=request`` on ``device`` (see :class:`CartPole`)."""
+    if request == "auto":
+        return "triton" if HAS_TRITON and device.type == "cuda" else "torch"
+    if request == "torch":
+        return request
+    if request != "triton":
+        raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {request!r}")
+    if not HAS_TRITON:
+        raise ImportError("CartPole(backend='triton') needs the triton package: pip install \".[triton]\"")
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"CartPole(backend='triton') runs on CUDA (or on CPU under TRITON_INTERPRET=1), not {device}")
+    return request
+
+
 # The trainer's presets (gper.envs.registry.PRESETS), a line per concern: the run, the network and
 # its optimiser, the target and exploration. total_steps: long enough to reach 475 (docs/training.md,
 # "Results on the H200"); cartpole is small: the same on the CPU, but shorter (enough there too).
@@ -147,6 +186,8 @@ class CartPole(VecEnv):
 SPEC = EnvSpec(
     "cartpole",
     CartPole,
+    # the step's kernels follow the run's back end setting (--backend torch: the torch ops)
+    settings=lambda run, split: {"backend": getattr(run, "backend", "auto")},
     presets={
         "cuda": dict(
             total_steps=300_000, num_envs=4, hidden=(256, 256), buffer_size=100_000, batch_size=256,
