@@ -168,3 +168,45 @@ def test_a_population_records_each_episodes_agent():
     assert single.table.shape[1] == 3 and single.drain_agents(_host(single)) == ([[(1.0, 1, 1)]], 0)
     with pytest.raises(ValueError, match="agents must be an integer >= 1 that divides num_envs 4, got 3"):
         EpisodeTracker(4, torch.device("cpu"), agents=3)
+
+
+@pytest.mark.parametrize("mode", ["same-step", "next-step"])
+@pytest.mark.parametrize("agents,envs_each", [(1, 7), (3, 5), (2, 700)])  # 1400 environments: two blocks
+def test_the_record_kernel_writes_what_the_torch_ops_write(device, mode, agents, envs_each):
+    """EpisodeTracker(kernels="triton") against the torch ops over many steps with random rewards
+    and ends (the ring wrapping several times): the same sums, rows, count and drains; the ring's
+    spare row aside."""
+    from gper._triton import HAS_TRITON
+    from helpers import TRITON_ON_CPU
+
+    if not (HAS_TRITON if device.type == "cuda" else TRITON_ON_CPU):
+        pytest.skip("the record kernel needs Triton (on CPU tensors, TRITON_INTERPRET=1)")
+    n = agents * envs_each
+    ring = 16 if agents * envs_each < 100 else 2048
+    ops = EpisodeTracker(n, device, ring=ring, autoreset=mode, agents=agents)
+    fused = EpisodeTracker(n, device, ring=ring, autoreset=mode, agents=agents, kernels="triton")
+    gen = torch.Generator(device).manual_seed(0)
+    env_step = torch.zeros((), dtype=torch.float64, device=device)
+    drained = [[], []]
+    for t in range(30):
+        reward = torch.randn(n, device=device, generator=gen)  # float32, as an environment's
+        if t % 2:
+            reward = reward.to(torch.float64)
+        done = torch.rand(n, device=device, generator=gen) < 0.3
+        env_step += n
+        ops.record(reward, done, env_step)
+        fused.record(reward, done, env_step)
+        for name in ("returns", "lengths", "resetting", "count"):
+            assert torch.equal(getattr(ops, name), getattr(fused, name)), (t, name)
+        assert torch.equal(ops.table[:-1], fused.table[:-1]), t
+        if t % 7 == 6:
+            for k, tracker in enumerate((ops, fused)):
+                host = {k2: v.cpu() for k2, v in tracker.snapshot().items()}
+                drained[k].append(tracker.drain_agents(host))
+    assert int(ops.count) > 2 * ops.ring or n < 100  # the ring wrapped
+    assert drained[0] == drained[1]
+
+
+def test_the_record_kernels_setting_is_checked():
+    with pytest.raises(ValueError, match="kernels"):
+        EpisodeTracker(2, CPU, kernels="cuda")

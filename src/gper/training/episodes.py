@@ -16,11 +16,17 @@ A population (``agents`` > 1: N agents trained together, :mod:`gper.training.pop
 records all its environments in one tracker: environments ``[i*E, (i+1)*E)`` belong to agent ``i``
 (``E = num_envs // agents``), and each ring row records its agent too, which
 :meth:`EpisodeTracker.drain_agents` sorts the episodes by.
+
+With ``kernels="triton"`` (the learners choose it on CUDA, with the replay's Triton kernels) a
+step's record is one kernel (:mod:`gper.training.episodes_kernel`) instead of some fifteen torch
+ops; it writes the same running sums, rows and count, and leaves the ring's spare row alone.
 """
 
 from __future__ import annotations
 
 import torch
+
+from gper.training.episodes_kernel import record_step
 
 
 class EpisodeTracker:
@@ -35,13 +41,24 @@ class EpisodeTracker:
             or ``"next-step"`` (see the module docstring).
         agents: the agents of a population sharing the tracker (see the module docstring); a
             population's ring holds ``ring`` episodes per agent.
+        kernels: ``"torch"`` (default) or ``"triton"``: a step's record as torch ops or as one
+            Triton kernel (on CUDA, or on the CPU under ``TRITON_INTERPRET=1``).
     """
 
     def __init__(
-        self, num_envs: int, device: torch.device, ring: int = 8192, autoreset: str = "same-step", agents: int = 1
+        self,
+        num_envs: int,
+        device: torch.device,
+        ring: int = 8192,
+        autoreset: str = "same-step",
+        agents: int = 1,
+        kernels: str = "torch",
     ) -> None:
         if autoreset not in ("same-step", "next-step"):
             raise ValueError(f"autoreset must be 'same-step' or 'next-step', got {autoreset!r}")
+        if kernels not in ("torch", "triton"):
+            raise ValueError(f"kernels must be 'torch' or 'triton', got {kernels!r}")
+        self.kernels = kernels
         if not isinstance(agents, int) or agents < 1 or num_envs % agents:
             raise ValueError(f"agents must be an integer >= 1 that divides num_envs {num_envs}, got {agents!r}")
         self.num_envs, self.agents = num_envs, agents
@@ -62,8 +79,16 @@ class EpisodeTracker:
         self._read = 0
 
     def record(self, reward: torch.Tensor, done: torch.Tensor, env_step: torch.Tensor) -> None:
-        """Add one step's rewards (float64 ``[N]``); write the episodes that ``done`` (bool ``[N]``)
-        ends, at ``env_step`` (a 0-d tensor). Device work only, the same kernels every step."""
+        """Add one step's rewards (float32 or float64 ``[N]``, summed in float64); write the episodes
+        that ``done`` (bool ``[N]``) ends, at ``env_step`` (a 0-d float64 tensor). Device work only,
+        the same kernels every step."""
+        if self.kernels == "triton":
+            record_step(
+                reward, done, env_step, self.returns, self.lengths, self.resetting, self.table, self.count,
+                per_agent=self.num_envs // self.agents, next_step=self.autoreset == "next-step",
+            )  # fmt: skip
+            return
+        reward = reward.to(torch.float64)
         if self.autoreset == "next-step":
             # a reset step adds nothing to the episode it starts (and ends none)
             live = ~self.resetting
