@@ -42,6 +42,7 @@ from torch import nn
 import gper
 from gper.dqn.batch_source import Batch, BatchSource
 from gper.dqn.config import Config
+from gper.dqn.fused_act import epsilon_greedy, fused_act_supported
 from gper.dqn.fused_adam import adam_state, adam_step
 from gper.dqn.fused_loss import td_loss
 from gper.dqn.network import QNetwork, padded_width
@@ -133,6 +134,9 @@ class Agent:
             ``fwd_bwd`` calls it with the online network's gradients, which it averages in place
             over the ranks. ``rb`` is then a :class:`~gper.distributed.ShardedPrioritizedReplayBuffer`.
         env_seed: the seed of the environments' first reset (default ``cfg.seed``; each rank its own).
+        fused_collect: choose the actions in one kernel and record the episodes in one
+            (:meth:`fused_collect_applies`); None (default): where it applies; True on the CPU (with
+            ``backend="triton"``) runs them under the Triton interpreter (tests).
     """
 
     def __init__(
@@ -144,6 +148,7 @@ class Agent:
         batch_source: BatchSource | None = None,
         grad_sync: Callable[[list[torch.Tensor | None]], None] | None = None,
         env_seed: int | None = None,
+        fused_collect: bool | None = None,
     ) -> None:
         # the replay as the learner sees it: the steps below use only this, whichever buffer it is
         self.feed = replay_feed(cfg, env, rb, collects=not isinstance(env, _NoEnv))
@@ -159,15 +164,28 @@ class Agent:
         self.counters = torch.zeros(2, dtype=torch.float64, device=device)
         self.sums = torch.zeros(N_SUMS, dtype=torch.float64, device=device)
         self.beta_t = torch.full((), cfg.beta, dtype=torch.float32, device=device)
-        self.episodes = EpisodeTracker(env.num_envs, device, autoreset=env.autoreset)
+        # the fused step's kernels follow the replay's back end (auto: what the replay chose, so a
+        # GPU where the Triton probe failed, or a machine without Triton, runs the torch kernels)
+        self.fused_backend = rb.backend if cfg.backend == "auto" else cfg.backend
+        self.fused_collect = self.fused_collect_applies(env) if fused_collect is None else bool(fused_collect)
+        if self.fused_collect and not self.fused_collect_applies(env, device_type=None):
+            raise ValueError(
+                f"fused_collect needs the Triton kernels and a network of two hidden layers the act kernel holds (got "
+                f"hidden={cfg.hidden}, {self.obs_width} inputs, {env.n_actions} actions, backend {self.fused_backend})"
+            )
+        self.episodes = EpisodeTracker(
+            env.num_envs, device, autoreset=env.autoreset, kernels="triton" if self.fused_collect else "torch"
+        )
+        if self.fused_collect:  # the exploration schedule as the act kernel reads it, [1] float64 each
+            f64 = lambda v: torch.tensor([v], dtype=torch.float64, device=device)  # noqa: E731
+            self._schedule = (
+                f64(cfg.eps_start), f64(cfg.eps_end - cfg.eps_start), f64(cfg.exploration_fraction * cfg.total_steps)
+            )  # fmt: skip
         # observations padded with zero columns to obs_width (see padded_width)
         self.obs = self.pad(env.reset(seed=cfg.seed if env_seed is None else env_seed))
         self.next_obs = torch.zeros_like(self.obs)
         self.total_train_steps = max(1, total_train_steps)
         self.autocast = cuda and cfg.precision == "bf16"
-        # the fused step's kernels follow the replay's back end (auto: what the replay chose, so a
-        # GPU where the Triton probe failed, or a machine without Triton, runs the torch kernels)
-        self.fused_backend = rb.backend if cfg.backend == "auto" else cfg.backend
         # where the fused step runs the forwards on the next observations (CUDA only)
         self._side = torch.cuda.Stream(device) if cfg.fused_step and cuda else None
         self.batch_source: BatchSource = self.sample_replay if batch_source is None else batch_source
@@ -231,19 +249,44 @@ class Agent:
         frac = frac.clamp(max=1.0) if isinstance(frac, torch.Tensor) else min(frac, 1.0)
         return cfg.eps_start + (cfg.eps_end - cfg.eps_start) * frac
 
-    def _collect(self) -> None:
-        env, n = self.env, self.env.num_envs
+    def fused_collect_applies(self, env: VecEnv, device_type: str | None = "cuda") -> bool:
+        """Whether the collect step chooses its actions in one kernel (:mod:`gper.dqn.fused_act`) and
+        records episodes in one (:mod:`gper.training.episodes_kernel`): on CUDA (``device_type``;
+        None: any device) with the Triton kernels and ``fused_step``, a network of two hidden layers
+        the kernel holds, and not in bf16 (whose forward runs under autocast)."""
+        cfg = self.cfg
+        return (
+            device_type in (None, self.device.type) and self.fused_backend == "triton" and cfg.fused_step
+            and cfg.precision != "bf16" and not isinstance(env, _NoEnv)
+            and fused_act_supported(self.obs_width, cfg.hidden, env.n_actions)
+        )  # fmt: skip
+
+    def _actions(self) -> torch.Tensor:
+        """Epsilon-greedy actions for ``obs`` [N]: the network's greedy ones, a random one where a coin
+        with the exploration rate comes up."""
+        n = self.env.num_envs
+        if self.fused_collect:  # the forward, argmax, rate and coins in one launch (one draw of [1, n, 2])
+            draws = torch.rand(1, n, 2, device=self.device)
+            params = [p.detach().unsqueeze(0) for p in self.qnet.parameters()]
+            precision = "tf32" if self.cfg.precision == "tf32" else "ieee"
+            return epsilon_greedy(
+                params, self.obs.unsqueeze(0), draws, self.counters[0], *self._schedule, precision=precision
+            ).view(n)
         with torch.no_grad():
             greedy = self.qnet(self.obs).argmax(dim=1)
         explore = torch.rand(n, device=self.device) < self.epsilon(self.counters[0])
-        random_action = torch.randint(0, env.n_actions, (n,), device=self.device)
-        action = torch.where(explore, random_action, greedy)
+        random_action = torch.randint(0, self.env.n_actions, (n,), device=self.device)
+        return torch.where(explore, random_action, greedy)
+
+    def _collect(self) -> None:
+        env, n = self.env, self.env.num_envs
+        action = self._actions()
         step = env.step(action)
         d = env.obs_dim
         self.next_obs[:, :d] = step.next_obs
         self.feed.add(self.obs, action, step, self.next_obs)
         self.counters[0] += n
-        self.episodes.record(step.reward.to(torch.float64), step.terminated | step.truncated, self.counters[0])
+        self.episodes.record(step.reward, step.terminated | step.truncated, self.counters[0])
         self.obs[:, :d] = step.obs
 
     # ---- learn: the five phases of one training step, in the order they run

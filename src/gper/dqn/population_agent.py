@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 import gper
 from gper.dqn.config import Config
+from gper.dqn.fused_act import epsilon_greedy, fused_act_supported
 from gper.dqn.network import QNetwork, padded_width, replay_spec
 from gper.dqn.population_adam import PopulationAdam, hard_update_, soft_update_
 from gper.dqn.population_fused_learn import MAX_WIDTH, fused_learn_supported, population_learn_step
@@ -171,6 +172,12 @@ class PopulationAgent:
             (two hidden layers of up to 128 units); None (default): where ``fused_step`` is on, the
             population's kernels are Triton's, the device CUDA and the precision TF32 or FP32.
             True on the CPU (with ``backend="triton"``) runs it under the Triton interpreter (tests).
+        fused_collect: the collect step's actions (every agent's forward, argmax, exploration rate
+            and coins) in one kernel (:mod:`gper.dqn.fused_act`) and its episode records in one
+            (:mod:`gper.training.episodes_kernel`), for batched populations (not ``exact``) whose
+            network the kernel holds; None (default): on CUDA with the population's Triton kernels
+            and ``fused_step``, not in bf16. True on the CPU (with ``backend="triton"`` and
+            ``exact=False``) runs them under the Triton interpreter (tests).
     """
 
     def __init__(
@@ -180,6 +187,7 @@ class PopulationAgent:
         total_train_steps: int,
         exact: bool | None = None,
         fused_learn: bool | None = None,
+        fused_collect: bool | None = None,
     ) -> None:
         cfgs = list(cfgs)
         if not cfgs:
@@ -227,10 +235,15 @@ class PopulationAgent:
         self._per_agent = PerAgent.of(cfgs, device)
         tau = self._per_agent.tau  # the fused step reads a list of rates from the device, made here
         self._tau = float(tau) if isinstance(tau, (int, float)) else torch.tensor(tau, device=device)
-        self.episodes = EpisodeTracker(agents * cfg.num_envs, device, autoreset=env0.autoreset, agents=agents)
         self.batched = not self.exact
+        self.fused_collect = self._fused_collect_applies(fused_collect)
+        self.episodes = EpisodeTracker(
+            agents * cfg.num_envs, device, autoreset=env0.autoreset, agents=agents,
+            kernels="triton" if self.fused_collect else "torch",
+        )  # fmt: skip
         graphs = cfg.cuda_graphs and cuda
-        self.collect = PhasedStep({"collect": self._collect}, device, graphs and env0.graph_safe, warmup=3)
+        collect = self._collect_fused if self.fused_collect else self._collect
+        self.collect = PhasedStep({"collect": collect}, device, graphs and env0.graph_safe, warmup=3)
         self.learn_state = PopulationLearnState()
         self.fused_learn = self._fused_learn_applies(fused_learn)
         if self.fused_learn:  # one kernel for fwd_bwd and adam; the priority update reads its TD errors
@@ -261,6 +274,22 @@ class PopulationAgent:
             raise ValueError(
                 f"fused_learn needs two hidden layers of at most {MAX_WIDTH} units (got {cfg.hidden}, "
                 f"{self.obs_width} inputs, {self.n_actions} actions) and the population's Triton kernels"
+            )
+        return bool(asked)
+
+    def _fused_collect_applies(self, asked: bool | None) -> bool:
+        cfg = self.cfg
+        holds = self.batched and fused_act_supported(self.obs_width, cfg.hidden, self.n_actions)
+        if asked is None:
+            return (
+                holds and cfg.fused_step and self.kernels == "triton" and self.device.type == "cuda"
+                and cfg.precision != "bf16"
+            )  # fmt: skip
+        if asked and not (holds and self.kernels == "triton"):
+            raise ValueError(
+                f"fused_collect needs a batched population (exact=False), the population's Triton kernels and a "
+                f"network of two hidden layers the act kernel holds (got {cfg.hidden}, {self.obs_width} inputs, "
+                f"{self.n_actions} actions)"
             )
         return bool(asked)
 
@@ -323,8 +352,29 @@ class PopulationAgent:
             "reward": reward, "done": term.to(torch.float32),
         })  # fmt: skip
         self.counters[0] += e
-        self.episodes.record(reward.reshape(-1).to(torch.float64), (term | trunc).reshape(-1), self.counters[0])
+        self.episodes.record(reward.reshape(-1), (term | trunc).reshape(-1), self.counters[0])
         self.obs[:, :, :d] = joined["obs"].view(*shape, d)
+
+    def _collect_fused(self) -> None:
+        # _collect's step in a dozen launches: one draw for every coin, the actions in one kernel,
+        # the environments' step (one kernel where the environment has it), the replay's add, one
+        # kernel for the episode records
+        e, d, shape, a = self.num_envs, self.obs_dim, (self.agents, self.num_envs), self._per_agent
+        draws = torch.rand(self.agents, e, 2, device=self.device)
+        precision = "tf32" if self.cfg.precision == "tf32" else "ieee"
+        params = [p.detach() for p in self.qnet.parameters()]
+        actions = epsilon_greedy(
+            params, self.obs, draws, self.counters[0], a.eps_start, a.eps_span, a.decay, precision=precision
+        )
+        step = self.blocks[0].env.step(actions.view(-1))
+        self.next_obs[:, :, :d] = step.next_obs.view(*shape, d)
+        self.rb.add({
+            "obs": self.obs, "next_obs": self.next_obs, "action": actions, "reward": step.reward.view(shape),
+            "done": step.terminated.view(shape).to(torch.float32),
+        })  # fmt: skip
+        self.counters[0] += e
+        self.episodes.record(step.reward, step.terminated | step.truncated, self.counters[0])
+        self.obs[:, :, :d] = step.obs.view(*shape, d)
 
     # ---- learn: the five phases of one training step of every agent
 
