@@ -129,3 +129,38 @@ def test_where_the_fused_collect_applies():
         Agent(deep, env, build_replay(deep, env.obs_dim, CPU), 100, fused_collect=True)
     env = build_env(cfg, CPU)
     assert not Agent(cfg, env, build_replay(cfg, env.obs_dim, CPU), 100).fused_collect  # on CUDA only, by default
+
+
+@pytest.mark.parametrize("changes", [{}, {"tau": 0.05, "max_grad_norm": 0.5, "double_q": False}])
+def test_the_single_agents_fused_learn_is_its_learn_step(changes):
+    """Agent(fused_learn=True): the population's learn kernels for one agent, on the optimizer's own
+    state, against the learn step's torch ops, from the same replay: TD errors, sums, parameters,
+    target, Adam's moments and step counts, to rounding."""
+    cfg = resolve(dataclasses.replace(BASE, sampling="uniform", learning_starts=30, **changes), CPU)
+    agents = []
+    for fused in (False, True):
+        torch.manual_seed(cfg.seed)
+        env = build_env(dataclasses.replace(cfg, backend="torch"), CPU)
+        agents.append(Agent(cfg, env, build_replay(cfg, env.obs_dim, CPU), 100, fused_learn=fused))
+    ops, fused = agents
+    assert fused.fused_learn and not ops.fused_learn and list(fused.learn.phases) == [
+        "per_sample", "upload", "learn", "per_update"
+    ]  # fmt: skip
+    for agent in agents:
+        torch.manual_seed(1)  # the same exploration and resets for both
+        for _ in range(12):
+            agent.collect_step(None)
+    assert torch.equal(ops.rb.storage["obs"], fused.rb.storage["obs"])
+    for step in range(1, 6):
+        for agent in agents:
+            agent.learn_step(step, None)
+        torch.testing.assert_close(fused.learn_state.td, ops.learn_state.td, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(fused.sums, ops.sums, rtol=1e-4, atol=1e-6)
+        for a, b in ((fused.qnet, ops.qnet), (fused.target, ops.target)):
+            for p, q in zip(a.parameters(), b.parameters(), strict=True):
+                torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+        states = [fused.optimizer.state_dict()["state"], ops.optimizer.state_dict()["state"]]
+        for k in states[1]:
+            assert float(states[0][k]["step"]) == float(states[1][k]["step"]) == step
+            torch.testing.assert_close(states[0][k]["exp_avg"], states[1][k]["exp_avg"], rtol=1e-4, atol=1e-7)
+    assert float(fused.counters[1]) == 5.0

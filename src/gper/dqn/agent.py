@@ -46,7 +46,8 @@ from gper.dqn.fused_act import epsilon_greedy, fused_act_supported
 from gper.dqn.fused_adam import adam_state, adam_step
 from gper.dqn.fused_loss import td_loss
 from gper.dqn.network import QNetwork, padded_width
-from gper.dqn.replay_feed import Replay, replay_feed
+from gper.dqn.population_fused_learn import fused_learn_supported, population_learn_step
+from gper.dqn.replay_feed import FlatFeed, Replay, replay_feed
 from gper.envs import GoalEnv, Step, VecEnv
 from gper.training.episodes import EpisodeTracker
 from gper.training.phases import PhasedStep
@@ -137,6 +138,9 @@ class Agent:
         fused_collect: choose the actions in one kernel and record the episodes in one
             (:meth:`fused_collect_applies`); None (default): where it applies; True on the CPU (with
             ``backend="triton"``) runs them under the Triton interpreter (tests).
+        fused_learn: the learn step's forwards, loss, backward, clipping, Adam and soft target update
+            in three kernels (:meth:`fused_learn_applies`); None (default): where it applies; True on
+            the CPU (with ``backend="triton"``) runs them under the Triton interpreter (tests).
     """
 
     def __init__(
@@ -149,6 +153,7 @@ class Agent:
         grad_sync: Callable[[list[torch.Tensor | None]], None] | None = None,
         env_seed: int | None = None,
         fused_collect: bool | None = None,
+        fused_learn: bool | None = None,
     ) -> None:
         # the replay as the learner sees it: the steps below use only this, whichever buffer it is
         self.feed = replay_feed(cfg, env, rb, collects=not isinstance(env, _NoEnv))
@@ -194,19 +199,32 @@ class Agent:
         warmup = self.feed.collect_warmup
         self.collect = PhasedStep({"collect": self._collect}, device, graphs and env.graph_safe, warmup=warmup)
         self.learn_state = LearnState()
-        learn = {
-            "per_sample": self._sample,
-            "upload": self._upload,
-            "fwd_bwd": self._fwd_bwd_fused if cfg.fused_step else self._fwd_bwd,
-        }
-        if grad_sync is not None:  # data-parallel: the gradients averaged over the ranks
-            learn["grad_sync"] = lambda: grad_sync(self.learn_state.grads)
-        learn |= {
-            "per_update": self._per_update,
-            "adam": self._adam_fused if cfg.fused_step else self._adam,
-        }
+        self.fused_learn = self.fused_learn_applies(grad_sync) if fused_learn is None else bool(fused_learn)
+        if self.fused_learn and not self.fused_learn_applies(grad_sync, device_type=None):
+            raise ValueError(
+                "fused_learn needs the Triton kernels, fused_step, TF32 or FP32, the flat replay, one process and a "
+                f"network of two hidden layers of at most 128 units (got hidden={cfg.hidden})"
+            )
+        if self.fused_learn:  # fwd_bwd and adam as one phase of three kernels (a population of one)
+            self._lr = torch.tensor([cfg.learning_rate], dtype=torch.float64, device=device)
+            self.learn_state.td = torch.zeros(cfg.batch_size, device=device)
+            learn = {"per_sample": self._sample, "upload": self._upload, "learn": self._learn_fused}
+            learn["per_update"] = self._per_update
+        else:
+            learn = {
+                "per_sample": self._sample,
+                "upload": self._upload,
+                "fwd_bwd": self._fwd_bwd_fused if cfg.fused_step else self._fwd_bwd,
+            }
+            if grad_sync is not None:  # data-parallel: the gradients averaged over the ranks
+                learn["grad_sync"] = lambda: grad_sync(self.learn_state.grads)
+            learn |= {
+                "per_update": self._per_update,
+                "adam": self._adam_fused if cfg.fused_step else self._adam,
+            }
         # the priority update needs only the TD errors: in the one-graph step it runs alongside Adam
-        self.learn = PhasedStep(learn, device, graphs, state=self.learn_state, concurrent=("per_update",))
+        concurrent = () if self.fused_learn else ("per_update",)
+        self.learn = PhasedStep(learn, device, graphs, state=self.learn_state, concurrent=concurrent)
 
     @classmethod
     def for_learning(
@@ -355,6 +373,42 @@ class Agent:
         loss.backward()
         s.grads = [p.grad for p in self.qnet.parameters()]
 
+    def fused_learn_applies(self, grad_sync: object = None, device_type: str | None = "cuda") -> bool:
+        """Whether the learn step's forwards, loss, backward, clipping, Adam and soft target update run
+        as the population's three kernels for one agent (:mod:`gper.dqn.population_fused_learn`): on
+        CUDA (``device_type``; None: any device) with the Triton kernels and ``fused_step``, at TF32 or
+        FP32, from the flat replay (1-step targets), in one process, for a network the kernel holds
+        (two hidden layers of up to 128 units)."""
+        cfg = self.cfg
+        return (
+            device_type in (None, self.device.type) and self.fused_backend == "triton" and cfg.fused_step
+            and cfg.precision in ("tf32", "fp32") and grad_sync is None and isinstance(self.feed, FlatFeed)
+            and fused_learn_supported(self.obs_width, cfg.hidden, self.env.n_actions)
+        )  # fmt: skip
+
+    def _learn_fused(self) -> None:
+        # _fwd_bwd_fused and _adam_fused in three launches: the same loss, targets, clipping, Adam
+        # (on the optimizer's own state, so its state_dict stays the checkpoint) and soft update
+        s, cfg = self.learn_state, self.cfg
+        params, exp_avgs, exp_avg_sqs, steps = adam_state(self.optimizer)
+        group = self.optimizer.param_groups[0]
+        beta1, beta2 = group["betas"]
+        x, next_x = s.x.unsqueeze(0), s.next_x.unsqueeze(0)
+        if next_x.stride() != x.stride() or x.stride(2) != 1:
+            x, next_x = x.contiguous(), next_x.contiguous()
+        one = lambda ts: [t.detach().unsqueeze(0) for t in ts]  # noqa: E731 (a population of one: views)
+        population_learn_step(
+            one(params), one(self.target.parameters()), one(exp_avgs), one(exp_avg_sqs), steps[0].view(1), self._lr,
+            x, next_x, s.action.unsqueeze(0), s.reward.unsqueeze(0), s.done.unsqueeze(0),
+            s.weights.unsqueeze(0).contiguous(), self.sums.view(1, N_SUMS), s.td.view(1, -1),
+            gamma=cfg.gamma, double_q=cfg.double_q, max_grad_norm=cfg.max_grad_norm,
+            soft_tau=cfg.tau if cfg.tau < 1.0 else None, beta1=beta1, beta2=beta2, eps=group["eps"],
+            precision="tf32" if cfg.precision == "tf32" else "ieee",
+        )  # fmt: skip
+        # the kernel advanced the first tensor's step count; Adam keeps one a tensor
+        torch._foreach_copy_(steps[1:], [steps[0]] * (len(steps) - 1))
+        self.counters[1] += 1
+
     def _per_update(self) -> None:
         s = self.learn_state
         # from another batch source (a fixed batch) there is no priority update: its rows are not
@@ -445,6 +499,8 @@ class Agent:
         """After a checkpoint was loaded: Adam runs at this run's learning rate."""
         for group in self.optimizer.param_groups:
             group["lr"] = self.cfg.learning_rate
+        if self.fused_learn:
+            self._lr.fill_(self.cfg.learning_rate)
 
     # ---- checkpoint
 

@@ -23,8 +23,9 @@ from gper.training.report import Results
 from gper.training.trainer import train as train_with
 
 #: the learn step's phases in the order the phase line prints them (they run per_sample, upload,
-#: fwd_bwd, grad_sync (data-parallel runs only), per_update, adam: see gper.dqn.agent)
-PHASE_ORDER = ("per_sample", "upload", "fwd_bwd", "grad_sync", "adam", "per_update")
+#: fwd_bwd, grad_sync (data-parallel runs only), per_update, adam: see gper.dqn.agent; where one
+#: kernel runs the forwards, loss, backward and Adam, learn takes the place of fwd_bwd and adam)
+PHASE_ORDER = ("per_sample", "upload", "fwd_bwd", "learn", "grad_sync", "adam", "per_update")
 
 #: the metric each device sum is reported as, per training step
 LOSS_METRICS = {SUM_LOSS: "losses/td_loss", SUM_Q: "losses/q_values", SUM_ABS_TD: "losses/abs_td"}
