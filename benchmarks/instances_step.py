@@ -4,10 +4,8 @@ For N in ``--instances`` (default 1 16 64 256): a ``PrioritizedReplayBuffer(capa
 instances=N)`` filled with random transitions of the reference workload's row (51-float
 observations), then ``sample(B)`` + ``update_priorities`` captured in one graph and timed by
 replays (median of repeats, CUDA events: :func:`gper.bench.timing.time_graph`). The single buffer
-(``instances=None``) is timed the same way as the baseline. Each N is also timed with the update
-repaired level by level whatever its entries (``launch_config(climb_min_batch=2**62)``: the
-rule before the instances' update climbed from N * B entries). Prints a table headed by the GPU,
-versions and commit, and writes it under ``--out``.
+(``instances=None``) is timed the same way as the baseline, twice (its spread). Prints a table
+headed by the GPU, versions and commit, and writes it under ``--out``.
 
     python benchmarks/instances_step.py --out benchmarks/results
 """
@@ -22,7 +20,6 @@ import torch
 import gper
 from gper.bench.report import ResultFiles, environment, format_markdown, header_line, print_table
 from gper.bench.timing import time_graph
-from gper.ops.tree import triton as tree_triton
 
 SPEC = {
     "obs": ((51,), torch.float32),
@@ -42,15 +39,14 @@ def filled(capacity: int, n: int | None) -> gper.PrioritizedReplayBuffer:
     return rb
 
 
-def step_time(rb: gper.PrioritizedReplayBuffer, b: int, n: int | None, levels: bool = False) -> float:
+def step_time(rb: gper.PrioritizedReplayBuffer, b: int, n: int | None) -> float:
     td = torch.rand(*((n,) if n else ()), b, device="cuda")
 
     def step() -> None:
         batch = rb.sample(b)
         rb.update_priorities(batch, td)
 
-    with tree_triton.launch_config(**({"climb_min_batch": 2**62} if levels else {})):  # the graph keeps its shapes
-        return time_graph(step, repeats=7).median_us
+    return time_graph(step, repeats=7).median_us
 
 
 def main() -> None:
@@ -63,15 +59,14 @@ def main() -> None:
     env = environment(torch.device("cuda"))
     base = step_time(filled(args.capacity, None), args.batch, None)
     again = step_time(filled(args.capacity, None), args.batch, None)
-    rows = [["single buffer", "-", f"{base:.1f}", "1.00", f"{base:.1f}", f"{again:.1f} (again)"]]
+    rows = [["single buffer", "-", f"{base:.1f}", "1.00", f"{base:.1f}", f"{again:.1f}"]]
     for n in args.instances:
         rb = filled(args.capacity, n)
         t = step_time(rb, args.batch, n)
-        levels = step_time(rb, args.batch, n, levels=True)
-        rows.append([f"instances={n}", str(n), f"{t:.1f}", f"{t / base:.2f}", f"{t / n:.2f}", f"{levels:.1f}"])
+        rows.append([f"instances={n}", str(n), f"{t:.1f}", f"{t / base:.2f}", f"{t / n:.2f}", ""])
         del rb
         torch.cuda.empty_cache()
-    headers = ["buffer", "N", "step µs (graph)", "× single", "µs per instance", "levels only µs"]
+    headers = ["buffer", "N", "step µs (graph)", "× single", "µs per instance", "single again µs"]
     right = [False, True, True, True, True, True]
     title = f"PER step, capacity {args.capacity} per instance, B = {args.batch} per instance"
     print(header_line(env, "instances step"))

@@ -164,3 +164,9 @@ def test_the_single_agents_fused_learn_is_its_learn_step(changes):
             assert float(states[0][k]["step"]) == float(states[1][k]["step"]) == step
             torch.testing.assert_close(states[0][k]["exp_avg"], states[1][k]["exp_avg"], rtol=1e-4, atol=1e-7)
     assert float(fused.counters[1]) == 5.0
+    # a checkpoint's separate step counts are joined again: the kernel advances one for all
+    fused.load_state_dict({k: v for k, v in ops.state_dict().items()})
+    counts = [fused.optimizer.state[p]["step"] for p in fused.qnet.parameters()]
+    assert all(c is counts[0] for c in counts) and float(counts[0]) == 5.0
+    fused.learn_step(6, None)
+    assert [float(fused.optimizer.state[p]["step"]) for p in fused.qnet.parameters()] == [6.0] * 6

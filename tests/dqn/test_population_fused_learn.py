@@ -115,8 +115,9 @@ def _check_against_torch(device, n_in, hidden, n_act, double_q, max_norm, tau, g
         for name, a, b in (("online", online, ref_online), ("target", target, ref_target)):
             for p, q in zip(a.parameters(), b.parameters(), strict=True):
                 # Adam divides by sqrt(v): where a gradient is near 0, its sum in another order moves the
-                # parameter by a visible share of lr; 1e-5 is a thousandth of the largest lr's step
-                torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
+                # parameter by a visible share of lr (seen: 4.6e-5 of a 1e-2 step on an H100, one element
+                # in 49,152); 1e-4 is a hundredth of the largest lr's step, a wrong kernel moves many by ~lr
+                torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-4, msg=lambda m, name=name: f"{name}: {m}")
         for m, r in zip(adam.exp_avgs + adam.exp_avg_sqs, ref_adam.exp_avgs + ref_adam.exp_avg_sqs, strict=True):
             torch.testing.assert_close(m, r, rtol=1e-4, atol=1e-7)  # near-zero gradients: summation order
 

@@ -122,16 +122,6 @@ def test_batched_instances_equal_single_buffers(sampling, weight_norm, arity, la
     assert launches["update_instances"] == (0 if sampling == "rank" else 10)  # rank mode loops
 
 
-@pytest.mark.parametrize("weight_norm", ["global", "batch"])
-def test_instances_climb_where_their_entries_together_reach_the_climbs_batch(weight_norm, launches):
-    """The batched update climbs from N * B entries (here 27 >= 20) while each single buffer's B = 9
-    repairs level by level: the same trees, bit for bit."""
-    with tt.launch_config(climb_min_batch=20):
-        pop, singles = _build(3, 45, "cpu", "proportional", weight_norm, 4)
-        _steps(pop, singles, torch.Generator().manual_seed(3), 5, 9, 13, "cpu")
-    assert launches["update_instances"] == 10
-
-
 def test_one_instance_batched(launches):
     pop, singles = _build(1, 20, "cpu", "proportional", "batch", 4)
     _steps(pop, singles, torch.Generator().manual_seed(2), 3, 6, 7, "cpu")

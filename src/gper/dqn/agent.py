@@ -207,6 +207,7 @@ class Agent:
             )
         if self.fused_learn:  # fwd_bwd and adam as one phase of three kernels (a population of one)
             self._lr = torch.tensor([cfg.learning_rate], dtype=torch.float64, device=device)
+            self._share_steps()
             self.learn_state.td = torch.zeros(cfg.batch_size, device=device)
             learn = {"per_sample": self._sample, "upload": self._upload, "learn": self._learn_fused}
             learn["per_update"] = self._per_update
@@ -405,9 +406,15 @@ class Agent:
             soft_tau=cfg.tau if cfg.tau < 1.0 else None, beta1=beta1, beta2=beta2, eps=group["eps"],
             precision="tf32" if cfg.precision == "tf32" else "ieee",
         )  # fmt: skip
-        # the kernel advanced the first tensor's step count; Adam keeps one a tensor
-        torch._foreach_copy_(steps[1:], [steps[0]] * (len(steps) - 1))
         self.counters[1] += 1
+
+    def _share_steps(self) -> None:
+        """Adam's step counts as one tensor for all the parameters (the learn kernel advances one count
+        an agent): Adam advances every count together, so they are always equal; a loaded state's
+        separate tensors are joined again."""
+        params, _, _, steps = adam_state(self.optimizer)
+        for p in params[1:]:
+            self.optimizer.state[p]["step"] = steps[0]
 
     def _per_update(self) -> None:
         s = self.learn_state
@@ -558,3 +565,5 @@ class Agent:
                 if isinstance(step, torch.Tensor):
                     device = param.device if on_device else torch.device("cpu")
                     self.optimizer.state[param]["step"] = step.to(device, torch.float32)
+        if self.fused_learn:
+            self._share_steps()
