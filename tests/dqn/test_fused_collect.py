@@ -170,3 +170,28 @@ def test_the_single_agents_fused_learn_is_its_learn_step(changes):
     assert all(c is counts[0] for c in counts) and float(counts[0]) == 5.0
     fused.learn_step(6, None)
     assert [float(fused.optimizer.state[p]["step"]) for p in fused.qnet.parameters()] == [6.0] * 6
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_state_loaded_from_a_live_agent_is_the_loaders_own(fused):
+    """load_state_dict(other.state_dict()) in one process: the optimizer's state is copied, not shared
+    (torch keeps a loaded tensor of the right dtype and device as it is), so each agent's steps
+    move its own moments and counts only."""
+    cfg = resolve(dataclasses.replace(BASE, sampling="uniform", learning_starts=30), CPU)
+    agents = []
+    for _ in range(2):
+        torch.manual_seed(cfg.seed)
+        env = build_env(dataclasses.replace(cfg, backend="torch"), CPU)
+        agents.append(Agent(cfg, env, build_replay(cfg, env.obs_dim, CPU), 100, fused_learn=fused))
+    a, b = agents
+    for _ in range(12):
+        a.collect_step(None)
+    a.learn_step(1, None)  # Adam's state exists
+    b.load_state_dict(a.state_dict())
+    for p, q in zip(a.qnet.parameters(), b.qnet.parameters(), strict=True):
+        for key, value in a.optimizer.state[p].items():
+            assert value is not b.optimizer.state[q][key] and torch.equal(value, b.optimizer.state[q][key]), key
+    moments = [b.optimizer.state[q]["exp_avg"].clone() for q in b.qnet.parameters()]
+    a.learn_step(2, None)
+    for q, before in zip(b.qnet.parameters(), moments, strict=True):
+        assert torch.equal(b.optimizer.state[q]["exp_avg"], before) and float(b.optimizer.state[q]["step"]) == 1.0

@@ -120,6 +120,11 @@ def _check_against_torch(device, n_in, hidden, n_act, double_q, max_norm, tau, g
                 torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-4, msg=lambda m, name=name: f"{name}: {m}")
         for m, r in zip(adam.exp_avgs + adam.exp_avg_sqs, ref_adam.exp_avgs + ref_adam.exp_avg_sqs, strict=True):
             torch.testing.assert_close(m, r, rtol=1e-4, atol=1e-7)  # near-zero gradients: summation order
+        # the next step from the kernel's state on both sides: each step checked alone, no drift carried
+        with torch.no_grad():
+            for a, b in ((online, ref_online), (target, ref_target)):
+                torch._foreach_copy_(list(b.parameters()), list(a.parameters()))
+            torch._foreach_copy_(ref_adam.exp_avgs + ref_adam.exp_avg_sqs, adam.exp_avgs + adam.exp_avg_sqs)
 
 
 def test_a_hard_target_is_only_read(device):

@@ -185,7 +185,8 @@ def test_training_steps_never_sync(env, graphs):
         torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
     assert torch.isfinite(agent.sums).all() and agent.counters[1].item() == 25
-    assert set(timer.summary()) == {"collect", "per_sample", "upload", "fwd_bwd", "adam", "per_update"}
+    learn = {"learn"} if agent.fused_learn else {"fwd_bwd", "adam"}  # one kernel phase, or the two
+    assert set(timer.summary()) == {"collect", "per_sample", "upload", "per_update"} | learn
 
 
 def test_graph_replays_train_the_network(device):

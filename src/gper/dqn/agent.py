@@ -557,6 +557,12 @@ class Agent:
         # keeps its step counts on the parameters' device
         own = [{k: g[k] for k in _DEVICE_FLAGS if k in g} for g in self.optimizer.param_groups]
         self.optimizer.load_state_dict(state)
+        # torch keeps a loaded tensor that is already of the parameter's dtype and device as it is:
+        # a state taken from another live agent would be shared with it, each one's step moving both
+        for param_state in self.optimizer.state.values():
+            for key, value in param_state.items():
+                if isinstance(value, torch.Tensor):
+                    param_state[key] = value.clone()
         for group, flags in zip(self.optimizer.param_groups, own, strict=True):
             group.update(flags)
             on_device = group.get("capturable") or group.get("fused")
