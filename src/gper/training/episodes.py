@@ -24,6 +24,7 @@ ops; it writes the same running sums, rows and count, and leaves the ring's spar
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from gper.training.episodes_kernel import record_step
@@ -119,25 +120,29 @@ class EpisodeTracker:
         ``ring`` finished in between. A population's: all its agents' episodes together (see
         :meth:`drain_agents`)."""
         rows, lost = self._drain_rows(host)
-        return [(float(r[0]), int(r[1]), int(r[2])) for r in rows], lost
+        return _episode_tuples(rows), lost
 
     def drain_agents(self, host: dict[str, torch.Tensor]) -> tuple[list[list[tuple[float, int, int]]], int]:
         """Like :meth:`drain`, the episodes sorted by agent: list ``i`` holds agent ``i``'s (return,
         length, env step), oldest first; one list for a single agent. Either drain reads the
         episodes once: call one of them an epoch."""
         rows, lost = self._drain_rows(host)
-        per_agent: list[list[tuple[float, int, int]]] = [[] for _ in range(self.agents)]
-        for r in rows:
-            per_agent[0 if self.agents == 1 else int(r[3])].append((float(r[0]), int(r[1]), int(r[2])))
-        return per_agent, lost
+        if self.agents == 1:
+            return [_episode_tuples(rows)], lost
+        agent = rows[:, 3].astype(np.int64)
+        order = np.argsort(agent, kind="stable")  # by agent, each agent's oldest first
+        bounds = np.searchsorted(agent[order], np.arange(self.agents + 1))
+        rows = rows[order]
+        return [_episode_tuples(rows[bounds[i] : bounds[i + 1]]) for i in range(self.agents)], lost
 
-    def _drain_rows(self, host: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], int]:
+    def _drain_rows(self, host: dict[str, torch.Tensor]) -> tuple[np.ndarray, int]:
+        # the new rows in one gather of the host copy (a population finishes thousands an epoch)
         count = int(host["episode_count"])
         new = count - self._read
         lost = max(0, new - self.ring)
         first = count - min(new, self.ring)
-        table = host["episodes"]
-        rows = [table[i % self.ring] for i in range(first, count)]
+        table = host["episodes"].cpu().numpy()
+        rows = table[np.arange(first, count) % self.ring]
         self._read = count
         return rows, lost
 
@@ -167,3 +172,9 @@ class EpisodeTracker:
         self._read = int(state["read"])
         # a state saved before the tracker knew reset steps had none pending
         self.resetting.copy_(state.get("resetting", torch.zeros_like(self.resetting)))
+
+
+def _episode_tuples(rows: np.ndarray) -> list[tuple[float, int, int]]:
+    """(return, length, env step) of each ring row (lengths and steps are whole numbers held as floats)."""
+    ints = rows[:, 1:3].astype(np.int64)
+    return list(zip(rows[:, 0].tolist(), ints[:, 0].tolist(), ints[:, 1].tolist(), strict=True))
