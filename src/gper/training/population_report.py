@@ -126,12 +126,14 @@ class PopulationReport(RunReport):
             self.log(f"gper train: {lost} finished episodes were not recorded (more than the ring holds in one epoch)")
         # in the order of their steps, as metrics.jsonl keeps its records (a step's agents in order)
         merged = sorted(((ep[2], agent, ep) for agent, eps in enumerate(episodes) for ep in eps), key=lambda t: t[0])
-        for step, agent, (ret, length, _) in merged:
+        names = [(f"agent_{a}/charts/episodic_return", f"agent_{a}/charts/episodic_length") for a in range(self.agents)]
+        for _, agent, (ret, _, _) in merged:
             self.returns.append(ret)
             self.episode_agents.append(agent)
             self.agent_returns[agent].append(ret)
-            names = (f"agent_{agent}/charts/episodic_return", f"agent_{agent}/charts/episodic_length")
-            self.runlog.log(step, **dict(zip(names, (ret, length), strict=True)))
+        self.runlog.log_episodes(
+            (step, names[agent][0], ret, names[agent][1], length) for step, agent, (ret, length, _) in merged
+        )
 
     def _windows(self, episodes: Episodes, now: float) -> None:
         """Each agent's 100-episode windows that end in this epoch: its best, and its first at solve_return."""

@@ -299,9 +299,9 @@ class RunReport:
     def _record_episodes(self, episodes: list[tuple[float, int, int]], lost: int) -> None:
         if lost:
             self.log(f"gper train: {lost} finished episodes were not recorded (more than the ring holds in one epoch)")
-        for ret, length, step in episodes:
-            self.returns.append(ret)
-            self.runlog.log(step, **{"charts/episodic_return": ret, "charts/episodic_length": length})
+        self.returns.extend(ret for ret, _, _ in episodes)
+        names = ("charts/episodic_return", "charts/episodic_length")
+        self.runlog.log_episodes((step, names[0], ret, names[1], length) for ret, length, step in episodes)
 
     def _windows(self, episodes: list[tuple[float, int, int]], now: float) -> None:
         """Every 100-episode window that ends in this epoch: the best one, and the first at solve_return."""
