@@ -66,7 +66,8 @@ def test_a_random_action_covers_every_action_and_no_other(device):
 
 
 def test_what_the_kernel_serves_and_refuses():
-    assert fused_act_supported(4, (256, 256), 2) and fused_act_supported(52, (512, 512), 45)
+    assert fused_act_supported(4, (256, 256), 2) and fused_act_supported(52, (256, 256), 45)
+    assert not fused_act_supported(52, (512, 512), 45)  # the market preset's: the torch ops
     assert not fused_act_supported(4, (64,), 2) and not fused_act_supported(4, (64, 64, 64), 2)
     assert not fused_act_supported(4, (1024, 64), 2) and not fused_act_supported(200, (64, 64), 2)
     if not TRITON_ON_CPU:

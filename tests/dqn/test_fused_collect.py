@@ -187,7 +187,11 @@ def test_a_state_loaded_from_a_live_agent_is_the_loaders_own(fused):
     for _ in range(12):
         a.collect_step(None)
     a.learn_step(1, None)  # Adam's state exists
+    held = {q: dict(b.optimizer.state[q]) for q in b.qnet.parameters() if b.optimizer.state.get(q)}
     b.load_state_dict(a.state_dict())
+    for q, tensors in held.items():  # the fused learner made its state at once: loaded into, not replaced
+        assert all(b.optimizer.state[q][key] is t for key, t in tensors.items())
+    assert len(held) == (6 if fused else 0)
     for p, q in zip(a.qnet.parameters(), b.qnet.parameters(), strict=True):
         for key, value in a.optimizer.state[p].items():
             assert value is not b.optimizer.state[q][key] and torch.equal(value, b.optimizer.state[q][key]), key

@@ -214,6 +214,20 @@ def test_the_step_kernel_computes_the_torch_steps(device):
     assert ends > 100  # the resets were exercised
 
 
+def test_the_step_kernel_reads_strided_actions(device):
+    """Actions as a column of a wider tensor (a strided view): the kernel steps what the ops step."""
+    if not _triton_runs_on(device):
+        pytest.skip("the step kernel needs Triton (on CPU tensors, TRITON_INTERPRET=1)")
+    envs = [
+        CartPole(8, device, generator=torch.Generator(device).manual_seed(1), backend=b) for b in ("torch", "triton")
+    ]
+    wide = torch.tensor([[0, 1], [1, 0]] * 4, device=device)
+    for _ in range(5):
+        steps = [env.step(wide[:, 1]) for env in envs]
+        assert torch.equal(steps[0].terminated, steps[1].terminated)
+        torch.testing.assert_close(envs[1].state, envs[0].state, rtol=1e-13, atol=1e-15)
+
+
 def test_the_step_kernel_is_exact_on_cuda():
     """On CUDA the kernel and the torch ops call the same sin and cos and round every operation
     alike: whole runs from one seed agree bit for bit."""

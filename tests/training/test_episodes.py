@@ -210,3 +210,19 @@ def test_the_record_kernel_writes_what_the_torch_ops_write(device, mode, agents,
 def test_the_record_kernels_setting_is_checked():
     with pytest.raises(ValueError, match="kernels"):
         EpisodeTracker(2, CPU, kernels="cuda")
+
+
+def test_the_record_kernel_reads_strided_rewards_and_flags():
+    """Rewards and flags as columns of wider tensors (strided views): the kernel records what the ops do."""
+    from helpers import TRITON_ON_CPU
+
+    if not TRITON_ON_CPU:
+        pytest.skip("the record kernel needs the Triton interpreter on the CPU")
+    trackers = [EpisodeTracker(8, CPU, ring=16, kernels=k) for k in ("torch", "triton")]
+    rewards = torch.arange(16, dtype=torch.float32).view(8, 2)
+    done = torch.tensor([[False, True], [True, False]] * 4)
+    for t in range(3):
+        for tracker in trackers:
+            tracker.record(rewards[:, 1], done[:, t % 2], torch.tensor(float(t), dtype=torch.float64))
+    assert torch.equal(trackers[0].returns, trackers[1].returns)
+    assert torch.equal(trackers[0].table[:-1], trackers[1].table[:-1]) and int(trackers[1].count) > 0

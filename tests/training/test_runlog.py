@@ -43,7 +43,7 @@ def test_log_episodes_writes_what_log_writes(tmp_path):
     """The episodes' fast path: the same lines as log() a record at a time, non-finite returns as null."""
     records = [(5, "agent_0/r", 9.0, "agent_0/l", 9), (7, "charts/r", 0.1 + 0.2, "charts/l", 12)]
     records += [(9, "a/r", float("nan"), "a/l", 3), (9, "a/r", -float("inf"), "a/l", 4), (11, "b/r", -1e-300, "b/l", 0)]
-    one, many = RunLog(tmp_path / "one", {}), RunLog(tmp_path / "many", {})
+    one, many = RunLog(tmp_path / "one"), RunLog(tmp_path / "many")
     for step, rn, r, ln, n in records:
         one.log(step, **{rn: r, ln: n})
     many.log_episodes(iter(records))

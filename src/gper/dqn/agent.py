@@ -556,13 +556,8 @@ class Agent:
         # stay this agent's when the state comes from another device; a capturable or fused Adam
         # keeps its step counts on the parameters' device
         own = [{k: g[k] for k in _DEVICE_FLAGS if k in g} for g in self.optimizer.param_groups]
+        before = {p: dict(s) for p, s in self.optimizer.state.items()}  # this agent's state tensors
         self.optimizer.load_state_dict(state)
-        # torch keeps a loaded tensor that is already of the parameter's dtype and device as it is:
-        # a state taken from another live agent would be shared with it, each one's step moving both
-        for param_state in self.optimizer.state.values():
-            for key, value in param_state.items():
-                if isinstance(value, torch.Tensor):
-                    param_state[key] = value.clone()
         for group, flags in zip(self.optimizer.param_groups, own, strict=True):
             group.update(flags)
             on_device = group.get("capturable") or group.get("fused")
@@ -571,5 +566,22 @@ class Agent:
                 if isinstance(step, torch.Tensor):
                     device = param.device if on_device else torch.device("cpu")
                     self.optimizer.state[param]["step"] = step.to(device, torch.float32)
+        # the values land in this agent's own tensors: torch keeps a loaded tensor of the right dtype
+        # and device as it is (a state taken from another live agent would be shared with it), and
+        # a step graph captured before the load reads the tensors it was captured with
+        for param, param_state in self.optimizer.state.items():
+            kept = before.get(param, {})
+            for key, value in param_state.items():
+                if not isinstance(value, torch.Tensor):
+                    continue
+                mine = kept.get(key)
+                fits = isinstance(mine, torch.Tensor) and (mine.shape, mine.dtype, mine.device) == (
+                    value.shape,
+                    value.dtype,
+                    value.device,
+                )
+                if fits and mine is not value:
+                    mine.copy_(value)
+                param_state[key] = mine if fits else value.clone()
         if self.fused_learn:
             self._share_steps()

@@ -15,7 +15,8 @@ action may differ. The random numbers are the caller's: ``draws[..., 0]`` decide
 
 It serves networks of two hidden ReLU layers (:func:`fused_act_supported`); the second hidden
 layer is walked in column blocks, each block's activations feeding the output layer at once, so
-the widest layer held on chip is ``[rows, hidden_1]``.
+what a program holds on chip is ``W1^T [inputs, hidden_1]``, ``[rows, hidden_1]`` and one block of
+``W2^T [hidden_1, 32 or 64]``.
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ import torch
 
 from gper._triton import HAS_TRITON, tl, triton
 
-#: the widest first hidden layer, input and action count the kernel holds on chip
-MAX_WIDTH = 512
-#: the widest input and action count
-MAX_IO = 128
+#: the widest hidden layer the kernel serves: 256, the widest run on a GPU (the cartpole preset's);
+#: wider ones take the torch ops
+MAX_WIDTH = 256
+#: the widest input and action count (the market task's 52 and 45 fit)
+MAX_IO = 64
 #: rows (an agent's environments) a program handles
 BLOCK_ROWS = 16
 

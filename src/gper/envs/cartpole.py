@@ -28,6 +28,7 @@ from gper.envs._rng import EnvRng
 from gper.envs.base import Step, VecEnv, canonical_device, check_num_envs
 from gper.envs.cartpole_kernel import cartpole_step, constants
 from gper.envs.registry import EnvSpec
+from gper.ops.probe import triton_problem
 
 GRAVITY = 9.8
 MASSCART = 1.0
@@ -56,7 +57,8 @@ class CartPole(VecEnv):
         graph_safe_rng: draw from torch's default generator of ``device``, which a CUDA graph
             capture handles by itself; the trainer then seeds torch globally (see :mod:`gper.envs._rng`).
         backend: ``"auto"`` (default): the step as one Triton kernel on CUDA where Triton is
-            installed, the torch ops elsewhere; ``"torch"``: the torch ops; ``"triton"``: the kernel
+            installed and passes its probe (:func:`gper.ops.probe.triton_problem`), the torch ops
+            elsewhere; ``"torch"``: the torch ops; ``"triton"``: the kernel
             (on the CPU only under ``TRITON_INTERPRET=1``). Both draw the same reset states.
 
     Actions are checked on the host for shape, dtype and device only; their values are not
@@ -166,8 +168,8 @@ _KERNEL_CONSTANTS = {
 
 def _step_backend(request: str, device: torch.device) -> str:
     """``"torch"`` or ``"triton"`` for ``backend=request`` on ``device`` (see :class:`CartPole`)."""
-    if request == "auto":
-        return "triton" if HAS_TRITON and device.type == "cuda" else "torch"
+    if request == "auto":  # Triton where the replay would take it: installed, on CUDA, past the probe
+        return "triton" if HAS_TRITON and device.type == "cuda" and triton_problem(device) is None else "torch"
     if request == "torch":
         return request
     if request != "triton":
@@ -182,9 +184,10 @@ def _step_backend(request: str, device: torch.device) -> str:
 # The trainer's presets (gper.envs.registry.PRESETS), a line per concern: the run, the network and
 # its optimiser, the target and exploration. total_steps: long enough to reach 475 (docs/training.md,
 # "Results on the H200"); cartpole is small: the same on the CPU, but shorter (enough there too).
-# hidden (256, 256): a (128, 128) network, which the one-kernel learn step holds, reached 475 less
-# often within 300k steps (11 of 16 seeds and 48 of 64 on an H100; this one 13 of 16 and 56 of 64 on an
-# H200: benchmarks/results/trainers-*-20261205-*, trainers-*-20261204-184643), so it stays.
+# hidden (256, 256): with a (128, 128) network (which the one-kernel learn step holds) 11 of 16 and
+# 48 of 64 seeds reached 475 within 300k steps (an H100, the fused kernels; seed 1 not at all),
+# where this preset had 13 of 16 and 56 of 64 (an H200, the torch ops, the day before): not one
+# comparison, but no reason to change (benchmarks/results/trainers-*-20261205-*, -20261204-184643).
 # fmt: off
 SPEC = EnvSpec(
     "cartpole",

@@ -147,13 +147,20 @@ def cartpole_step(
     if not HAS_TRITON:
         raise RuntimeError("cartpole_step needs Triton (pip install triton)")
     n = state.shape[0]
+    # the kernel reads every input flat: a strided view (a column of a wider tensor) is copied first
+    state_c, steps_c = state.contiguous(), steps.contiguous()
+    actions, draws = actions.contiguous(), draws.contiguous()
     next_obs = torch.empty(n, 4, dtype=torch.float32, device=state.device)
     obs = torch.empty_like(next_obs)
     reward = torch.empty(n, dtype=torch.float32, device=state.device)
     terminated = torch.empty(n, dtype=torch.bool, device=state.device)
     truncated = torch.empty_like(terminated)
     _step_kernel[(triton.cdiv(n, BLOCK),)](
-        state, steps, actions, draws, consts, next_obs, obs, reward, terminated, truncated, n, max_steps,
+        state_c, steps_c, actions, draws, consts, next_obs, obs, reward, terminated, truncated, n, max_steps,
         BLOCK=BLOCK, enable_fp_fusion=False,
     )  # fmt: skip
+    if state_c is not state:  # the state was updated in a copy: back into the caller's tensors
+        state.copy_(state_c)
+    if steps_c is not steps:
+        steps.copy_(steps_c)
     return next_obs, reward, terminated, truncated, obs

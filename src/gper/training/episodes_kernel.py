@@ -82,6 +82,7 @@ def record_step(
     if not HAS_TRITON:
         raise RuntimeError("record_step needs Triton (pip install triton)")
     n = returns.shape[0]
+    reward, done = reward.contiguous(), done.contiguous()  # read flat: a strided view is copied first
     _record_kernel[(1,)](
         reward, done, returns, lengths, resetting, table, count, env_step, n, table.shape[0] - 1, per_agent,
         COLS=table.shape[1], NEXT_STEP=next_step, BLOCK=min(BLOCK, triton.next_power_of_2(n)),
