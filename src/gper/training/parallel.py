@@ -21,7 +21,7 @@ step's stream (capturable like the replay's), and the phase line times it.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -210,6 +210,9 @@ class QuietRunLog:
         self.metrics_path = self.folder / "metrics.jsonl"
 
     def log(self, global_step: int, **values: float) -> None:
+        pass
+
+    def log_episodes(self, records: Iterable[tuple[int, str, float, str, int]]) -> None:
         pass
 
     def flush(self) -> None:
