@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -40,71 +39,24 @@ import torch.nn.functional as F
 from torch import nn
 
 import gper
-from gper.dqn.batch_source import Batch, BatchSource
+from gper.dqn.batch_source import Batch, BatchSource, LearningOnly
 from gper.dqn.config import Config
 from gper.dqn.fused_act import epsilon_greedy, fused_act_supported
-from gper.dqn.fused_adam import adam_state, adam_step
+from gper.dqn.fused_adam import adam_state, adam_step, load_adam_state, share_step_counts
 from gper.dqn.fused_loss import td_loss
+from gper.dqn.learn_state import LearnState
 from gper.dqn.network import QNetwork, padded_width
-from gper.dqn.population_fused_learn import fused_learn_supported, population_learn_step
+from gper.dqn.population_fused_learn import adam_learn_step, fused_learn_supported
 from gper.dqn.replay_feed import FlatFeed, Replay, replay_feed
-from gper.envs import GoalEnv, Step, VecEnv
+from gper.dqn.sweep import PerAgent
+from gper.envs import GoalEnv, VecEnv
 from gper.training.episodes import EpisodeTracker
 from gper.training.phases import PhasedStep
 from gper.training.timing import PhaseTimer
 
-
-@dataclass
-class LearnState:
-    """What the learning phases pass each other; each field says which phase writes it.
-
-    A phase-by-phase CUDA graph capture keeps these tensors alive (see
-    :class:`~gper.training.phases.PhasedStep`): the later phases' graphs read their addresses."""
-
-    batch: Batch | None = None
-    """per_sample: the batch of this step"""
-    x: torch.Tensor | None = None
-    """upload: observations [B, obs_width]"""
-    next_x: torch.Tensor | None = None
-    """upload: next observations [B, obs_width]"""
-    action: torch.Tensor | None = None
-    """upload: int64 actions [B]"""
-    reward: torch.Tensor | None = None
-    """upload: rewards [B] (from the trajectory replay, n-step discounted sums)"""
-    done: torch.Tensor | None = None
-    """upload, flat replay: 1.0 where the episode terminated [B]"""
-    discount: torch.Tensor | None = None
-    """upload, trajectory replay: float32 [B], gamma^m for the m steps summed, 0 where the episode terminated"""
-    weights: torch.Tensor | None = None
-    """upload: IS weights [B]"""
-    td: torch.Tensor | None = None
-    """fwd_bwd: TD errors q - y, detached [B]; per_update turns them into priorities"""
-    grads: list[torch.Tensor | None] = field(default_factory=list)
-    """fwd_bwd: the online network's gradients, which adam reads"""
-
-
-#: Adam's settings that follow the device rather than the checkpoint (see Agent.load_state_dict)
-_DEVICE_FLAGS = ("capturable", "fused", "foreach")
-
 #: slots of :attr:`Agent.sums`, the float64 sums over training steps that fwd_bwd adds to
 SUM_LOSS, SUM_Q, SUM_ABS_TD = 0, 1, 2
 N_SUMS = 3
-
-
-class _NoEnv(VecEnv):
-    """The environment of an agent that only learns (:meth:`Agent.for_learning`): the network's
-    sizes and one zero observation; stepping it is an error."""
-
-    name = "none"
-
-    def __init__(self, obs_dim: int, n_actions: int, device: torch.device) -> None:
-        self.obs_dim, self.n_actions, self.num_envs, self.device = obs_dim, n_actions, 1, device
-
-    def reset(self, seed: int | None = None) -> torch.Tensor:
-        return torch.zeros(1, self.obs_dim, device=self.device)
-
-    def step(self, actions: torch.Tensor) -> Step:
-        raise RuntimeError("this agent only learns (Agent.for_learning): it has no environment to collect from")
 
 
 # ---------------------------------------------------------------------------------------- agent
@@ -156,7 +108,7 @@ class Agent:
         fused_learn: bool | None = None,
     ) -> None:
         # the replay as the learner sees it: the steps below use only this, whichever buffer it is
-        self.feed = replay_feed(cfg, env, rb, collects=not isinstance(env, _NoEnv))
+        self.feed = replay_feed(cfg, env, rb, collects=not isinstance(env, LearningOnly))
         self.cfg, self.env, self.rb = cfg, env, rb
         device = self.device = env.device
         cuda = device.type == "cuda"
@@ -181,11 +133,7 @@ class Agent:
         self.episodes = EpisodeTracker(
             env.num_envs, device, autoreset=env.autoreset, kernels="triton" if self.fused_collect else "torch"
         )
-        if self.fused_collect:  # the exploration schedule as the act kernel reads it, [1] float64 each
-            f64 = lambda v: torch.tensor([v], dtype=torch.float64, device=device)  # noqa: E731
-            self._schedule = (
-                f64(cfg.eps_start), f64(cfg.eps_end - cfg.eps_start), f64(cfg.exploration_fraction * cfg.total_steps)
-            )  # fmt: skip
+        self._schedule = PerAgent.of([cfg], device)  # the exploration schedule as the act kernel reads it
         # observations padded with zero columns to obs_width (see padded_width)
         self.obs = self.pad(env.reset(seed=cfg.seed if env_seed is None else env_seed))
         self.next_obs = torch.zeros_like(self.obs)
@@ -207,7 +155,7 @@ class Agent:
             )
         if self.fused_learn:  # fwd_bwd and adam as one phase of three kernels (a population of one)
             self._lr = torch.tensor([cfg.learning_rate], dtype=torch.float64, device=device)
-            self._share_steps()
+            share_step_counts(self.optimizer)
             self.learn_state.td = torch.zeros(cfg.batch_size, device=device)
             learn = {"per_sample": self._sample, "upload": self._upload, "learn": self._learn_fused}
             learn["per_update"] = self._per_update
@@ -241,7 +189,7 @@ class Agent:
         """An agent that only learns, on ``rb.device``: a network from ``obs_dim`` (padded, see
         :func:`padded_width`) inputs to ``n_actions`` Q-values, and no environment (its collect step
         raises). For benchmarks and tests of the learn step."""
-        return cls(cfg, _NoEnv(obs_dim, n_actions, rb.device), rb, total_train_steps, batch_source)
+        return cls(cfg, LearningOnly(obs_dim, n_actions, rb.device), rb, total_train_steps, batch_source)
 
     @property
     def trajectory(self) -> bool:
@@ -276,7 +224,7 @@ class Agent:
         cfg = self.cfg
         return (
             device_type in (None, self.device.type) and self.fused_backend == "triton" and cfg.fused_step
-            and cfg.precision != "bf16" and not isinstance(env, _NoEnv)
+            and cfg.precision != "bf16" and not isinstance(env, LearningOnly)
             and fused_act_supported(self.obs_width, cfg.hidden, env.n_actions)
         )  # fmt: skip
 
@@ -288,9 +236,11 @@ class Agent:
             draws = torch.rand(1, n, 2, device=self.device)
             params = [p.detach().unsqueeze(0) for p in self.qnet.parameters()]
             precision = "tf32" if self.cfg.precision == "tf32" else "ieee"
+            a = self._schedule
             return epsilon_greedy(
-                params, self.obs.unsqueeze(0), draws, self.counters[0], *self._schedule, precision=precision
-            ).view(n)
+                params, self.obs.unsqueeze(0), draws, self.counters[0], a.eps_start, a.eps_span, a.decay,
+                precision=precision,
+            ).view(n)  # fmt: skip
         with torch.no_grad():
             greedy = self.qnet(self.obs).argmax(dim=1)
         explore = torch.rand(n, device=self.device) < self.epsilon(self.counters[0])
@@ -391,30 +341,13 @@ class Agent:
         # _fwd_bwd_fused and _adam_fused in three launches: the same loss, targets, clipping, Adam
         # (on the optimizer's own state, so its state_dict stays the checkpoint) and soft update
         s, cfg = self.learn_state, self.cfg
-        params, exp_avgs, exp_avg_sqs, steps = adam_state(self.optimizer)
-        group = self.optimizer.param_groups[0]
-        beta1, beta2 = group["betas"]
-        x, next_x = s.x.unsqueeze(0), s.next_x.unsqueeze(0)
-        if next_x.stride() != x.stride() or x.stride(2) != 1:
-            x, next_x = x.contiguous(), next_x.contiguous()
-        one = lambda ts: [t.detach().unsqueeze(0) for t in ts]  # noqa: E731 (a population of one: views)
-        population_learn_step(
-            one(params), one(self.target.parameters()), one(exp_avgs), one(exp_avg_sqs), steps[0].view(1), self._lr,
-            x, next_x, s.action.unsqueeze(0), s.reward.unsqueeze(0), s.done.unsqueeze(0),
-            s.weights.unsqueeze(0).contiguous(), self.sums.view(1, N_SUMS), s.td.view(1, -1),
+        adam_learn_step(
+            list(self.qnet.parameters()), list(self.target.parameters()), self.optimizer, self._lr,
+            s.x, s.next_x, s.action, s.reward, s.done, s.weights, self.sums, s.td,
             gamma=cfg.gamma, double_q=cfg.double_q, max_grad_norm=cfg.max_grad_norm,
-            soft_tau=cfg.tau if cfg.tau < 1.0 else None, beta1=beta1, beta2=beta2, eps=group["eps"],
-            precision="tf32" if cfg.precision == "tf32" else "ieee",
+            soft_tau=cfg.tau if cfg.tau < 1.0 else None, precision="tf32" if cfg.precision == "tf32" else "ieee",
         )  # fmt: skip
         self.counters[1] += 1
-
-    def _share_steps(self) -> None:
-        """Adam's step counts as one tensor for all the parameters (the learn kernel advances one count
-        an agent): Adam advances every count together, so they are always equal; a loaded state's
-        separate tensors are joined again."""
-        params, _, _, steps = adam_state(self.optimizer)
-        for p in params[1:]:
-            self.optimizer.state[p]["step"] = steps[0]
 
     def _per_update(self) -> None:
         s = self.learn_state
@@ -552,36 +485,6 @@ class Agent:
             self.episodes.restart()
 
     def _load_optimizer(self, state: dict[str, Any]) -> None:
-        # Adam's implementation flags depend on the device (capturable and fused on CUDA), so they
-        # stay this agent's when the state comes from another device; a capturable or fused Adam
-        # keeps its step counts on the parameters' device
-        own = [{k: g[k] for k in _DEVICE_FLAGS if k in g} for g in self.optimizer.param_groups]
-        before = {p: dict(s) for p, s in self.optimizer.state.items()}  # this agent's state tensors
-        self.optimizer.load_state_dict(state)
-        for group, flags in zip(self.optimizer.param_groups, own, strict=True):
-            group.update(flags)
-            on_device = group.get("capturable") or group.get("fused")
-            for param in group["params"]:
-                step = self.optimizer.state.get(param, {}).get("step")
-                if isinstance(step, torch.Tensor):
-                    device = param.device if on_device else torch.device("cpu")
-                    self.optimizer.state[param]["step"] = step.to(device, torch.float32)
-        # the values land in this agent's own tensors: torch keeps a loaded tensor of the right dtype
-        # and device as it is (a state taken from another live agent would be shared with it), and
-        # a step graph captured before the load reads the tensors it was captured with
-        for param, param_state in self.optimizer.state.items():
-            kept = before.get(param, {})
-            for key, value in param_state.items():
-                if not isinstance(value, torch.Tensor):
-                    continue
-                mine = kept.get(key)
-                fits = isinstance(mine, torch.Tensor) and (mine.shape, mine.dtype, mine.device) == (
-                    value.shape,
-                    value.dtype,
-                    value.device,
-                )
-                if fits and mine is not value:
-                    mine.copy_(value)
-                param_state[key] = mine if fits else value.clone()
+        load_adam_state(self.optimizer, state)
         if self.fused_learn:
-            self._share_steps()
+            share_step_counts(self.optimizer)

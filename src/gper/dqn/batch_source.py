@@ -1,7 +1,8 @@
 """Where the learn step's batch comes from: a :class:`BatchSource` returns a :class:`Batch`.
 
 The agent's default source draws from its replay (:meth:`gper.dqn.Agent.sample_replay`); a
-benchmark or a test can hand it a :class:`FixedBatch` instead (``batch_source=lambda: batch``).
+benchmark or a test can hand it a :class:`FixedBatch` instead (``batch_source=lambda: batch``); an
+agent that only learns (:meth:`gper.dqn.Agent.for_learning`) stands on :class:`LearningOnly`.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol
 
 import torch
+
+from gper.envs import Step, VecEnv
 
 
 class Batch(Protocol):
@@ -42,3 +45,19 @@ class FixedBatch(Mapping[str, torch.Tensor]):
 
     def __len__(self) -> int:
         return len(self._fields)
+
+
+class LearningOnly(VecEnv):
+    """The environment of an agent that only learns (:meth:`gper.dqn.Agent.for_learning`): the network's
+    sizes and one zero observation; stepping it is an error."""
+
+    name = "none"
+
+    def __init__(self, obs_dim: int, n_actions: int, device: torch.device) -> None:
+        self.obs_dim, self.n_actions, self.num_envs, self.device = obs_dim, n_actions, 1, device
+
+    def reset(self, seed: int | None = None) -> torch.Tensor:
+        return torch.zeros(1, self.obs_dim, device=self.device)
+
+    def step(self, actions: torch.Tensor) -> Step:
+        raise RuntimeError("this agent only learns (Agent.for_learning): it has no environment to collect from")

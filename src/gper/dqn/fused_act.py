@@ -48,6 +48,7 @@ def _padded(n: int) -> int:
 
 
 if HAS_TRITON:
+    from gper.dqn.population_fused_learn import load_bias, load_weight_t
 
     @triton.jit
     def _act_kernel(
@@ -71,25 +72,16 @@ if HAS_TRITON:
             other=0.0,
         )
         # layer 1, whole: W1^T [IN, H1]
-        o1 = tl.arange(0, H1)
-        w1t = tl.load(
-            w1 + agent * h1 * n_in + o1[None, :] * n_in + cols_in[:, None],
-            mask=(cols_in[:, None] < n_in) & (o1[None, :] < h1),
-            other=0.0,
-        )
-        c1 = tl.load(b1 + agent * h1 + o1, mask=o1 < h1, other=0.0)
-        a1 = tl.maximum(tl.dot(x, w1t, input_precision=PRECISION) + c1[None, :], 0.0)
-        # layer 2 a block of columns at a time, each block's share of the Q-values added at once
+        w1t = load_weight_t(w1, agent, n_in, h1, IN, H1)
+        a1 = tl.maximum(tl.dot(x, w1t, input_precision=PRECISION) + load_bias(b1, agent, h1, H1)[None, :], 0.0)
+        # layer 2 a block of columns at a time (rows start.. of W2), each block's share of the Q-values
+        # added at once
         cols_a = tl.arange(0, A)
         q = tl.zeros((ROWS, A), dtype=tl.float32)
         for start in range(0, h2, BLOCK_H2):
             o2 = start + tl.arange(0, BLOCK_H2)
-            w2t = tl.load(
-                w2 + agent * h2 * h1 + o2[None, :] * h1 + o1[:, None],
-                mask=(o1[:, None] < h1) & (o2[None, :] < h2),
-                other=0.0,
-            )
-            c2 = tl.load(b2 + agent * h2 + o2, mask=o2 < h2, other=0.0)
+            w2t = load_weight_t(w2 + (agent * h2 + start) * h1, 0, h1, h2 - start, H1, BLOCK_H2)
+            c2 = load_bias(b2 + agent * h2 + start, 0, h2 - start, BLOCK_H2)
             a2 = tl.maximum(tl.dot(a1, w2t, input_precision=PRECISION) + c2[None, :], 0.0)
             w3t = tl.load(
                 w3 + agent * n_act * h2 + cols_a[None, :] * h2 + o2[:, None],
@@ -97,7 +89,7 @@ if HAS_TRITON:
                 other=0.0,
             )
             q += tl.dot(a2, w3t, input_precision=PRECISION)
-        q += tl.load(b3 + agent * n_act + cols_a, mask=cols_a < n_act, other=0.0)[None, :]
+        q += load_bias(b3, agent, n_act, A)[None, :]
         greedy = tl.argmax(tl.where(cols_a[None, :] < n_act, q, float("-inf")), axis=1)
         # the exploration rate: linear from eps_start to eps_end over decay env steps, then flat
         frac = tl.minimum(tl.load(counter_ptr) / tl.load(decay_ptr + agent), 1.0)

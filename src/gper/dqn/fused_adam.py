@@ -19,6 +19,7 @@ time, as ``torch.optim.Adam``'s single-tensor path computes it.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -195,3 +196,51 @@ def adam_state(optimizer: torch.optim.Adam) -> tuple[list[torch.Tensor], ...]:
         exp_avg_sqs.append(state["exp_avg_sq"])
         steps.append(state["step"])
     return params, exp_avgs, exp_avg_sqs, steps
+
+
+#: Adam's settings that follow the device rather than the checkpoint (see :func:`load_adam_state`)
+DEVICE_FLAGS = ("capturable", "fused", "foreach")
+
+
+def load_adam_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """``optimizer.load_state_dict(state)``, keeping what belongs to this optimizer and its device.
+
+    Adam's implementation flags (:data:`DEVICE_FLAGS`: capturable and fused on CUDA) stay the
+    optimizer's when the state comes from another device, and a capturable or fused Adam keeps its
+    step counts on the parameters' device. The values land in the optimizer's own tensors where it
+    has them (else in copies): torch keeps a loaded tensor of the right dtype and device as it is,
+    so a state taken from another live optimizer would be shared with it, and a step graph captured
+    before the load reads the tensors it was captured with.
+    """
+    own = [{k: g[k] for k in DEVICE_FLAGS if k in g} for g in optimizer.param_groups]
+    before = {p: dict(s) for p, s in optimizer.state.items()}
+    optimizer.load_state_dict(state)
+    for group, flags in zip(optimizer.param_groups, own, strict=True):
+        group.update(flags)
+        on_device = group.get("capturable") or group.get("fused")
+        for param in group["params"]:
+            step = optimizer.state.get(param, {}).get("step")
+            if isinstance(step, torch.Tensor):
+                device = param.device if on_device else torch.device("cpu")
+                optimizer.state[param]["step"] = step.to(device, torch.float32)
+    for param, param_state in optimizer.state.items():
+        kept = before.get(param, {})
+        for key, value in param_state.items():
+            if not isinstance(value, torch.Tensor):
+                continue
+            mine = kept.get(key)
+            fits = isinstance(mine, torch.Tensor) and (mine.shape, mine.dtype, mine.device) == (
+                value.shape, value.dtype, value.device
+            )  # fmt: skip
+            if fits and mine is not value:
+                mine.copy_(value)
+            param_state[key] = mine if fits else value.clone()
+
+
+def share_step_counts(optimizer: torch.optim.Adam) -> None:
+    """Adam's step counts as one tensor for all the parameters (the one-kernel learn step advances
+    one count an agent): Adam advances every count together, so they are always equal; separate
+    ones (a loaded state's) are joined. Creates the state where it does not exist yet."""
+    params, _, _, steps = adam_state(optimizer)
+    for p in params[1:]:
+        optimizer.state[p]["step"] = steps[0]

@@ -38,6 +38,7 @@ from gper.dqn.population_adam import PopulationAdam, hard_update_, soft_update_
 from gper.dqn.population_fused_learn import MAX_WIDTH, fused_learn_supported, population_learn_step
 from gper.dqn.population_loss import clip_grad_norms_, clip_scales, population_loss
 from gper.dqn.population_net import StackedQNetwork
+from gper.dqn.sweep import PerAgent, check_shared
 from gper.envs import VecEnv
 from gper.training.environment import build_env
 from gper.training.episodes import EpisodeTracker
@@ -73,38 +74,6 @@ class EnvBlock:
             torch.set_rng_state(outside)
 
 
-@dataclasses.dataclass(frozen=True)
-class PerAgent:
-    """The settings the agents may hold apart, as the steps use them: each a float where every
-    agent has the same value (the single agent's arithmetic exactly), else one per agent."""
-
-    gamma: float | torch.Tensor
-    """the discount: a float, or [N, 1] float32"""
-    tau: float | list[float]
-    """the soft target update's rate"""
-    eps_start: torch.Tensor
-    """[N] float64 exploration rate at the start"""
-    eps_span: torch.Tensor
-    """[N] float64 eps_end - eps_start"""
-    decay: torch.Tensor
-    """[N] float64 env steps of the decay: exploration_fraction * total_steps"""
-
-    @staticmethod
-    def of(cfgs: Sequence[Config], device: torch.device) -> PerAgent:
-        def f64(values: list[float]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.float64, device=device)
-
-        gammas = [c.gamma for c in cfgs]
-        taus = [c.tau for c in cfgs]
-        return PerAgent(
-            gamma=gammas[0] if len(set(gammas)) == 1 else torch.tensor(gammas, device=device).view(-1, 1),
-            tau=taus[0] if len(set(taus)) == 1 else taus,
-            eps_start=f64([c.eps_start for c in cfgs]),
-            eps_span=f64([c.eps_end - c.eps_start for c in cfgs]),
-            decay=f64([c.exploration_fraction * c.total_steps for c in cfgs]),
-        )
-
-
 @dataclasses.dataclass
 class PopulationLearnState:
     """What the learning phases pass each other, every tensor with the agents along dim 0."""
@@ -130,25 +99,6 @@ def single_run_start(cfg: Config, seed: int, device: torch.device) -> tuple[VecE
     net = QNetwork(width, env.n_actions, cfg.hidden)
     obs = F.pad(env.reset(seed=seed), (0, width - env.obs_dim))
     return env, net, obs
-
-
-def check_shared(cfgs: Sequence[Config]) -> None:
-    """Agents' settings that may differ are the sweepable ones and the seed; any other difference
-    is refused (the agents share one architecture, one replay layout and one schedule)."""
-    from gper.dqn.sweep import SWEEPABLE
-
-    first = dataclasses.asdict(cfgs[0])
-    for cfg in cfgs[1:]:
-        theirs = dataclasses.asdict(cfg)
-        differ = sorted(k for k in first if k not in SWEEPABLE and k != "seed" and first[k] != theirs[k])
-        if differ:
-            raise ValueError(f"the agents of a population may differ in {', '.join(SWEEPABLE)} only, not in {differ}")
-    if len({cfg.tau >= 1.0 for cfg in cfgs}) > 1:
-        # one schedule of target updates for all: hard copies every target_every steps, or soft ones
-        raise ValueError(
-            "a population's tau values must all be 1 (hard target updates) or all below 1 (soft ones), got "
-            f"{sorted({cfg.tau for cfg in cfgs})}"
-        )
 
 
 class PopulationAgent:

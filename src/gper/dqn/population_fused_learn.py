@@ -32,6 +32,7 @@ do under PyTorch's TF32 switch. It serves networks of two hidden ReLU layers of 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -65,14 +66,14 @@ if HAS_TRITON:
     from gper.dqn.fused_adam import adam_update
 
     @triton.jit
-    def _weight_t(w_ptr, agent, n_in, n_out, IN: tl.constexpr, OUT: tl.constexpr):
+    def load_weight_t(w_ptr, agent, n_in, n_out, IN: tl.constexpr, OUT: tl.constexpr):
         """Agent ``agent``'s weight ``[n_out, n_in]`` (of ``[N, n_out, n_in]``) as ``W^T [IN, OUT]``, zero padded."""
         i = tl.arange(0, IN)[:, None]
         o = tl.arange(0, OUT)[None, :]
         return tl.load(w_ptr + agent * n_out * n_in + o * n_in + i, mask=(i < n_in) & (o < n_out), other=0.0)
 
     @triton.jit
-    def _bias(b_ptr, agent, n_out, OUT: tl.constexpr):
+    def load_bias(b_ptr, agent, n_out, OUT: tl.constexpr):
         o = tl.arange(0, OUT)
         return tl.load(b_ptr + agent * n_out + o, mask=o < n_out, other=0.0)
 
@@ -125,14 +126,14 @@ if HAS_TRITON:
         # the TD targets: the target network (and, double-Q, the online one) on next_x
         nx = tl.load(nx_ptr + at_x, mask=m_in, other=0.0)
         _, _, qt = _mlp(
-            nx, _weight_t(tw1, agent, n_in, h1, IN, H1), _bias(tb1, agent, h1, H1),
-            _weight_t(tw2, agent, h1, h2, H1, H2), _bias(tb2, agent, h2, H2),
-            _weight_t(tw3, agent, h2, n_act, H2, A), _bias(tb3, agent, n_act, A), PRECISION,
+            nx, load_weight_t(tw1, agent, n_in, h1, IN, H1), load_bias(tb1, agent, h1, H1),
+            load_weight_t(tw2, agent, h1, h2, H1, H2), load_bias(tb2, agent, h2, H2),
+            load_weight_t(tw3, agent, h2, n_act, H2, A), load_bias(tb3, agent, n_act, A), PRECISION,
         )  # fmt: skip
-        w1t = _weight_t(w1, agent, n_in, h1, IN, H1)
-        w2t = _weight_t(w2, agent, h1, h2, H1, H2)
-        w3t = _weight_t(w3, agent, h2, n_act, H2, A)
-        c1, c2, c3 = _bias(b1, agent, h1, H1), _bias(b2, agent, h2, H2), _bias(b3, agent, n_act, A)
+        w1t = load_weight_t(w1, agent, n_in, h1, IN, H1)
+        w2t = load_weight_t(w2, agent, h1, h2, H1, H2)
+        w3t = load_weight_t(w3, agent, h2, n_act, H2, A)
+        c1, c2, c3 = load_bias(b1, agent, h1, H1), load_bias(b2, agent, h2, H2), load_bias(b3, agent, n_act, A)
         if DOUBLE_Q:  # a' = the online network's argmax (the first of equal maxima), valued by the target
             _, _, qo = _mlp(nx, w1t, c1, w2t, c2, w3t, c3, PRECISION)
             best = tl.argmax(tl.where(real, qo, float("-inf")), axis=1)
@@ -385,4 +386,40 @@ def population_learn_step(
         float(soft_tau) if soft_tau is not None and tau_t is None else 0.0,
         BLOCK_P=BLOCK_P, N_BLOCKS=max(2, triton.next_power_of_2(blocks)), CLIP=max_grad_norm > 0,
         SOFT=soft_tau is not None, TAU_PER_AGENT=tau_t is not None,
+    )  # fmt: skip
+
+
+def adam_learn_step(
+    params: list[torch.Tensor],
+    targets: list[torch.Tensor],
+    optimizer: torch.optim.Adam,
+    lr: torch.Tensor,
+    x: torch.Tensor,
+    next_x: torch.Tensor,
+    action: torch.Tensor,
+    reward: torch.Tensor,
+    done: torch.Tensor,
+    weights: torch.Tensor,
+    sums: torch.Tensor,
+    td: torch.Tensor,
+    **settings: Any,
+) -> None:
+    """:func:`population_learn_step` for one network (its parameters ``[out, in]`` and ``[out]``, a
+    batch ``[B, ...]``, ``sums`` ``[3]``, ``td`` ``[B]``) on ``optimizer``'s own state: a population
+    of one, every tensor a view. ``lr``: [1] float64 on the device; the optimizer's step counts must
+    be one tensor (:func:`gper.dqn.fused_adam.share_step_counts`), which the kernels advance once.
+    ``settings``: :func:`population_learn_step`'s keywords but Adam's, which come from ``optimizer``."""
+    from gper.dqn.fused_adam import adam_state
+
+    _, exp_avgs, exp_avg_sqs, steps = adam_state(optimizer)
+    group = optimizer.param_groups[0]
+    beta1, beta2 = group["betas"]
+    x, next_x = x.unsqueeze(0), next_x.unsqueeze(0)
+    if next_x.stride() != x.stride() or x.stride(2) != 1:
+        x, next_x = x.contiguous(), next_x.contiguous()
+    one = lambda ts: [t.detach().unsqueeze(0) for t in ts]  # noqa: E731
+    population_learn_step(
+        one(params), one(targets), one(exp_avgs), one(exp_avg_sqs), steps[0].view(1), lr, x, next_x,
+        action.unsqueeze(0), reward.unsqueeze(0), done.unsqueeze(0), weights.unsqueeze(0).contiguous(),
+        sums.view(1, -1), td.view(1, -1), beta1=beta1, beta2=beta2, eps=group["eps"], **settings,
     )  # fmt: skip

@@ -5,6 +5,9 @@ seed): the grid is the product of the sweeps' values, in the order the sweeps ar
 varies slowest), and each grid point gets ``population`` agents. Agent ``i`` (counting grid point
 by grid point) has the seed ``seed + i`` and its grid point's settings, so it trains as the single
 run ``gper train --seed <seed + i> --<name> <value> ...`` does.
+
+:class:`PerAgent` holds the settings the agents may hold apart as the steps read them, and
+:func:`check_shared` refuses agents that differ in anything else.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Sequence
+
+import torch
 
 from gper.dqn.config import Config
 
@@ -82,3 +87,52 @@ def agent_configs(cfg: Config, population: int, sweeps: Sequence[Sweep] = ()) ->
 def label(cfg: Config, sweeps: Sequence[Sweep]) -> str:
     """An agent's grid point as text (``learning_rate=0.001 gamma=0.99``), or "" without sweeps."""
     return " ".join(f"{s.name}={getattr(cfg, s.name):g}" for s in sweeps)
+
+
+@dataclasses.dataclass(frozen=True)
+class PerAgent:
+    """The settings the agents may hold apart, as the steps use them: each a float where every
+    agent has the same value (the single agent's arithmetic exactly), else one per agent."""
+
+    gamma: float | torch.Tensor
+    """the discount: a float, or [N, 1] float32"""
+    tau: float | list[float]
+    """the soft target update's rate"""
+    eps_start: torch.Tensor
+    """[N] float64 exploration rate at the start"""
+    eps_span: torch.Tensor
+    """[N] float64 eps_end - eps_start"""
+    decay: torch.Tensor
+    """[N] float64 env steps of the decay: exploration_fraction * total_steps"""
+
+    @staticmethod
+    def of(cfgs: Sequence[Config], device: torch.device) -> PerAgent:
+        def f64(values: list[float]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.float64, device=device)
+
+        gammas = [c.gamma for c in cfgs]
+        taus = [c.tau for c in cfgs]
+        return PerAgent(
+            gamma=gammas[0] if len(set(gammas)) == 1 else torch.tensor(gammas, device=device).view(-1, 1),
+            tau=taus[0] if len(set(taus)) == 1 else taus,
+            eps_start=f64([c.eps_start for c in cfgs]),
+            eps_span=f64([c.eps_end - c.eps_start for c in cfgs]),
+            decay=f64([c.exploration_fraction * c.total_steps for c in cfgs]),
+        )
+
+
+def check_shared(cfgs: Sequence[Config]) -> None:
+    """Agents' settings that may differ are the sweepable ones and the seed; any other difference
+    is refused (the agents share one architecture, one replay layout and one schedule)."""
+    first = dataclasses.asdict(cfgs[0])
+    for cfg in cfgs[1:]:
+        theirs = dataclasses.asdict(cfg)
+        differ = sorted(k for k in first if k not in SWEEPABLE and k != "seed" and first[k] != theirs[k])
+        if differ:
+            raise ValueError(f"the agents of a population may differ in {', '.join(SWEEPABLE)} only, not in {differ}")
+    if len({cfg.tau >= 1.0 for cfg in cfgs}) > 1:
+        # one schedule of target updates for all: hard copies every target_every steps, or soft ones
+        raise ValueError(
+            "a population's tau values must all be 1 (hard target updates) or all below 1 (soft ones), got "
+            f"{sorted({cfg.tau for cfg in cfgs})}"
+        )
