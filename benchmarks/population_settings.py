@@ -7,7 +7,8 @@ environments an agent). This script times the same iteration (the same bench,
 * ``preset-128``: the preset with a (128, 128) network, which the one-kernel learn step
   (:mod:`gper.dqn.population_fused_learn`) holds;
 * ``purejaxrl``: PureJaxRL's DQN settings as ``gper bench trainers`` runs gper at them (10
-  environments, a (120, 84) network, batch 128, uniform replay, no double-Q, no clipping).
+  environments, a (120, 84) network, batch 128, uniform replay, no double-Q, no clipping, the
+  squared-error loss).
 
 With ``--kernel`` it also times the learn kernel alone (CUDA events, median of repeats) for each
 chunk size and warp count, at the settings' shapes, to pick the defaults. Writes the bench's files
@@ -33,61 +34,96 @@ SETTINGS = {
     "preset-128": {"hidden": (128, 128)},
     "purejaxrl": {
         "num_envs": 10, "hidden": (120, 84), "batch_size": 128, "buffer_size": 10_000, "sampling": "uniform",
-        "double_q": False, "max_grad_norm": 0.0, "target_every": 50,
+        "double_q": False, "max_grad_norm": 0.0, "target_every": 50, "loss": "mse",
     },
 }  # fmt: skip
 
 
+#: (rows, warps) variants of the learn kernel's gradient programs; the others are checked against the first
+KERNEL_VARIANTS = ((32, 8), (32, 4), (64, 4), (64, 8), (128, 4), (128, 8), (128, 16))
+
+
 def kernel_sweep(device: torch.device, agents: list[int], out: Path) -> None:
-    """Time population_learn_step alone at each setting's shapes, chunk size and warp count."""
+    """Time population_learn_step alone at each setting's shapes, chunk size and warp count, replayed
+    from a CUDA graph of 20 calls (no launch overhead), and check each variant's first step against
+    the default's from the same state (TD errors and parameters)."""
     import gper.dqn.population_fused_learn as fl
     from gper.dqn.population_adam import PopulationAdam
     from gper.dqn.population_net import stacked_init
 
     rows = []
-    shapes = {"preset-128": ((128, 128), 256, True, 10.0), "purejaxrl": ((120, 84), 128, False, 0.0)}
-    for name, (hidden, batch, double_q, clip) in shapes.items():
+    default = KERNEL_VARIANTS[0]
+    shapes = {
+        "preset-128": ((128, 128), 256, True, 10.0, "huber"),
+        "purejaxrl": ((120, 84), 128, False, 0.0, "mse"),
+    }
+    for name, (hidden, batch, double_q, clip, loss) in shapes.items():
         for n in agents:
-            online = stacked_init(list(range(n)), 4, 2, hidden, device=device)
-            target = online.detached_copy()
-            adam = PopulationAdam(list(online.parameters()), lr=1e-4, capturable=True, backend="triton")
-            rows_w = torch.randn(n, batch, 2, 4, device=device)
+            g = torch.Generator(device=device).manual_seed(n)
+            rows_w = torch.randn(n, batch, 2, 4, device=device, generator=g)
             x, nx = rows_w[:, :, 0], rows_w[:, :, 1]
-            action = torch.randint(0, 2, (n, batch), device=device)
-            reward, done = torch.randn(n, batch, device=device), torch.zeros(n, batch, device=device)
-            weights, td = torch.ones(n, batch, device=device), torch.zeros(n, batch, device=device)
-            sums = torch.zeros(n, 3, dtype=torch.float64, device=device)
-            step = functools.partial(
-                fl.population_learn_step,
-                list(online.parameters()), list(target.parameters()), adam.exp_avgs, adam.exp_avg_sqs,
-                adam.steps, adam.device_lr, x, nx, action, reward, done, weights, sums, td,
-                gamma=0.99, double_q=double_q, max_grad_norm=clip, soft_tau=None, precision="tf32",
-            )  # fmt: skip
-            for block, warps in ((16, 4), (16, 8), (32, 4), (32, 8), (32, 16), (64, 8), (64, 16)):
-                fl.BLOCK_B, fl.NUM_WARPS = block, warps
+            action = torch.randint(0, 2, (n, batch), device=device, generator=g)
+            reward, done = torch.randn(n, batch, device=device, generator=g), torch.zeros(n, batch, device=device)
+            weights = torch.rand(n, batch, device=device, generator=g) + 0.5
+            reference = None
+            for block, warps in KERNEL_VARIANTS:
+                torch.manual_seed(0)
+                online = stacked_init(list(range(n)), 4, 2, hidden, device=device)
+                target = online.detached_copy()
+                adam = PopulationAdam(list(online.parameters()), lr=1e-3, capturable=True, backend="triton")
+                td = torch.zeros(n, batch, device=device)
+                sums = torch.zeros(n, 3, dtype=torch.float64, device=device)
+                step = functools.partial(
+                    fl.population_learn_step,
+                    list(online.parameters()), list(target.parameters()), adam.exp_avgs, adam.exp_avg_sqs,
+                    adam.steps, adam.device_lr, x, nx, action, reward, done, weights, sums, td,
+                    gamma=0.99, double_q=double_q, max_grad_norm=clip, soft_tau=None, precision="tf32", loss=loss,
+                    rows=block, num_warps=warps,
+                )  # fmt: skip
                 try:
-                    for _ in range(3):
-                        step()
+                    step()
                 except Exception as exc:  # a variant that does not compile (shared memory, say)
-                    rows.append([name, str(n), str(block), str(warps), type(exc).__name__])
+                    rows.append([name, str(n), str(block), str(warps), type(exc).__name__, "-"])
                     print(*rows[-1], flush=True)
                     continue
+                state = [td.clone(), *[p.detach().clone() for p in online.parameters()]]
+                if reference is None:
+                    reference, diff = state, 0.0
+                else:
+                    diff = max(float((a - b).abs().max()) for a, b in zip(state, reference, strict=True))
+                stream = torch.cuda.Stream(device)
+                stream.wait_stream(torch.cuda.current_stream(device))
+                with torch.cuda.stream(stream):
+                    for _ in range(3):
+                        step()
+                torch.cuda.current_stream(device).wait_stream(stream)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    for _ in range(20):
+                        step()
+                graph.replay()
                 times = []
-                for _ in range(7):
+                for _ in range(9):
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     start.record()
-                    for _ in range(50):
-                        step()
+                    graph.replay()
                     end.record()
                     end.synchronize()
-                    times.append(start.elapsed_time(end) * 1e3 / 50)
-                rows.append([name, str(n), str(block), str(warps), f"{statistics.median(times):,.1f}"])
+                    times.append(start.elapsed_time(end) * 1e3 / 20)
+                rows.append([name, str(n), str(block), str(warps), f"{statistics.median(times):,.1f}", f"{diff:.1e}"])
                 print(*rows[-1], flush=True)
-    fl.BLOCK_B, fl.NUM_WARPS = 32, 8
     env = environment(device)
     md = [f"# The fused learn kernel alone: {env['device']}", "", header_line(env, "population_settings --kernel"), ""]
-    md += ["population_learn_step back to back (no graph), µs a call, median of 7 x 50 calls", ""]
-    md += [format_markdown(["settings", "agents", "BLOCK_B", "warps", "µs"], rows, [False, True, True, True, True])]
+    md += [
+        "population_learn_step replayed from a CUDA graph of 20 calls, µs a call, median of 9 replays; "
+        f"max |diff|: the largest difference of the first step's TD errors and parameters from the "
+        f"{default[0]}-row, {default[1]}-warp variant's, from the same state; the rule in gper "
+        f"(population_fused_learn.block_rows) picks {fl.BLOCK_B} rows, or {fl.BLOCK_B_WIDE} once "
+        "that grid fills every multiprocessor",
+        "",
+    ]
+    headers = ["settings", "agents", "rows", "warps", "µs", "max |diff|"]
+    md += [format_markdown(headers, rows, [False, True, True, True, True, True])]
     files = ResultFiles(out, env, None, prefix="fused-learn-kernel")
     files.write_markdown("\n".join(md) + "\n")
     print(f"wrote {files.md_path}")

@@ -177,9 +177,23 @@ def test_cli_flags():
     cfg = trainers_cmd.trainers_config(args)
     assert (cfg.seeds, cfg.total_steps, cfg.trainers) == ((1, 16), 5000, ("purejaxrl", "gper"))
     default = trainers_cmd.trainers_config(command.build_parser().parse_args(["trainers"]))
-    assert default.seeds == (1, 16, 64, 256) and default.total_steps is None
+    assert default.seeds == (1, 16, 64, 256) and default.total_steps is None and default.preset_seeds is None
+    fewer = command.build_parser().parse_args(["trainers", "--seeds", "1", "16", "--preset-seeds", "1"])
+    assert trainers_cmd.trainers_config(fewer).preset_seeds == (1,)
     with pytest.raises(SystemExit, match="--seeds must be >= 1"):
         trainers_cmd.trainers_config(command.build_parser().parse_args(["trainers", "--seeds", "0"]))
+    with pytest.raises(SystemExit, match="--preset-seeds must be >= 1"):
+        trainers_cmd.trainers_config(command.build_parser().parse_args(["trainers", "--preset-seeds", "0"]))
+
+
+def test_the_preset_rows_run_at_their_own_seed_counts(monkeypatch):
+    ran = []
+    monkeypatch.setattr(gper_run, "run_gper", lambda fields, n, log: ran.append(n) or {"seeds": n})
+    rows = run.gper_rows(run.TrainersBenchConfig(seeds=(1, 16, 64), preset_seeds=(1,), device="cpu"))
+    assert [(r["settings"], r["seeds"]) for r in rows] == [
+        ("cartpole preset", 1), ("PureJaxRL's settings", 1), ("PureJaxRL's settings", 16), ("PureJaxRL's settings", 64)
+    ]  # fmt: skip
+    assert ran == [1, 1, 16, 64]
 
 
 def test_purejaxrl_config_read_from_the_file():
@@ -196,6 +210,7 @@ def test_gper_at_purejaxrl_settings():
     want = dict(num_envs=10, hidden=(120, 84), batch_size=128, buffer_size=10000, sampling="uniform")
     want |= dict(train_every=1, target_every=50, tau=1.0, total_steps=500_000, learning_starts=10000)
     want |= dict(exploration_fraction=0.5, eps_end=0.05, learning_rate=2.5e-4, double_q=False, max_grad_norm=0.0)
+    want |= dict(loss="mse")  # jnp.mean((chosen_action_qvals - target) ** 2)
     assert {k: fields[k] for k in want} == want
     preset, pjx = gper_run.gper_configs(purejaxrl_run.default_config(), "cpu")
     # both are settings gper accepts: every field resolves and passes its checks

@@ -130,11 +130,13 @@ def test_fixed_batch_source_feeds_every_learn_step(device):
     assert all(torch.isfinite(p).all() for p in agent.qnet.parameters())
 
 
-def test_a_learn_step_from_a_fixed_batch_is_the_dqn_update():
-    """One learn step against the same update written out (double-Q, Huber x IS weights, clipping, Adam)."""
+@pytest.mark.parametrize("loss", ["huber", "mse"])
+def test_a_learn_step_from_a_fixed_batch_is_the_dqn_update(loss):
+    """One learn step against the same update written out (double-Q, Huber or squared error x IS
+    weights, clipping, Adam)."""
     fields = _transitions(BATCH, CPU, seed=3)
     weights = torch.rand(BATCH, generator=torch.Generator().manual_seed(4)) + 0.5
-    agent = _learner(CPU, batch_source=lambda: FixedBatch(fields, weights))
+    agent = _learner(CPU, batch_source=lambda: FixedBatch(fields, weights), loss=loss)
     cfg = agent.cfg
     qnet, target = copy.deepcopy(agent.qnet), copy.deepcopy(agent.target)
     optimizer = torch.optim.Adam(qnet.parameters(), lr=cfg.learning_rate)
@@ -143,7 +145,8 @@ def test_a_learn_step_from_a_fixed_batch_is_the_dqn_update():
         next_action = qnet(fields["next_obs"]).argmax(dim=1, keepdim=True)
         next_q = target(fields["next_obs"]).gather(1, next_action).squeeze(1)
         y = fields["reward"] + cfg.gamma * (1.0 - fields["done"]) * next_q
-    loss = (F.huber_loss(q, y, reduction="none", delta=1.0) * weights).mean()
+    each = F.huber_loss(q, y, reduction="none", delta=1.0) if loss == "huber" else (q - y) * (q - y)
+    loss = (each * weights).mean()
     loss.backward()
     nn.utils.clip_grad_norm_(qnet.parameters(), cfg.max_grad_norm)
     optimizer.step()

@@ -131,7 +131,9 @@ def test_where_the_fused_collect_applies():
     assert not Agent(cfg, env, build_replay(cfg, env.obs_dim, CPU), 100).fused_collect  # on CUDA only, by default
 
 
-@pytest.mark.parametrize("changes", [{}, {"tau": 0.05, "max_grad_norm": 0.5, "double_q": False}])
+@pytest.mark.parametrize(
+    "changes", [{}, {"tau": 0.05, "max_grad_norm": 0.5, "double_q": False}, {"loss": "mse", "double_q": False}]
+)
 def test_the_single_agents_fused_learn_is_its_learn_step(changes):
     """Agent(fused_learn=True): the population's learn kernels for one agent, on the optimizer's own
     state, against the learn step's torch ops, from the same replay: TD errors, sums, parameters,

@@ -30,12 +30,12 @@ def _inputs(b: int, a: int, seed: int, flat: bool) -> dict:
     )
 
 
-def _run(backend: str, inputs: dict, double_q: bool, gamma: float | None, scale: float = 1.0):
+def _run(backend: str, inputs: dict, double_q: bool, gamma: float | None, scale: float = 1.0, loss: str = "huber"):
     """(loss, td, dq, sums) of one call and a backward of ``scale * loss``."""
     q = inputs["q"].detach().clone().requires_grad_()
     args = dict(inputs, q=q, q_next_online=inputs["q_next_online"] if double_q else None)
     sums = torch.full((3,), 0.5, dtype=torch.float64)
-    loss, td = td_loss(**args, gamma=gamma, sums=sums, backend=backend)
+    loss, td = td_loss(**args, gamma=gamma, sums=sums, backend=backend, loss=loss)
     (scale * loss).backward()
     return loss.detach(), td, q.grad, sums
 
@@ -43,9 +43,11 @@ def _run(backend: str, inputs: dict, double_q: bool, gamma: float | None, scale:
 @pytest.mark.parametrize("b, a", [(1, 2), (33, 45), (130, 7)])
 @pytest.mark.parametrize("double_q", [True, False])
 @pytest.mark.parametrize("gamma", [0.99, None], ids=["flat", "trajectory"])
-def test_kernels_match_the_reference(b, a, double_q, gamma):
+@pytest.mark.parametrize("loss", ["huber", "mse"])
+def test_kernels_match_the_reference(b, a, double_q, gamma, loss):
     inputs = _inputs(b, a, seed=b + a, flat=gamma is not None)
-    got, want = _run("triton", inputs, double_q, gamma), _run("torch", inputs, double_q, gamma)
+    got = _run("triton", inputs, double_q, gamma, loss=loss)
+    want = _run("torch", inputs, double_q, gamma, loss=loss)
     for g, w, name in zip(got, want, ("loss", "td", "dq", "sums"), strict=True):
         torch.testing.assert_close(g, w, **TOL, msg=lambda m, n=name: f"{n}: {m}")
 
@@ -59,6 +61,26 @@ def test_the_reference_is_the_trainers_expression():
     loss = (F.huber_loss(q, y, reduction="none", delta=1.0) * x["weights"]).mean()
     got, td = td_loss(**x, gamma=0.9, backend="torch")
     assert torch.equal(got, loss) and torch.equal(td, (q - y).detach())
+
+
+def test_the_squared_error_reference_is_pure_jax_rls_expression():
+    """loss="mse": the max-Q target from the done flags, mean((q[a] - y)^2 * w) with no 1/2, written
+    out element by element; its gradient 2 (q[a] - y) w / B at the action."""
+    x = _inputs(12, 3, seed=4, flat=True)
+    got, td, dq, _ = _run("torch", x, double_q=False, gamma=0.9, loss="mse")
+    want, grad = 0.0, torch.zeros(12, 3)
+    for i in range(12):
+        a = int(x["action"][i])
+        y = float(x["reward"][i]) + 0.9 * (1.0 - float(x["discount"][i])) * float(x["q_next_target"][i].max())
+        d = float(x["q"][i, a].detach()) - y
+        want += d * d * float(x["weights"][i]) / 12
+        grad[i, a] = 2.0 * d * float(x["weights"][i]) / 12
+    torch.testing.assert_close(got, torch.tensor(want), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(dq, grad, atol=1e-6, rtol=1e-5)
+    kernel = _run("triton", x, double_q=False, gamma=0.9, loss="mse")
+    torch.testing.assert_close(kernel[0], got, **TOL)
+    torch.testing.assert_close(kernel[2], dq, **TOL)
+    assert not torch.allclose(got, _run("torch", x, double_q=False, gamma=0.9)[0])  # not Huber's
 
 
 def test_edge_cases_td_of_exactly_one_zero_weights_zero_discount():
@@ -137,5 +159,7 @@ def test_bad_inputs_are_refused_in_one_line():
         td_loss(**dict(x, q_next_online=torch.zeros(10, 4)), gamma=0.99, backend="triton")
     with pytest.raises(ValueError, match="sums must be"):
         td_loss(**x, gamma=0.99, sums=torch.zeros(3), backend="triton")
+    with pytest.raises(ValueError, match="loss must be one of"):
+        td_loss(**x, gamma=0.99, backend="torch", loss="l1")
     with pytest.raises(ValueError, match="backend"):
         td_loss(**x, gamma=0.99, backend="cuda")

@@ -67,7 +67,9 @@ BACKENDS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(not TRITON_
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("change", [{}, dict(tau=0.1, max_grad_norm=0.0), dict(double_q=False)], ids=str)
+@pytest.mark.parametrize(
+    "change", [{}, dict(tau=0.1, max_grad_norm=0.0), dict(double_q=False), dict(loss="mse")], ids=str
+)
 def test_the_fused_learn_step_is_the_learn_step(backend, change):
     """Drawn from the replay (priorities updated from the TD errors) and from a fixed batch with IS
     weights: parameters, target, optimizer state, priorities and sums after a few steps. The torch
@@ -84,7 +86,8 @@ def test_the_fused_learn_step_is_the_learn_step(backend, change):
         slots = torch.arange(256)
         torch.testing.assert_close(fused.rb.priorities(slots), plain.rb.priorities(slots), **tol)
         torch.testing.assert_close(fused.learn_state.td, plain.learn_state.td, **tol)
-        torch.testing.assert_close(fused.sums, plain.sums, atol=1e-6, rtol=1e-6)
+        # float32 means summed in another order: a few ulp of the loss (the squared error's is ~2)
+        torch.testing.assert_close(fused.sums, plain.sums, atol=1e-6, rtol=1e-5)
         a, b = fused.optimizer.state_dict()["state"], plain.optimizer.state_dict()["state"]
         assert a.keys() == b.keys() and all(torch.equal(a[k]["step"], b[k]["step"]) for k in a)
         assert fused.counters[1].item() == plain.counters[1].item() == 4

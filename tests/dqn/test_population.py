@@ -50,7 +50,7 @@ def _batch(n: int, b: int, obs_dim: int, n_actions: int, seed: int = 0) -> dict[
     }
 
 
-def _single_loss(qnet, target, batch, i, gamma=0.99, double_q=True):
+def _single_loss(qnet, target, batch, i, gamma=0.99, double_q=True, loss="huber"):
     """Agent._fwd_bwd's loss for agent i's batch (flat replay), in its own words; the observations
     fresh tensors, as a single agent's batch (aligned)."""
     x, next_x, action = batch["x"][i].clone(), batch["next_x"][i].clone(), batch["action"][i]
@@ -62,8 +62,8 @@ def _single_loss(qnet, target, batch, i, gamma=0.99, double_q=True):
         else:
             next_q = next_target.max(dim=1).values
         y = batch["reward"][i] + gamma * (1.0 - batch["done"][i]) * next_q
-    loss = (F.huber_loss(q, y, reduction="none", delta=1.0) * batch["weights"][i]).mean()
-    return loss, (q - y).detach()
+    each = F.huber_loss(q, y, reduction="none", delta=1.0) if loss == "huber" else (q - y) ** 2
+    return (each * batch["weights"][i]).mean(), (q - y).detach()
 
 
 def _assert_agents_equal(stacked: StackedQNetwork, nets: list[QNetwork], grads: bool = False) -> None:
@@ -174,10 +174,11 @@ def test_network_refusals():
 # ---- the loss
 
 
+@pytest.mark.parametrize("loss", ["huber", "mse"])
 @pytest.mark.parametrize("double_q", [True, False])
 @pytest.mark.parametrize("n", [1, 3])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_loss_td_and_gradients_are_the_single_agents(n, shape, double_q):
+def test_loss_td_and_gradients_are_the_single_agents(n, shape, double_q, loss):
     obs_dim, hidden, n_actions, b = shape
     nets = _singles(n, obs_dim, hidden, n_actions)
     targets = _singles(n, obs_dim, hidden, n_actions, seed=50)
@@ -186,20 +187,20 @@ def test_loss_td_and_gradients_are_the_single_agents(n, shape, double_q):
     sums = torch.zeros(n, 3, dtype=torch.float64)
     total, losses, td = population_loss(
         stacked, stacked_target, batch["x"], batch["next_x"], batch["action"], batch["reward"], batch["done"],
-        batch["weights"], gamma=0.99, double_q=double_q, sums=sums,
+        batch["weights"], gamma=0.99, double_q=double_q, sums=sums, loss=loss,
     )  # fmt: skip
     total.backward()
     for i in range(n):
-        loss, ref_td = _single_loss(nets[i], targets[i], batch, i, double_q=double_q)
-        loss.backward()
-        assert torch.equal(losses[i], loss.detach()), f"agent {i} loss"
+        single, ref_td = _single_loss(nets[i], targets[i], batch, i, double_q=double_q, loss=loss)
+        single.backward()
+        assert torch.equal(losses[i], single.detach()), f"agent {i} loss"
         assert torch.equal(td[i], ref_td), f"agent {i} TD errors"
         ref_sums = torch.zeros(3, dtype=torch.float64)
         x, next_x = batch["x"][i].clone(), batch["next_x"][i].clone()
         td_loss(
             nets[i](x), nets[i](next_x) if double_q else None, targets[i](next_x),
             batch["action"][i], batch["reward"][i], batch["done"][i], batch["weights"][i],
-            gamma=0.99, sums=ref_sums, backend="torch",
+            gamma=0.99, sums=ref_sums, backend="torch", loss=loss,
         )  # fmt: skip
         assert torch.equal(sums[i], ref_sums), f"agent {i} sums"
     _assert_agents_equal(stacked, nets, grads=True)
@@ -235,6 +236,8 @@ def test_loss_refusals():
         population_td_loss(q, torch.zeros(2, 4, 2), q, **ok, weights=ok["reward"])
     with pytest.raises(ValueError, match=r"sums must be \[N=2, 3\] float64"):
         population_td_loss(q, None, q, **ok, weights=ok["reward"], sums=torch.zeros(3, dtype=torch.float64))
+    with pytest.raises(ValueError, match="loss must be one of"):
+        population_td_loss(q, None, q, **ok, weights=ok["reward"], loss="l1")
 
 
 # ---- clipping, Adam, target updates

@@ -48,13 +48,13 @@ def _population(n_in, hidden, n_act, device="cpu"):
     return online, target
 
 
-def _reference(online, target, adam, batch, *, gamma, double_q, max_norm, tau):
+def _reference(online, target, adam, batch, *, gamma, double_q, max_norm, tau, loss):
     x, nx, action, reward, done, weights = batch
     sums = torch.zeros(N, 3, dtype=torch.float64, device=x.device)
     adam.zero_grad()
     total, _, td = population_loss(
         online, target, x, nx, action, reward, done, weights,
-        gamma=gamma, double_q=double_q, sums=sums, batched=True,
+        gamma=gamma, double_q=double_q, sums=sums, batched=True, loss=loss,
     )  # fmt: skip
     total.backward()
     grads = [p.grad for p in online.parameters()]
@@ -66,25 +66,23 @@ def _reference(online, target, adam, batch, *, gamma, double_q, max_norm, tau):
 
 
 @pytest.mark.parametrize(
-    "n_in, hidden, n_act, double_q, max_norm, tau, gamma",
+    "n_in, hidden, n_act, double_q, max_norm, tau, gamma, loss",
     [
-        (4, (24, 20), 2, True, 10.0, None, 0.99),  # cartpole-like: double-Q, clipped, hard target
-        (4, (24, 20), 3, False, 0.0, 0.05, 0.9),  # max over the target, no clipping, soft target
-        (12, (40, 17), 5, True, 0.05, "per agent", "per agent"),  # clipping that bites; rates per agent
-        (16, (128, 128), 16, True, 1.0, 0.5, 0.95),  # the widest the kernel holds
+        (4, (24, 20), 2, True, 10.0, None, 0.99, "huber"),  # cartpole-like: double-Q, clipped, hard target
+        (4, (24, 20), 3, False, 0.0, 0.05, 0.9, "huber"),  # max over the target, no clipping, soft target
+        (12, (40, 17), 5, True, 0.05, "per agent", "per agent", "huber"),  # clipping that bites; rates per agent
+        (16, (128, 128), 16, True, 1.0, 0.5, 0.95, "huber"),  # the widest the kernel holds
+        (4, (24, 20), 2, False, 0.0, None, 0.99, "mse"),  # PureJaxRL's step: max-Q target, squared error
+        (12, (40, 17), 5, True, 0.05, 0.05, 0.9, "mse"),  # the squared error with clipping that bites
     ],
 )
-@pytest.mark.parametrize("block_rows", [None, 64], ids=["default-rows", "64-rows"])
-def test_the_kernel_is_the_torch_step(
-    device, n_in, hidden, n_act, double_q, max_norm, tau, gamma, block_rows, monkeypatch
-):
+@pytest.mark.parametrize("rows", [32, 64], ids=["32-rows", "64-rows"])
+def test_the_kernel_is_the_torch_step(device, n_in, hidden, n_act, double_q, max_norm, tau, gamma, loss, rows):
     _runs_on(device)
-    if block_rows is not None:  # the larger chunk (faster at many agents, not the default yet)
-        monkeypatch.setattr(fused_learn, "BLOCK_B", block_rows)
-    _check_against_torch(device, n_in, hidden, n_act, double_q, max_norm, tau, gamma)
+    _check_against_torch(device, n_in, hidden, n_act, double_q, max_norm, tau, gamma, loss, rows)
 
 
-def _check_against_torch(device, n_in, hidden, n_act, double_q, max_norm, tau, gamma):
+def _check_against_torch(device, n_in, hidden, n_act, double_q, max_norm, tau, gamma, loss="huber", rows=None):
     assert fused_learn_supported(n_in, hidden, n_act)
     online, target = _population(n_in, hidden, n_act, device)
     ref_online, ref_target = online.detached_copy().requires_grad_(True), target.detached_copy()
@@ -101,12 +99,12 @@ def _check_against_torch(device, n_in, hidden, n_act, double_q, max_norm, tau, g
         population_learn_step(
             list(online.parameters()), list(target.parameters()), adam.exp_avgs, adam.exp_avg_sqs, adam.steps,
             adam.device_lr, *batch, sums, td,
-            gamma=discount, double_q=double_q, max_grad_norm=max_norm, soft_tau=rate,
+            gamma=discount, double_q=double_q, max_grad_norm=max_norm, soft_tau=rate, loss=loss, rows=rows,
         )  # fmt: skip
         ref_td, step_sums = _reference(
             ref_online, ref_target, ref_adam, batch,
             gamma=discount.view(-1, 1) if isinstance(discount, torch.Tensor) else discount,
-            double_q=double_q, max_norm=max_norm, tau=rate,
+            double_q=double_q, max_norm=max_norm, tau=rate, loss=loss,
         )  # fmt: skip
         ref_sums += step_sums
         torch.testing.assert_close(td, ref_td, rtol=1e-5, atol=1e-5)
@@ -151,12 +149,29 @@ def test_what_the_kernel_does_not_hold():
     online = StackedQNetwork(N, 4, 2, (256, 64))
     target = online.detached_copy()
     adam = PopulationAdam(list(online.parameters()), lr=1e-3, capturable=True, backend="triton")
+    with pytest.raises(ValueError, match="rows must be a power of two"):
+        population_learn_step(
+            list(online.parameters()), list(target.parameters()), adam.exp_avgs, adam.exp_avg_sqs, adam.steps,
+            adam.lr, *_batch(4, 2, seed=0), torch.zeros(N, 3, dtype=torch.float64), torch.zeros(N, B),
+            gamma=0.99, double_q=True, max_grad_norm=10.0, soft_tau=None, rows=48,
+        )  # fmt: skip
     with pytest.raises(ValueError, match="widths up to"):
         population_learn_step(
             list(online.parameters()), list(target.parameters()), adam.exp_avgs, adam.exp_avg_sqs, adam.steps,
             adam.lr, *_batch(4, 2, seed=0), torch.zeros(N, 3, dtype=torch.float64), torch.zeros(N, B),
             gamma=0.99, double_q=True, max_grad_norm=10.0, soft_tau=None,
         )  # fmt: skip
+
+
+def test_the_wide_chunk_serves_grids_that_fill_the_gpu(device):
+    """32 rows a program while the grid is small, 64 once the 64-row grid still fills every multiprocessor."""
+    rule = fused_learn.block_rows
+    if device.type == "cpu":
+        assert rule(256, 256, device) == fused_learn.BLOCK_B == 32
+        return
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    assert rule(1, 128, device) == 32 and rule(sms, 64, device) == 64 and rule(sms - 1, 64, device) == 32
+    assert rule((sms + 1) // 2, 128, device) == 64 and rule(256, 128, device) == 64
 
 
 def _trained(fused: bool, iterations: int, device: str = "cpu", **changes):
@@ -186,7 +201,9 @@ def _trained(fused: bool, iterations: int, device: str = "cpu", **changes):
 
 
 @needs_interpreter
-@pytest.mark.parametrize("changes", [{}, {"tau": 0.1, "max_grad_norm": 0.0}], ids=["hard-clipped", "soft"])
+@pytest.mark.parametrize(
+    "changes", [{}, {"tau": 0.1, "max_grad_norm": 0.0}, {"loss": "mse"}], ids=["hard-clipped", "soft", "mse"]
+)
 def test_a_population_learns_through_the_kernel_as_through_the_torch_ops(changes):
     fused, ref = _trained(True, 8 + 12, **changes), _trained(False, 8 + 12, **changes)
     assert fused.fused_learn and list(fused.learn.phases) == ["per_sample", "upload", "learn", "per_update"]
@@ -201,7 +218,9 @@ def test_a_population_learns_through_the_kernel_as_through_the_torch_ops(changes
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("changes", [{}, {"tau": 0.1, "max_grad_norm": 0.0}], ids=["hard-clipped", "soft"])
+@pytest.mark.parametrize(
+    "changes", [{}, {"tau": 0.1, "max_grad_norm": 0.0}, {"loss": "mse"}], ids=["hard-clipped", "soft", "mse"]
+)
 def test_on_cuda_in_graphs_the_kernel_learns_as_the_torch_ops(changes):
     fused, ref = _trained(True, 8 + 30, "cuda", **changes), _trained(False, 8 + 30, "cuda", **changes)
     assert fused.learn.use_graphs and ref.learn.use_graphs and fused.fused_learn and not ref.fused_learn

@@ -8,7 +8,8 @@ holds what they pass each other:
 - ``per_sample``: a batch from the batch source (by default drawn from the replay with the
   annealed beta: draw, gather, IS weights).
 - ``upload``: the batch's fields as the network's inputs (strided views of the sampled rows).
-- ``fwd_bwd``: double-Q targets, Huber loss times IS weights, backward; the loss sums on the device.
+- ``fwd_bwd``: double-Q targets, Huber (or squared, ``loss``) loss times IS weights, backward; the loss
+  sums on the device.
   The target is the replay feed's (:mod:`gper.dqn.replay_feed`): ``r + gamma (1 - done) Q'(s')``
   from the flat replay, the n-step ``R + discount Q'(s_m)`` from the trajectory replay.
 - ``grad_sync`` (data-parallel training only, :mod:`gper.training.parallel`): the gradients averaged
@@ -43,7 +44,7 @@ from gper.dqn.batch_source import Batch, BatchSource, LearningOnly
 from gper.dqn.config import Config
 from gper.dqn.fused_act import epsilon_greedy, fused_act_supported
 from gper.dqn.fused_adam import adam_state, adam_step, load_adam_state, share_step_counts
-from gper.dqn.fused_loss import td_loss
+from gper.dqn.fused_loss import elementwise_loss, td_loss
 from gper.dqn.learn_state import LearnState
 from gper.dqn.network import QNetwork, padded_width
 from gper.dqn.population_fused_learn import adam_learn_step, fused_learn_supported
@@ -91,8 +92,8 @@ class Agent:
             (:meth:`fused_collect_applies`); None (default): where it applies; True on the CPU (with
             ``backend="triton"``) runs them under the Triton interpreter (tests).
         fused_learn: the learn step's forwards, loss, backward, clipping, Adam and soft target update
-            in three kernels (:meth:`fused_learn_applies`); None (default): where it applies; True on
-            the CPU (with ``backend="triton"``) runs them under the Triton interpreter (tests).
+            in two kernels, three with clipping (:meth:`fused_learn_applies`); None (default): where it
+            applies; True on the CPU (with ``backend="triton"``) runs them under the Triton interpreter (tests).
     """
 
     def __init__(
@@ -153,7 +154,7 @@ class Agent:
                 "fused_learn needs the Triton kernels, fused_step, TF32 or FP32, the flat replay, one process and a "
                 f"network of two hidden layers of at most 128 units (got hidden={cfg.hidden})"
             )
-        if self.fused_learn:  # fwd_bwd and adam as one phase of three kernels (a population of one)
+        if self.fused_learn:  # fwd_bwd and adam as one phase of two or three kernels (a population of one)
             self._lr = torch.tensor([cfg.learning_rate], dtype=torch.float64, device=device)
             share_step_counts(self.optimizer)
             self.learn_state.td = torch.zeros(cfg.batch_size, device=device)
@@ -287,7 +288,7 @@ class Agent:
                 else:
                     next_q = next_target.max(dim=1).values
                 y = self.feed.target(s, next_q)
-        loss = (F.huber_loss(q, y, reduction="none", delta=1.0) * s.weights).mean()
+        loss = (elementwise_loss(q, y, cfg.loss) * s.weights).mean()
         loss.backward()
         # only detached values outlive the step: a kept autograd graph would hold AccumulateGrad
         # nodes of an earlier step, whose stream then no longer matches a capture's
@@ -319,15 +320,15 @@ class Agent:
         discount, gamma = self.feed.loss_discount(s)
         loss, s.td = td_loss(
             q, next_online, next_target, s.action, s.reward, discount, s.weights,
-            gamma=gamma, sums=self.sums, backend=self.fused_backend,
+            gamma=gamma, sums=self.sums, backend=self.fused_backend, loss=cfg.loss,
         )  # fmt: skip
         loss.backward()
         s.grads = [p.grad for p in self.qnet.parameters()]
 
     def fused_learn_applies(self, grad_sync: object = None, device_type: str | None = "cuda") -> bool:
         """Whether the learn step's forwards, loss, backward, clipping, Adam and soft target update run
-        as the population's three kernels for one agent (:mod:`gper.dqn.population_fused_learn`): on
-        CUDA (``device_type``; None: any device) with the Triton kernels and ``fused_step``, at TF32 or
+        as the population's two or three kernels for one agent (:mod:`gper.dqn.population_fused_learn`):
+        on CUDA (``device_type``; None: any device) with the Triton kernels and ``fused_step``, at TF32 or
         FP32, from the flat replay (1-step targets), in one process, for a network the kernel holds
         (two hidden layers of up to 128 units)."""
         cfg = self.cfg
@@ -338,7 +339,7 @@ class Agent:
         )  # fmt: skip
 
     def _learn_fused(self) -> None:
-        # _fwd_bwd_fused and _adam_fused in three launches: the same loss, targets, clipping, Adam
+        # _fwd_bwd_fused and _adam_fused in two or three launches: the same loss, targets, clipping, Adam
         # (on the optimizer's own state, so its state_dict stays the checkpoint) and soft update
         s, cfg = self.learn_state, self.cfg
         adam_learn_step(
@@ -346,6 +347,7 @@ class Agent:
             s.x, s.next_x, s.action, s.reward, s.done, s.weights, self.sums, s.td,
             gamma=cfg.gamma, double_q=cfg.double_q, max_grad_norm=cfg.max_grad_norm,
             soft_tau=cfg.tau if cfg.tau < 1.0 else None, precision="tf32" if cfg.precision == "tf32" else "ieee",
+            loss=cfg.loss,
         )  # fmt: skip
         self.counters[1] += 1
 

@@ -93,6 +93,9 @@ class Config:
     """training steps between hard target updates (tau = 1)"""
     double_q: bool = True
     """double-Q targets: the online network picks the next action, the target network values it"""
+    loss: Literal["huber", "mse"] = "huber"
+    """the TD loss, times each transition's IS weight: huber (delta 1: DQN's, SB3's, CleanRL's) or
+    mse, the squared error (PureJaxRL's: larger steps where TD errors are large)"""
     sampling: Literal["proportional", "stratified", "rank", "uniform"] = "proportional"
     """replay sampling; uniform turns prioritization off (IS weights all 1); rank re-sorts once an epoch"""
     alpha: float = 0.6

@@ -1,8 +1,9 @@
-"""The DQN loss in one kernel: double-Q (or max-Q) targets, Huber loss times IS weights, TD errors.
+"""The DQN loss in one kernel: double-Q (or max-Q) targets, Huber (or squared) loss times IS weights, TD errors.
 
 :func:`td_loss` is what the trainer's ``fwd_bwd`` phase computes from its three Q-value tensors,
 ``mean(huber(q[a] - y) * w)`` with ``y = r + discount * Q'(s', argmax Q(s'))`` (Huber delta 1,
-van Hasselt et al. 2016 for the double-Q target), as one autograd node: a forward kernel (one
+van Hasselt et al. 2016 for the double-Q target), or with ``loss="mse"`` ``mean((q[a] - y)^2 * w)``,
+as one autograd node: a forward kernel (one
 program a block of rows: the argmax, the gather, the target, the TD error, per-block sums) and
 a one-program kernel that reduces the block sums into the loss and the trainer's device sums;
 its backward is one kernel writing the [B, A] gradient (zero except at the action). The
@@ -21,6 +22,25 @@ from gper._triton import HAS_TRITON, tl, triton
 
 #: rows a program of the forward and backward kernels handles
 BLOCK_B = 64
+
+#: the TD losses: ``huber`` (delta 1: DQN's, SB3's and CleanRL's) and ``mse``, the squared error
+#: (no 1/2: PureJaxRL's ``mean((q[a] - y) ** 2)``)
+LOSSES = ("huber", "mse")
+
+
+def check_loss(loss: str) -> None:
+    """A one-line error for a loss name not in :data:`LOSSES`."""
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+
+
+def elementwise_loss(q_a: torch.Tensor, y: torch.Tensor, loss: str = "huber") -> torch.Tensor:
+    """Each row's TD loss of ``q_a`` against the target ``y`` (torch ops, no reduction): Huber
+    with delta 1, or the squared error."""
+    if loss == "huber":
+        return F.huber_loss(q_a, y, reduction="none", delta=1.0)
+    check_loss(loss)
+    return F.mse_loss(q_a, y, reduction="none")
 
 
 if HAS_TRITON:
@@ -44,7 +64,7 @@ if HAS_TRITON:
         disc_ptr,  # [B] float32: the discount, or with FROM_DONE the done flags
         w_ptr,  # [B] float32 IS weights
         td_ptr,  # [B] float32 out: q[a] - y
-        part_ptr,  # [programs, 3] float32 out: per-block sums of huber * w, q[a], |td|
+        part_ptr,  # [programs, 3] float32 out: per-block sums of loss * w, q[a], |td|
         n_rows,
         n_actions,
         stride_q,
@@ -57,6 +77,7 @@ if HAS_TRITON:
         gamma,
         FROM_DONE: tl.constexpr,
         DOUBLE_Q: tl.constexpr,
+        MSE: tl.constexpr,
         BLOCK_B: tl.constexpr,
         BLOCK_A: tl.constexpr,
     ):
@@ -80,9 +101,12 @@ if HAS_TRITON:
         tl.store(td_ptr + rows, td, mask=rmask)
         w = tl.load(w_ptr + rows * stride_w, mask=rmask, other=0.0)
         z = tl.abs(td)
-        huber = tl.where(z < 1.0, 0.5 * td * td, z - 0.5)
+        if MSE:
+            row_loss = td * td
+        else:
+            row_loss = tl.where(z < 1.0, 0.5 * td * td, z - 0.5)
         part = part_ptr + tl.program_id(0).to(tl.int64) * 3  # this block's three sums
-        tl.store(part + 0, tl.sum(tl.where(rmask, huber * w, 0.0), axis=0))
+        tl.store(part + 0, tl.sum(tl.where(rmask, row_loss * w, 0.0), axis=0))
         tl.store(part + 1, tl.sum(q_a, axis=0))
         tl.store(part + 2, tl.sum(tl.where(rmask, z, 0.0), axis=0))
 
@@ -127,6 +151,7 @@ if HAS_TRITON:
         stride_act,
         stride_dq,
         inv_rows,
+        MSE: tl.constexpr,
         BLOCK_B: tl.constexpr,
         BLOCK_A: tl.constexpr,
     ):
@@ -135,8 +160,11 @@ if HAS_TRITON:
         w = tl.load(w_ptr + rows * stride_w, mask=rmask, other=0.0)
         action = tl.load(act_ptr + rows * stride_act, mask=rmask, other=-1)
         g = tl.load(gout_ptr).to(tl.float32)
-        # Huber's derivative with delta 1 is td clamped to [-1, 1] (td itself at |td| = 1, as torch)
-        val = tl.minimum(tl.maximum(td, -1.0), 1.0) * (w * (g * inv_rows))
+        if MSE:  # the squared error's derivative, 2 td
+            slope = 2.0 * td
+        else:  # Huber's with delta 1: td clamped to [-1, 1] (td itself at |td| = 1, as torch)
+            slope = tl.minimum(tl.maximum(td, -1.0), 1.0)
+        val = slope * (w * (g * inv_rows))
         out = tl.where(cols[None, :] == action[:, None], val[:, None], 0.0)
         tl.store(dq_ptr + rows[:, None] * stride_dq + cols[None, :], out.to(dq_ptr.dtype.element_ty), mask=m2)
 
@@ -168,7 +196,7 @@ class _TDLoss(torch.autograd.Function):
     """The Triton kernels as one autograd node: gradient for ``q`` only."""
 
     @staticmethod
-    def forward(ctx, q, q_next_online, q_next_target, action, reward, discount, weights, gamma, sums):
+    def forward(ctx, q, q_next_online, q_next_target, action, reward, discount, weights, gamma, sums, mse):
         b, n_actions = q.shape
         td = torch.empty(b, dtype=torch.float32, device=q.device)
         programs = triton.cdiv(b, BLOCK_B)
@@ -182,7 +210,7 @@ class _TDLoss(torch.autograd.Function):
             # the 1-D inputs may be strided views of the sampled rows: read in place
             action.stride(0), reward.stride(0), discount.stride(0), weights.stride(0),
             1.0 if gamma is None else float(gamma),
-            FROM_DONE=gamma is not None, DOUBLE_Q=double_q, BLOCK_B=BLOCK_B, BLOCK_A=block_a,
+            FROM_DONE=gamma is not None, DOUBLE_Q=double_q, MSE=mse, BLOCK_B=BLOCK_B, BLOCK_A=block_a,
         )  # fmt: skip
         loss = torch.empty((), dtype=torch.float32, device=q.device)
         has_sums = sums is not None
@@ -190,24 +218,24 @@ class _TDLoss(torch.autograd.Function):
             parts, loss, sums if has_sums else loss, programs, 1.0 / b, HAS_SUMS=has_sums, BLOCK_P=1024
         )
         ctx.save_for_backward(td, weights, action)
-        ctx.q_meta = (q.shape, q.dtype)
+        ctx.q_meta = (q.shape, q.dtype, mse)
         ctx.mark_non_differentiable(td)
         return loss, td
 
     @staticmethod
     def backward(ctx, grad_loss, grad_td):
         if grad_loss is None:
-            return (None,) * 9
+            return (None,) * 10
         td, weights, action = ctx.saved_tensors
-        shape, dtype = ctx.q_meta
+        shape, dtype, mse = ctx.q_meta
         b, n_actions = shape
         dq = torch.empty(shape, dtype=dtype, device=td.device)
         _td_loss_bwd[(triton.cdiv(b, BLOCK_B),)](
             td, weights, action, grad_loss.contiguous(), dq, b, n_actions,
             weights.stride(0), action.stride(0), dq.stride(0), 1.0 / b,
-            BLOCK_B=BLOCK_B, BLOCK_A=triton.next_power_of_2(n_actions),
+            MSE=mse, BLOCK_B=BLOCK_B, BLOCK_A=triton.next_power_of_2(n_actions),
         )  # fmt: skip
-        return dq, None, None, None, None, None, None, None, None
+        return dq, None, None, None, None, None, None, None, None, None
 
 
 def td_loss(
@@ -222,9 +250,10 @@ def td_loss(
     gamma: float | None = None,
     sums: torch.Tensor | None = None,
     backend: str = "auto",
+    loss: str = "huber",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The DQN loss ``mean(huber(q[a] - y) * w)`` and the TD errors ``q[a] - y``, with
-    ``y = reward + discount * Q'(s', a')``.
+    """The DQN loss ``mean(huber(q[a] - y) * w)`` (or ``mean((q[a] - y)^2 * w)``) and the TD
+    errors ``q[a] - y``, with ``y = reward + discount * Q'(s', a')``.
 
     Args:
         q: [B, A] Q-values of the online network on the observations (float32 or bf16); the
@@ -242,12 +271,15 @@ def td_loss(
         backend: "triton" (kernels; on CPU tensors only under ``TRITON_INTERPRET=1``), "torch"
             (plain torch ops: the reference the kernels are held to), or "auto": triton on CUDA,
             torch elsewhere.
+        loss: ``"huber"`` (delta 1) or ``"mse"`` (the squared error, no 1/2), see :data:`LOSSES`.
 
     Returns:
         ``(loss, td)``: the float32 scalar loss (differentiable for ``q``; its gradient is
-        ``clamp(td, -1, 1) * w / B`` at the action, zero elsewhere) and the [B] float32 TD
-        errors ``q[a] - y``, detached (what the priorities are made from).
+        ``clamp(td, -1, 1) * w / B`` at the action, ``2 td w / B`` for the squared error, zero
+        elsewhere) and the [B] float32 TD errors ``q[a] - y``, detached (what the priorities are
+        made from).
     """
+    check_loss(loss)
     _check(q, q_next_online, q_next_target, action, reward, discount, weights)
     if backend == "auto":
         backend = "triton" if q.is_cuda and HAS_TRITON else "torch"
@@ -261,15 +293,15 @@ def td_loss(
                 next_q = next_target.max(dim=1).values
             # with gamma, ``discount`` holds the done flags (the flat replay): gamma (1 - done)
             y = reward + (gamma * (1.0 - discount) if gamma is not None else discount) * next_q
-        loss = (F.huber_loss(q_a, y, reduction="none", delta=1.0) * weights).mean()
+        mean = (elementwise_loss(q_a, y, loss) * weights).mean()
         td = (q_a - y).detach()
         if sums is not None:
-            sums += torch.stack((loss.detach(), q_a.detach().mean(), td.abs().mean()))
-        return loss, td
+            sums += torch.stack((mean.detach(), q_a.detach().mean(), td.abs().mean()))
+        return mean, td
     if backend != "triton":
         raise ValueError(f"backend must be auto, triton or torch, got {backend!r}")
     if not HAS_TRITON:
         raise RuntimeError("backend='triton' needs triton: pip install \".[triton]\"")
     if sums is not None and (sums.shape != (3,) or sums.dtype != torch.float64):
         raise ValueError(f"sums must be [3] float64, got {tuple(sums.shape)} {sums.dtype}")
-    return _TDLoss.apply(q, q_next_online, q_next_target, action, reward, discount, weights, gamma, sums)
+    return _TDLoss.apply(q, q_next_online, q_next_target, action, reward, discount, weights, gamma, sums, loss == "mse")

@@ -7,7 +7,7 @@ stream. The steps run every agent in the same launches: the stacked networks
 (:mod:`gper.dqn.population_adam`), one replay call. The learn step has the single agent's five
 phases (``per_sample -> upload -> fwd_bwd -> per_update -> adam``) and the same CUDA graphs; where
 the network is small enough (:func:`gper.dqn.population_fused_learn.fused_learn_supported`), on
-CUDA, ``fwd_bwd`` and ``adam`` are one phase ``learn`` of three kernels
+CUDA, ``fwd_bwd`` and ``adam`` are one phase ``learn`` of two kernels (three with clipping)
 (:mod:`gper.dqn.population_fused_learn`): ``per_sample -> upload -> learn -> per_update``.
 
 Where the random numbers come from decides whether agent ``i`` reproduces its single run bit for
@@ -341,7 +341,7 @@ class PopulationAgent:
         self.adam.zero_grad()
         total, _, s.td = population_loss(
             self.qnet, self.target, s.x, s.next_x, s.action, s.reward, s.done, s.weights,
-            gamma=self._per_agent.gamma, double_q=cfg.double_q, sums=self.sums, batched=self.batched,
+            gamma=self._per_agent.gamma, double_q=cfg.double_q, sums=self.sums, batched=self.batched, loss=cfg.loss,
         )  # fmt: skip
         total.backward()
         s.grads = [p.grad for p in self.qnet.parameters()]
@@ -357,7 +357,7 @@ class PopulationAgent:
             adam.steps, adam.device_lr, x, next_x, s.action, s.reward, s.done, s.weights.contiguous(), self.sums, s.td,
             gamma=self._per_agent.gamma, double_q=cfg.double_q, max_grad_norm=cfg.max_grad_norm,
             soft_tau=self._tau if cfg.tau < 1.0 else None, beta1=adam.beta1, beta2=adam.beta2, eps=adam.eps,
-            precision="tf32" if cfg.precision == "tf32" and self.device.type == "cuda" else "ieee",
+            precision="tf32" if cfg.precision == "tf32" and self.device.type == "cuda" else "ieee", loss=cfg.loss,
         )  # fmt: skip
         self.counters[1] += 1
 

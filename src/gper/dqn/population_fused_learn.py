@@ -1,25 +1,28 @@
-"""A population's whole learn step (forwards, loss, backward, clipping, Adam, soft target) in three kernels.
+"""A population's whole learn step (forwards, loss, backward, clipping, Adam, soft target) in two or three kernels.
 
 Why: a small DQN step is a chain of short kernels, each bound by its launch, not its work. The
 population's torch learn step of the cartpole network runs some 80 launches (forwards, the loss's
 elementwise ops and reductions, the backward's GEMMs and masks, the gradient norms, one Adam
 kernel a tensor; ``gper bench train-step --population``), so its cost is the chain's length, not
-the agents' arithmetic. Here three launches run all of it:
+the agents' arithmetic. Here two launches run all of it, three with gradient clipping:
 
 1. **gradients**, one program per agent and chunk of ``BLOCK_B`` batch rows, activations on chip:
    the target network (and, double-Q, the online network) on ``next_x`` for the TD target
    ``y = r + gamma (1 - done) Q'(s', a')``, the online network on ``x``, the TD error, the
-   IS-weighted Huber loss (delta 1) and its gradient, then the backward through the three layers;
-   each program writes its rows' TD errors (for the priority update) and its chunk's gradient and
-   loss sums to a scratch buffer. A program per chunk rather than per agent keeps the GPU busy
-   when the agents are few (a program alone walks its chunks one after the other);
-2. **reduce**: each agent's gradient as the sum of its chunks' (in chunk order: deterministic), the
-   squares' partial sums for the norm, the running sums (loss, mean Q, mean |TD|) and the Adam
-   step count advanced;
-3. **adam**: ``clip_grad_norm_``'s scale ``min(1, max_norm / (norm + 1e-6))`` from the global
-   2-norm, then Adam (:func:`gper.dqn.fused_adam.adam_update`, the single agent's and the
-   population's Adam kernels' arithmetic) with the agent's learning rate and step count, and the
-   soft target update (tau < 1) in the same pass.
+   IS-weighted Huber loss (delta 1; or the squared error) and its gradient, then the backward through
+   the three layers; each program writes its rows' TD errors (for the priority update) and its
+   chunk's gradient and loss sums to a scratch buffer, and each agent's first program advances its
+   Adam step count. A program per chunk rather than per agent keeps the GPU busy when the agents
+   are few (a program alone walks its chunks one after the other);
+2. **reduce**, with clipping only: each agent's gradient as the sum of its chunks' (in chunk order:
+   deterministic) and the squares' partial sums for the norm, which needs the whole gradient before
+   any parameter moves;
+3. **adam**, one program a block of one parameter tensor: the gradient (the chunks' sum in the same
+   order, or the reduce kernel's), ``clip_grad_norm_``'s scale ``min(1, max_norm / (norm + 1e-6))``
+   from the global 2-norm, then Adam (:func:`gper.dqn.fused_adam.adam_update`, the single agent's
+   and the population's Adam kernels' arithmetic) with the agent's learning rate and step count, and
+   the soft target update (tau < 1) in the same pass; each agent's first program adds the running
+   sums (loss, mean Q, mean |TD|).
 
 It computes what :func:`gper.dqn.population_loss.population_loss`, ``clip_scales`` and
 :class:`gper.dqn.population_adam.PopulationAdam` compute, to rounding: the sums run in another
@@ -37,14 +40,19 @@ from typing import Any
 import torch
 
 from gper._triton import HAS_TRITON, tl, triton
+from gper.dqn.fused_loss import check_loss
 
 #: the widest layer (hidden units, inputs, actions) the kernel holds on chip
 MAX_WIDTH = 128
-#: batch rows a gradient program holds. 32, the size checked on the GPU; 64 took 357 µs a call
-#: against 473 for 32 at 256 agents of batch 256 and a 128-128 network on an H200 (178 against 201
-#: at batch 128 and 120-84; ``benchmarks/results/fused-learn-kernel-nvidia-h200-20261204-213658.md``),
-#: but is checked only under the interpreter so far, so it is not the default
+#: batch rows a gradient program holds while its grid is small: a program per 32 rows spreads a few
+#: agents' work over more of the GPU
 BLOCK_B = 32
+#: batch rows a gradient program holds once a grid of them still fills every multiprocessor: half
+#: the programs, each loading its agent's weights once for twice the rows, and half the chunks'
+#: gradients to sum (357 against 473 µs a call at 256 agents of batch 256 and a 128-128 network on
+#: an H200, 178 against 201 at batch 128 and 120-84, no graph:
+#: ``benchmarks/results/fused-learn-kernel-nvidia-h200-20261204-213658.md``)
+BLOCK_B_WIDE = 64
 #: warps a gradient program runs on
 NUM_WARPS = 8
 #: parameters a reduce or adam program handles
@@ -55,6 +63,15 @@ def fused_learn_supported(obs_dim: int, hidden: tuple[int, ...], n_actions: int)
     """Whether :func:`population_learn_step` serves this architecture: two hidden layers, every width
     (inputs, hidden units, actions) at most :data:`MAX_WIDTH`."""
     return len(hidden) == 2 and max(obs_dim, n_actions, *hidden) <= MAX_WIDTH
+
+
+def block_rows(n_agents: int, batch: int, device: torch.device) -> int:
+    """The batch rows of a gradient program: :data:`BLOCK_B_WIDE` where ``n_agents`` times the
+    batch's chunks of that many rows is at least the GPU's multiprocessors, else :data:`BLOCK_B`."""
+    if device.type != "cuda":
+        return BLOCK_B
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return BLOCK_B_WIDE if n_agents * triton.cdiv(batch, BLOCK_B_WIDE) >= sms else BLOCK_B
 
 
 def _padded(n: int) -> int:
@@ -104,10 +121,11 @@ if HAS_TRITON:
         td_ptr,  # [N, B] float32 TD errors, written
         part_ptr,  # [N, C, P] float32: each chunk's gradient, written (P: an agent's parameters, flat)
         psum_ptr,  # [N, C, 3] float32: each chunk's loss, q[a] and |td| sums, written
+        steps_ptr,  # [N] float32 Adam step counts, advanced by each agent's first chunk (read by the adam kernel)
         B, n_in, h1, h2, n_act, P,
         gamma,
         IN: tl.constexpr, H1: tl.constexpr, H2: tl.constexpr, A: tl.constexpr, BLOCK_B: tl.constexpr,
-        DOUBLE_Q: tl.constexpr, GAMMA_PER_AGENT: tl.constexpr, PRECISION: tl.constexpr,
+        DOUBLE_Q: tl.constexpr, GAMMA_PER_AGENT: tl.constexpr, PRECISION: tl.constexpr, MSE: tl.constexpr,
     ):  # fmt: skip
         agent = tl.program_id(0).to(tl.int64)
         chunk = tl.program_id(1)
@@ -153,14 +171,22 @@ if HAS_TRITON:
         weight = tl.load(wt_ptr + agent * B + r, mask=live, other=0.0)
         td = q_a - y
         abs_td = tl.abs(td)
-        huber = tl.where(abs_td < 1.0, 0.5 * td * td, abs_td - 0.5)
+        if MSE:
+            row_loss = td * td
+        else:
+            row_loss = tl.where(abs_td < 1.0, 0.5 * td * td, abs_td - 0.5)
         tl.store(td_ptr + agent * B + r, td, mask=live)
         psum = psum_ptr + (agent * n_chunks + chunk) * 3
-        tl.store(psum, tl.sum(tl.where(live, huber * weight, 0.0), axis=0))
+        tl.store(psum, tl.sum(tl.where(live, row_loss * weight, 0.0), axis=0))
         tl.store(psum + 1, tl.sum(tl.where(live, q_a, 0.0), axis=0))
         tl.store(psum + 2, tl.sum(tl.where(live, abs_td, 0.0), axis=0))
-        # d loss / d q[a] = w clamp(td, -1, 1) / B (the mean of the weighted Huber loss)
-        d_qa = tl.where(live, weight * tl.minimum(tl.maximum(td, -1.0), 1.0) / B, 0.0)
+        # d loss / d q[a] = w clamp(td, -1, 1) / B (the mean of the weighted Huber loss), 2 w td / B
+        # for the squared error
+        if MSE:
+            slope = 2.0 * td
+        else:
+            slope = tl.minimum(tl.maximum(td, -1.0), 1.0)
+        d_qa = tl.where(live, weight * slope / B, 0.0)
         d_qt = tl.trans(tl.where(taken, d_qa[:, None], 0.0))  # [A, BLOCK_B]
         d_a2t = tl.dot(w3t, d_qt, input_precision=PRECISION)  # [H2, BLOCK_B]
         d_a2t = tl.where(tl.trans(a2) > 0.0, d_a2t, 0.0)
@@ -181,20 +207,17 @@ if HAS_TRITON:
         _store_tile(part, tl.dot(d_qt, a2, input_precision=PRECISION), n_act, h2, A, H2)
         part += n_act * h2
         tl.store(part + cols_a, tl.sum(d_qt, axis=1), mask=cols_a < n_act)
+        if chunk == 0:  # no program of this kernel reads the count: the adam kernel, after it, does
+            tl.store(steps_ptr + agent, tl.load(steps_ptr + agent) + 1.0)
 
     @triton.jit
     def _reduce_kernel(
         part_ptr,  # [N, C, P] float32 the chunks' gradients
         grad_ptr,  # [N, P] float32 each agent's gradient, written
         sq_ptr,  # [N, n_blocks] float32 the squares' sum of each block of the gradient, written
-        psum_ptr,  # [N, C, 3] float32 the chunks' sums
-        sums_ptr,  # [N, 3] float64 running sums, added to (by each agent's first program)
-        steps_ptr,  # [N] float32 Adam step counts, advanced (by each agent's first program)
-        B,
         P,
         C,
         BLOCK_P: tl.constexpr,
-        C_BLOCK: tl.constexpr,
     ):
         agent = tl.program_id(0).to(tl.int64)
         block = tl.program_id(1)
@@ -205,75 +228,92 @@ if HAS_TRITON:
             grad += tl.load(part_ptr + (agent * C + c) * P + offs, mask=mask, other=0.0)
         tl.store(grad_ptr + agent * P + offs, grad, mask=mask)
         tl.store(sq_ptr + agent * tl.num_programs(1) + block, tl.sum(grad * grad, axis=0))
-        if block == 0:
-            cs = tl.arange(0, C_BLOCK)
-            psum = psum_ptr + (agent * C + cs) * 3
-            loss = tl.sum(tl.load(psum, mask=cs < C, other=0.0), axis=0)
-            q = tl.sum(tl.load(psum + 1, mask=cs < C, other=0.0), axis=0)
-            td = tl.sum(tl.load(psum + 2, mask=cs < C, other=0.0), axis=0)
-            sums = sums_ptr + agent * 3
-            tl.store(sums, tl.load(sums) + (loss / B).to(tl.float64))
-            tl.store(sums + 1, tl.load(sums + 1) + (q / B).to(tl.float64))
-            tl.store(sums + 2, tl.load(sums + 2) + (td / B).to(tl.float64))
-            tl.store(steps_ptr + agent, tl.load(steps_ptr + agent) + 1.0)
 
     @triton.jit
-    def _adam_part(
-        p_ptr, m_ptr, v_ptr, t_ptr, g, offs, mask, start, n, agent,
-        step, lr, beta1, beta2, log2_beta1, log2_beta2, eps, tau, HAS_TARGET: tl.constexpr,
+    def _adam_tensor(
+        src_ptr, C, P, start, p_ptr, m_ptr, v_ptr, t_ptr, n, block, agent, scale,
+        step, lr, beta1, beta2, log2_beta1, log2_beta2, eps, tau,
+        BLOCK_P: tl.constexpr, CLIP: tl.constexpr, HAS_TARGET: tl.constexpr,
     ):  # fmt: skip
-        """Adam on the elements of the flat block ``offs`` that fall in the tensor at ``[start, start + n)``."""
-        inside = mask & (offs >= start) & (offs < start + n)
+        """Adam on block ``block`` of one parameter tensor of ``n`` elements an agent, whose gradient
+        sits at ``[start, start + n)`` of the agent's flat gradient: the sum of its ``C`` chunks'
+        (in chunk order, the reduce kernel's), scaled by the clipping's ``scale`` (CLIP)."""
+        local = block * BLOCK_P + tl.arange(0, BLOCK_P)
+        mask = local < n
+        g = tl.zeros((BLOCK_P,), dtype=tl.float32)
+        for c in range(0, C):
+            g += tl.load(src_ptr + (agent * C + c) * P + start + local, mask=mask, other=0.0)
+        if CLIP:
+            g = g * scale
         adam_update(
-            p_ptr, m_ptr, v_ptr, t_ptr, agent * n + offs - start, inside, g, step, lr, beta1, beta2, log2_beta1,
-            log2_beta2, eps, tau, HAS_TARGET,
+            p_ptr, m_ptr, v_ptr, t_ptr, agent * n + local, mask, g, step, lr, beta1, beta2, log2_beta1, log2_beta2,
+            eps, tau, HAS_TARGET,
         )  # fmt: skip
 
     @triton.jit
     def _adam_kernel(
-        grad_ptr, sq_ptr,  # [N, P] each agent's gradient, [N, n_blocks] its squares' sums
+        src_ptr, C,  # [N, C, P] the chunks' gradients, summed here (C = 1: the reduce kernel's sums)
+        sq_ptr, n_sq,  # [N, n_sq] the squares' sums of the gradient's blocks (CLIP)
+        psum_ptr, C_SUM, sums_ptr, B,  # [N, C_SUM, 3] the chunks' loss sums; [N, 3] float64 running sums
         w1, b1, w2, b2, w3, b3,  # online parameters, updated
         tw1, tb1, tw2, tb2, tw3, tb3,  # target parameters (SOFT: moved towards the new ones)
         mw1, mb1, mw2, mb2, mw3, mb3,  # Adam's first moments
         vw1, vb1, vw2, vb2, vw3, vb3,  # Adam's second moments
-        steps_ptr, lr_ptr, tau_ptr,  # [N] step counts (advanced), float64 learning rates, float32 rates
+        steps_ptr, lr_ptr, tau_ptr,  # [N] step counts (already advanced), float64 learning rates, float32 rates
         n_in, h1, h2, n_act, P,
         max_norm, beta1, beta2, log2_beta1, log2_beta2, eps, tau,
-        BLOCK_P: tl.constexpr, N_BLOCKS: tl.constexpr, CLIP: tl.constexpr, SOFT: tl.constexpr,
-        TAU_PER_AGENT: tl.constexpr,
+        BLOCK_P: tl.constexpr, N_SQ: tl.constexpr, C_BLOCK: tl.constexpr, CLIP: tl.constexpr,
+        SOFT: tl.constexpr, TAU_PER_AGENT: tl.constexpr,
     ):  # fmt: skip
+        # one program a block of one parameter tensor: plain contiguous loads and stores, none masked
+        # off for another tensor's elements
         agent = tl.program_id(0).to(tl.int64)
-        offs = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)
-        mask = offs < P
-        g = tl.load(grad_ptr + agent * P + offs, mask=mask, other=0.0)
+        pid = tl.program_id(1)
+        if pid == 0:  # the running sums, once an agent: the means over the batch of its chunks' sums
+            cs = tl.arange(0, C_BLOCK)
+            psum = psum_ptr + (agent * C_SUM + cs) * 3
+            loss = tl.sum(tl.load(psum, mask=cs < C_SUM, other=0.0), axis=0)
+            q = tl.sum(tl.load(psum + 1, mask=cs < C_SUM, other=0.0), axis=0)
+            td = tl.sum(tl.load(psum + 2, mask=cs < C_SUM, other=0.0), axis=0)
+            sums = sums_ptr + agent * 3
+            tl.store(sums, tl.load(sums) + (loss / B).to(tl.float64))
+            tl.store(sums + 1, tl.load(sums + 1) + (q / B).to(tl.float64))
+            tl.store(sums + 2, tl.load(sums + 2) + (td / B).to(tl.float64))
+        scale = 1.0
         if CLIP:  # clip_grad_norm_: every gradient scaled by min(1, max_norm / (global norm + 1e-6))
-            blocks = tl.arange(0, N_BLOCKS)
-            sq = tl.load(sq_ptr + agent * tl.num_programs(1) + blocks, mask=blocks < tl.num_programs(1), other=0.0)
-            g = g * tl.minimum(max_norm / (tl.sqrt(tl.sum(sq, axis=0)) + 1e-6), 1.0)
+            blocks = tl.arange(0, N_SQ)
+            sq = tl.load(sq_ptr + agent * n_sq + blocks, mask=blocks < n_sq, other=0.0)
+            scale = tl.minimum(max_norm / (tl.sqrt(tl.sum(sq, axis=0)) + 1e-6), 1.0)
         step = tl.load(steps_ptr + agent)
         lr = tl.load(lr_ptr + agent).to(tl.float32)
         if TAU_PER_AGENT:
             rate = tl.load(tau_ptr + agent)
         else:
             rate = tau
-        start = 0
-        _adam_part(w1, mw1, vw1, tw1, g, offs, mask, start, h1 * n_in, agent, step, lr, beta1, beta2, log2_beta1,
-                   log2_beta2, eps, rate, SOFT)  # fmt: skip
-        start += h1 * n_in
-        _adam_part(b1, mb1, vb1, tb1, g, offs, mask, start, h1, agent, step, lr, beta1, beta2, log2_beta1,
-                   log2_beta2, eps, rate, SOFT)  # fmt: skip
-        start += h1
-        _adam_part(w2, mw2, vw2, tw2, g, offs, mask, start, h2 * h1, agent, step, lr, beta1, beta2, log2_beta1,
-                   log2_beta2, eps, rate, SOFT)  # fmt: skip
-        start += h2 * h1
-        _adam_part(b2, mb2, vb2, tb2, g, offs, mask, start, h2, agent, step, lr, beta1, beta2, log2_beta1,
-                   log2_beta2, eps, rate, SOFT)  # fmt: skip
-        start += h2
-        _adam_part(w3, mw3, vw3, tw3, g, offs, mask, start, n_act * h2, agent, step, lr, beta1, beta2, log2_beta1,
-                   log2_beta2, eps, rate, SOFT)  # fmt: skip
-        start += n_act * h2
-        _adam_part(b3, mb3, vb3, tb3, g, offs, mask, start, n_act, agent, step, lr, beta1, beta2, log2_beta1,
-                   log2_beta2, eps, rate, SOFT)  # fmt: skip
+        n1, n3, n5 = h1 * n_in, h2 * h1, n_act * h2
+        e1 = tl.cdiv(n1, BLOCK_P)
+        e2 = e1 + tl.cdiv(h1, BLOCK_P)
+        e3 = e2 + tl.cdiv(n3, BLOCK_P)
+        e4 = e3 + tl.cdiv(h2, BLOCK_P)
+        e5 = e4 + tl.cdiv(n5, BLOCK_P)
+        if pid < e1:
+            _adam_tensor(src_ptr, C, P, 0, w1, mw1, vw1, tw1, n1, pid, agent, scale, step, lr, beta1, beta2,
+                         log2_beta1, log2_beta2, eps, rate, BLOCK_P, CLIP, SOFT)  # fmt: skip
+        elif pid < e2:
+            _adam_tensor(src_ptr, C, P, n1, b1, mb1, vb1, tb1, h1, pid - e1, agent, scale, step, lr, beta1, beta2,
+                         log2_beta1, log2_beta2, eps, rate, BLOCK_P, CLIP, SOFT)  # fmt: skip
+        elif pid < e3:
+            _adam_tensor(src_ptr, C, P, n1 + h1, w2, mw2, vw2, tw2, n3, pid - e2, agent, scale, step, lr, beta1,
+                         beta2, log2_beta1, log2_beta2, eps, rate, BLOCK_P, CLIP, SOFT)  # fmt: skip
+        elif pid < e4:
+            _adam_tensor(src_ptr, C, P, n1 + h1 + n3, b2, mb2, vb2, tb2, h2, pid - e3, agent, scale, step, lr,
+                         beta1, beta2, log2_beta1, log2_beta2, eps, rate, BLOCK_P, CLIP, SOFT)  # fmt: skip
+        elif pid < e5:
+            _adam_tensor(src_ptr, C, P, n1 + h1 + n3 + h2, w3, mw3, vw3, tw3, n5, pid - e4, agent, scale, step, lr,
+                         beta1, beta2, log2_beta1, log2_beta2, eps, rate, BLOCK_P, CLIP, SOFT)  # fmt: skip
+        else:
+            _adam_tensor(src_ptr, C, P, n1 + h1 + n3 + h2 + n5, b3, mb3, vb3, tb3, n_act, pid - e5, agent, scale,
+                         step, lr, beta1, beta2, log2_beta1, log2_beta2, eps, rate, BLOCK_P, CLIP, SOFT)  # fmt: skip
 
 
 def population_learn_step(
@@ -300,8 +340,12 @@ def population_learn_step(
     beta2: float = 0.999,
     eps: float = 1e-8,
     precision: str = "ieee",
+    loss: str = "huber",
+    rows: int | None = None,
+    num_warps: int | None = None,
 ) -> None:
-    """One learn step of N agents in three launches: loss, gradients, clipping, Adam and soft target update.
+    """One learn step of N agents in two launches (three with clipping): loss, gradients, clipping, Adam
+    and soft target update.
 
     Args:
         params: the online networks' stacked parameters in :class:`~gper.dqn.population_net.StackedQNetwork`'s
@@ -324,9 +368,16 @@ def population_learn_step(
             no target update (a hard one runs elsewhere).
         beta1, beta2, eps: Adam's settings.
         precision: the matmuls' input precision on the GPU, ``"tf32"`` or ``"ieee"`` (FP32).
+        loss: ``"huber"`` (delta 1) or ``"mse"`` (:data:`gper.dqn.fused_loss.LOSSES`).
+        rows: batch rows a gradient program holds, a power of two of at least 16; None:
+            :func:`block_rows`'s choice.
+        num_warps: warps a gradient program runs on; None: :data:`NUM_WARPS`.
     """
     if not HAS_TRITON:
         raise RuntimeError("population_learn_step needs Triton (pip install triton)")
+    if rows is not None and (rows < 16 or rows & (rows - 1)):
+        raise ValueError(f"rows must be a power of two of at least 16, got {rows}")
+    check_loss(loss)
     if precision not in ("tf32", "ieee"):
         raise ValueError(f"precision must be tf32 or ieee, got {precision!r}")
     groups = {"params": params, "targets": targets, "exp_avgs": exp_avgs, "exp_avg_sqs": exp_avg_sqs}
@@ -353,39 +404,36 @@ def population_learn_step(
     gamma_t = gamma if isinstance(gamma, torch.Tensor) else None
     tau_t = soft_tau if isinstance(soft_tau, torch.Tensor) else None
     total = sum(p[0].numel() for p in params)  # an agent's parameters
-    block_b = BLOCK_B
-    chunks, blocks = triton.cdiv(b, block_b), triton.cdiv(total, BLOCK_P)
+    block_b = rows if rows is not None else block_rows(n, b, x.device)
+    chunks = triton.cdiv(b, block_b)
     part = torch.empty(n, chunks, total, device=x.device)
     psum = torch.empty(n, chunks, 3, device=x.device)
-    grad = torch.empty(n, total, device=x.device)
-    sq = torch.empty(n, blocks, device=x.device)
     _grad_kernel[(n, chunks)](
         x, next_x, x.stride(0), x.stride(1), action, *action.stride(), reward, *reward.stride(),
         done, *done.stride(), weights, gamma_t.reshape(-1) if gamma_t is not None else steps,
-        *params, *targets, td, part, psum,
+        *params, *targets, td, part, psum, steps,
         b, n_in, h1, h2, n_act, total, 0.0 if gamma_t is not None else float(gamma),
         IN=_padded(n_in), H1=_padded(h1), H2=_padded(h2), A=_padded(n_act), BLOCK_B=block_b,
-        DOUBLE_Q=double_q, GAMMA_PER_AGENT=gamma_t is not None, PRECISION=precision, num_warps=NUM_WARPS,
+        DOUBLE_Q=double_q, GAMMA_PER_AGENT=gamma_t is not None, PRECISION=precision, MSE=loss == "mse",
+        num_warps=num_warps or NUM_WARPS,
     )  # fmt: skip
-    _reduce_kernel[(n, blocks)](
-        part,
-        grad,
-        sq,
-        psum,
-        sums,
-        steps,
-        b,
-        total,
-        chunks,
-        BLOCK_P=BLOCK_P,
-        C_BLOCK=max(2, triton.next_power_of_2(chunks)),
-    )
-    _adam_kernel[(n, blocks)](
-        grad, sq, *params, *targets, *exp_avgs, *exp_avg_sqs, steps, lr, tau_t if tau_t is not None else steps,
+    clip = max_grad_norm > 0
+    src, src_chunks, n_sq = part, chunks, 1
+    sq = psum  # unread without clipping
+    if clip:  # the norm needs each agent's whole gradient first: the chunks summed in a pass of their own
+        n_sq = triton.cdiv(total, BLOCK_P)
+        src, src_chunks = torch.empty(n, 1, total, device=x.device), 1
+        sq = torch.empty(n, n_sq, device=x.device)
+        _reduce_kernel[(n, n_sq)](part, src, sq, total, chunks, BLOCK_P=BLOCK_P)
+    sizes = (h1 * n_in, h1, h2 * h1, h2, n_act * h2, n_act)
+    tensor_blocks = sum(triton.cdiv(k, BLOCK_P) for k in sizes)
+    _adam_kernel[(n, tensor_blocks)](
+        src, src_chunks, sq, n_sq, psum, chunks, sums, b,
+        *params, *targets, *exp_avgs, *exp_avg_sqs, steps, lr, tau_t if tau_t is not None else steps,
         n_in, h1, h2, n_act, total, float(max_grad_norm), beta1, beta2, math.log2(beta1), math.log2(beta2), eps,
         float(soft_tau) if soft_tau is not None and tau_t is None else 0.0,
-        BLOCK_P=BLOCK_P, N_BLOCKS=max(2, triton.next_power_of_2(blocks)), CLIP=max_grad_norm > 0,
-        SOFT=soft_tau is not None, TAU_PER_AGENT=tau_t is not None,
+        BLOCK_P=BLOCK_P, N_SQ=max(2, triton.next_power_of_2(n_sq)), C_BLOCK=max(2, triton.next_power_of_2(chunks)),
+        CLIP=clip, SOFT=soft_tau is not None, TAU_PER_AGENT=tau_t is not None,
     )  # fmt: skip
 
 

@@ -1,9 +1,10 @@
 """The DQN loss and gradient clipping of a population: each agent's as a single agent computes it.
 
 Agent ``i``'s loss is the single agent's ``mean(huber(q[a] - y) * w)`` over its own batch
-(Huber delta 1, IS weights ``w``, ``y = r + discount * Q'(s', a')``, ``a'`` the online network's
-argmax for double-Q); the loss to differentiate is the sum of the agents' losses, whose gradient
-with respect to each agent's loss is exactly 1, so each agent's gradient is its single-run one.
+(Huber delta 1, or the squared error with ``loss="mse"``; IS weights ``w``;
+``y = r + discount * Q'(s', a')``, ``a'`` the online network's argmax for double-Q); the loss to
+differentiate is the sum of the agents' losses, whose gradient with respect to each agent's loss
+is exactly 1, so each agent's gradient is its single-run one.
 
 The elementwise parts run over all agents at once. The reductions (the means over each batch, the
 gradient norms) run per agent on the CPU (``batched=False``, the default there), so each sums in
@@ -13,8 +14,8 @@ the order the single agent's does; on CUDA (``batched=True``) they run over a di
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from gper.dqn.fused_loss import check_loss, elementwise_loss
 from gper.dqn.population_net import StackedQNetwork
 
 
@@ -30,6 +31,7 @@ def population_td_loss(
     gamma: float | None = None,
     sums: torch.Tensor | None = None,
     batched: bool | None = None,
+    loss: str = "huber",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The loss of N agents from their Q-values, as :func:`gper.dqn.fused_loss.td_loss` (torch
     back end) computes one agent's, each agent along dim 0.
@@ -48,11 +50,13 @@ def population_td_loss(
         sums: [N, 3] float64 sums to add each agent's (loss, mean q[a], mean |td|) to, or None.
         batched: the means over each batch for all agents in one reduction (True) or one per
             agent (False: the single agent's summation order); None: batched on CUDA only.
+        loss: ``"huber"`` (delta 1) or ``"mse"`` (:data:`gper.dqn.fused_loss.LOSSES`).
 
     Returns:
         ``(total, losses, td)``: the scalar sum of the agents' losses (what to call ``backward``
         on), the [N] losses and the [N, B] TD errors ``q[a] - y`` (both detached).
     """
+    check_loss(loss)
     _check(q, q_next_online, q_next_target, action, reward, discount, weights, sums)
     if batched is None:
         batched = q.is_cuda
@@ -65,7 +69,7 @@ def population_td_loss(
             next_q = next_target.max(dim=2).values
         # the single agent's expression, in its order: r + (gamma (1 - done)) Q' or r + discount Q'
         y = reward + (gamma * (1.0 - discount) if gamma is not None else discount) * next_q
-    losses = _row_means(F.huber_loss(q_a, y, reduction="none", delta=1.0) * weights, batched)
+    losses = _row_means(elementwise_loss(q_a, y, loss) * weights, batched)
     td = (q_a - y).detach()
     if sums is not None:
         with torch.no_grad():
@@ -87,6 +91,7 @@ def population_loss(
     double_q: bool = True,
     sums: torch.Tensor | None = None,
     batched: bool | None = None,
+    loss: str = "huber",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The forwards and the loss of the single agent's ``fwd_bwd`` phase for N agents:
     ``qnet(x)`` with autograd, ``target(next_x)`` and (double-Q) ``qnet(next_x)`` without, then
@@ -98,7 +103,7 @@ def population_loss(
         q_next_online = qnet(next_x, batched) if double_q else None
     return population_td_loss(
         q, q_next_online, q_next_target, action, reward, discount, weights,
-        gamma=gamma, sums=sums, batched=batched,
+        gamma=gamma, sums=sums, batched=batched, loss=loss,
     )  # fmt: skip
 
 

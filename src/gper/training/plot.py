@@ -166,7 +166,7 @@ def _losses(ax: Any, rows: list[dict[str, Any]]) -> None:
     if kept:
         lines += ax.plot([p[0] for p in kept], [p[1] for p in kept], "o-", ms=3, color="tab:blue", label="TD loss")
         ax.set_yscale("log")
-    ax.set_ylabel("TD loss (Huber × IS weight, mean per step)")
+    ax.set_ylabel("TD loss (× IS weight, mean per step)")
     q_steps, q = _series(rows, "losses/q_values")
     if q_steps:
         twin = ax.twinx()

@@ -20,6 +20,13 @@ def add_trainers_arguments(p: argparse.ArgumentParser) -> None:
         help="seed counts (default 1 16 64 256): PureJaxRL runs each as one jax.vmap, gper as one population "
         "(gper train --population N)",
     )
+    p.add_argument(
+        "--preset-seeds",
+        nargs="+",
+        type=int,
+        help="seed counts of gper's cartpole-preset rows (default: --seeds); gper's rows at PureJaxRL's "
+        "settings run at --seeds",
+    )
     p.add_argument("--device", default="auto", help="gper's device: cuda, cuda:N, cpu or auto (JAX picks its own)")
     p.add_argument(
         "--trainers", nargs="+", choices=TRAINERS, default=list(TRAINERS), help="which trainers to run (default both)"
@@ -44,10 +51,13 @@ def trainers_config(args: argparse.Namespace):
     prog = "gper bench trainers"
     if any(n < 1 for n in args.seeds):
         raise SystemExit(f"{prog}: --seeds must be >= 1, got {args.seeds}")
+    if args.preset_seeds is not None and any(n < 1 for n in args.preset_seeds):
+        raise SystemExit(f"{prog}: --preset-seeds must be >= 1, got {args.preset_seeds}")
     if args.total_steps is not None and args.total_steps < 1:
         raise SystemExit(f"{prog}: --total-steps must be >= 1, got {args.total_steps}")
     return TrainersBenchConfig(
         seeds=tuple(args.seeds),
+        preset_seeds=tuple(args.preset_seeds) if args.preset_seeds is not None else None,
         device=args.device,
         out=Path(args.out),
         total_steps=args.total_steps,

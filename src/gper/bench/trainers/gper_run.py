@@ -15,7 +15,6 @@ from gper.bench.trainers.solve import GOAL
 
 #: what PureJaxRL's DQN does that no ``gper train`` setting reproduces (it is printed with the table)
 NOT_EXPRESSIBLE = (
-    "loss: PureJaxRL's is the mean squared TD error, gper's the Huber loss (delta 1)",
     "time limit: PureJaxRL stores done = terminated or truncated, so it does not bootstrap at CartPole's "
     "500-step limit; gper bootstraps there (only a termination ends the target)",
     "first training step: PureJaxRL's at env step 10,010 (timesteps > LEARNING_STARTS), gper's one collection "
@@ -61,6 +60,7 @@ def purejaxrl_settings(pjx: dict[str, Any]) -> dict[str, Any]:
         tau=float(pjx["TAU"]),
         target_every=max(1, target_every),
         double_q=False,  # the target network's max over actions
+        loss="mse",  # jnp.mean((chosen_action_qvals - target) ** 2)
         sampling="uniform",  # flashbax's flat buffer samples uniformly
         replay="flat",
         n_step=1,

@@ -38,6 +38,7 @@ class TrainersBenchConfig:
     Attributes:
         seeds: the seed counts; PureJaxRL runs each as one vmap, gper each as one population (one seed:
             the single agent's run).
+        preset_seeds: the seed counts of gper's cartpole-preset rows; None: ``seeds``.
         device: gper's device (``auto``, ``cuda``, ``cpu``); JAX picks its own (its default backend).
         out: the results directory.
         total_steps: override both trainers' env steps per seed (smoke runs); None keeps each one's own.
@@ -47,6 +48,7 @@ class TrainersBenchConfig:
     """
 
     seeds: tuple[int, ...] = (1, 16, 64, 256)
+    preset_seeds: tuple[int, ...] | None = None
     device: str = "auto"
     out: Path = Path("benchmarks/results")
     total_steps: int | None = None
@@ -94,8 +96,9 @@ def gper_rows(cfg: TrainersBenchConfig) -> list[dict[str, Any]]:
     """gper's rows: each of :data:`~gper.bench.trainers.gper_run.GPER_ROWS` at each seed count."""
     configs = gper_run.gper_configs(purejaxrl_run.default_config(), cfg.device, cfg.total_steps)
     rows = []
+    preset_seeds = cfg.seeds if cfg.preset_seeds is None else cfg.preset_seeds
     for (trainer, settings), fields in zip(gper_run.GPER_ROWS, configs, strict=True):
-        for n in cfg.seeds:
+        for n in preset_seeds if settings == "cartpole preset" else cfg.seeds:
             print(f"gper: {settings}, {n} seed(s) ...", file=sys.stderr, flush=True)
             try:
                 row = gper_run.run_gper(fields, n, log=lambda line: print(line, file=sys.stderr, flush=True))
@@ -118,7 +121,8 @@ def notes(cfg: TrainersBenchConfig, rows: Sequence[dict[str, Any]]) -> list[str]
         "goal is the median over the agents that reached it; "
         f"gper runs with {', '.join(f'{k}={v}' for k, v in gper_run.QUIET.items())} (PureJaxRL does none of these)",
         "gper at PureJaxRL's settings: " + ", ".join(f"{k}={pjx[k]}" for k in shown) + ", sampling=uniform, "
-        "double_q=False, max_grad_norm=0; it differs from PureJaxRL in: " + "; ".join(gper_run.NOT_EXPRESSIBLE),
+        "double_q=False, max_grad_norm=0, loss=mse; it differs from PureJaxRL in: "
+        + "; ".join(gper_run.NOT_EXPRESSIBLE),
         SEED_NOTE,
     ]
     for r in rows:
