@@ -53,3 +53,28 @@ def test_plot_run_writes_the_png(tmp_path):
     _run(tmp_path)
     png = plot_run(tmp_path / "metrics.jsonl", tmp_path / "plot.png", title="t", solve_return=50.0)
     assert png == tmp_path / "plot.png" and png.stat().st_size > 10_000
+
+
+def test_running_means_are_the_last_100_returns_mean():
+    """The plotted window after each episode, against the plain definition (fewer than 100 at the start)."""
+    from gper.training.plot import _running_means
+
+    returns = [float((7 * i) % 23) - 5.5 for i in range(250)]
+    want = [sum(returns[max(0, i - 99) : i + 1]) / min(i + 1, 100) for i in range(250)]
+    got = _running_means(returns)
+    assert len(got) == 250 and max(abs(g - w) for g, w in zip(got, want, strict=True)) < 1e-12
+    assert _running_means([]) == []
+
+
+def test_a_populations_agents_and_series_in_one_pass():
+    from gper.training.plot import _agent_series, population_agents
+
+    rows = [
+        {"global_step": 10, "agent_3/charts/episodic_return": 1.0, "agent_3/charts/episodic_length": 4},
+        {"global_step": 10, "agent_0/charts/episodic_return": 2.0},
+        {"global_step": 20, "charts/SPS": 5.0, "agent_3/charts/mean_return_last100": 1.0},
+        {"global_step": 30, "agent_3/charts/episodic_return": 3.0, "agent_12/charts/episodic_return": None},
+    ]
+    assert population_agents(rows) == [0, 3, 12]
+    assert _agent_series(rows, [0, 3, 12]) == [([10], [2.0]), ([10, 30], [1.0, 3.0]), ([], [])]
+    assert population_agents([{"global_step": 1, "charts/episodic_return": 1.0}]) == []

@@ -84,12 +84,42 @@ def _series(rows: list[dict[str, Any]], name: str) -> tuple[list[int], list[floa
 
 def population_agents(rows: list[dict[str, Any]]) -> list[int]:
     """The agents whose episodes ``rows`` hold (none for a single agent's record)."""
-    return sorted({int(m.group(1)) for r in rows for k in r if (m := AGENT_RETURN.fullmatch(k))})
+    # a record's names repeat (a population's run holds 10^6 episode records of a few hundred names):
+    # each distinct name matched once
+    agent_of: dict[str, int | None] = {}
+    found = set()
+    for r in rows:
+        for k in r:
+            if k not in agent_of:
+                m = AGENT_RETURN.fullmatch(k)
+                agent_of[k] = int(m.group(1)) if m else None
+            if agent_of[k] is not None:
+                found.add(agent_of[k])
+    return sorted(found)
+
+
+def _agent_series(rows: list[dict[str, Any]], agents: list[int]) -> list[tuple[list[int], list[float]]]:
+    """:func:`_series` of each agent's episodic return, in one pass over ``rows``."""
+    index = {f"agent_{agent}/charts/episodic_return": n for n, agent in enumerate(agents)}
+    series: list[tuple[list[int], list[float]]] = [([], []) for _ in agents]
+    for r in rows:
+        for k, v in r.items():
+            n = index.get(k)
+            if n is not None and v is not None:
+                series[n][0].append(r["global_step"])
+                series[n][1].append(v)
+    return series
 
 
 def _running_means(returns: list[float]) -> list[float]:
-    """The mean of the last ``WINDOW`` returns (fewer at the start) after each one."""
-    return [sum(returns[max(0, i - WINDOW + 1) : i + 1]) / min(i + 1, WINDOW) for i in range(len(returns))]
+    """The mean of the last ``WINDOW`` returns (fewer at the start) after each one (from one
+    cumulative sum in float64: a plot's values, to rounding)."""
+    import numpy as np
+
+    sums = np.concatenate(([0.0], np.cumsum(np.asarray(returns, dtype=np.float64))))
+    end = np.arange(1, len(returns) + 1)
+    start = np.maximum(0, end - WINDOW)
+    return ((sums[end] - sums[start]) / (end - start)).tolist()
 
 
 def _returns(ax: Any, rows: list[dict[str, Any]], solve_return: float | None) -> None:
@@ -136,8 +166,7 @@ def _population(
     import numpy as np
 
     curves = []
-    for n, agent in enumerate(agents):
-        steps, returns = _series(rows, f"agent_{agent}/charts/episodic_return")
+    for n, (steps, returns) in enumerate(_agent_series(rows, agents)):
         curves.append((steps, _running_means(returns)))
         label = f"an agent's mean of last {WINDOW}" if n == 0 else None
         ax.plot(steps, curves[-1][1], "-", lw=0.7, alpha=0.45, color="tab:blue", label=label)
