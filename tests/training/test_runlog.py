@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from gper.training.plot import plot_run
 from gper.training.runlog import RunLog, read_metrics
 
@@ -49,3 +51,19 @@ def test_log_episodes_writes_what_log_writes(tmp_path):
     many.log_episodes(iter(records))
     one.close(), many.close()
     assert (tmp_path / "one" / "metrics.jsonl").read_text() == (tmp_path / "many" / "metrics.jsonl").read_text()
+
+
+@pytest.mark.parametrize("odd", [None, float("nan")], ids=["finite", "a-nan-return"])
+def test_log_agent_episodes_writes_what_log_writes(tmp_path, odd):
+    """A population's episodes from columns: the lines log() writes a record at a time (the general
+    path where a return is not finite)."""
+    steps, agents, returns, lengths = [5, 5, 7, 9], [0, 12, 3, 0], [9.0, 0.1 + 0.2, -1e-300, 22.5], [9, 12, 0, 3]
+    if odd is not None:
+        returns[2] = odd
+    one, cols = RunLog(tmp_path / "one"), RunLog(tmp_path / "cols")
+    for s, a, r, n in zip(steps, agents, returns, lengths, strict=True):
+        one.log(s, **{f"agent_{a}/charts/episodic_return": r, f"agent_{a}/charts/episodic_length": n})
+    cols.log_agent_episodes(steps, agents, returns, lengths)
+    cols.log_agent_episodes([], [], [], [])
+    one.close(), cols.close()
+    assert (tmp_path / "one" / "metrics.jsonl").read_text() == (tmp_path / "cols" / "metrics.jsonl").read_text()

@@ -125,7 +125,7 @@ class EpisodeTracker:
     def drain_agents(self, host: dict[str, torch.Tensor]) -> tuple[list[list[tuple[float, int, int]]], int]:
         """Like :meth:`drain`, the episodes sorted by agent: list ``i`` holds agent ``i``'s (return,
         length, env step), oldest first; one list for a single agent. Either drain reads the
-        episodes once: call one of them an epoch."""
+        episodes once: call one of them an epoch (see also :meth:`drain_rows`)."""
         rows, lost = self._drain_rows(host)
         if self.agents == 1:
             return [_episode_tuples(rows)], lost
@@ -134,6 +134,12 @@ class EpisodeTracker:
         bounds = np.searchsorted(agent[order], np.arange(self.agents + 1))
         rows = rows[order]
         return [_episode_tuples(rows[bounds[i] : bounds[i + 1]]) for i in range(self.agents)], lost
+
+    def drain_rows(self, host: dict[str, torch.Tensor]) -> tuple[np.ndarray, int]:
+        """Like :meth:`drain`, as one float64 array of rows (return, length, env step at its end,
+        and for a population the agent), oldest first (the order the ring recorded them: a step's
+        environments in order); and how many were lost. Any drain reads the episodes once."""
+        return self._drain_rows(host)
 
     def _drain_rows(self, host: dict[str, torch.Tensor]) -> tuple[np.ndarray, int]:
         # the new rows in one gather of the host copy (a population finishes thousands an epoch)

@@ -28,8 +28,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 from gper.training.population_stats import iqm, mean, population_summary
@@ -37,8 +38,15 @@ from gper.training.report import Results, RunReport, mean_last100, scan_windows
 from gper.training.runlog import RunLog
 from gper.training.settings import RunSettings
 
-Episodes = list[list[tuple[float, int, int]]]
-"""a population's episodes of an epoch: list ``i`` holds agent ``i``'s (return, length, env step)"""
+
+class Episodes(NamedTuple):
+    """A population's episodes of an epoch, as columns: a population can finish 10^5 an epoch."""
+
+    rows: np.ndarray
+    """float64 rows (return, length, env step, agent) in the order the ring recorded them
+    (:meth:`~gper.training.episodes.EpisodeTracker.drain_rows`)"""
+    by_agent: list[np.ndarray]
+    """``rows`` split by agent: entry ``i`` holds agent ``i``'s, in the order they were recorded"""
 
 
 def population_of(learner: Any, num_envs: int) -> int:
@@ -114,8 +122,14 @@ class PopulationReport(RunReport):
         self.agent_solved = [None if s is None else (int(s[0]), float(s[1])) for s in state["agent_solved"]]
 
     def drain(self, tracker: Any, host: dict[str, torch.Tensor]) -> tuple[Episodes, int]:
-        """The epoch's episodes per agent (:meth:`~gper.training.episodes.EpisodeTracker.drain_agents`)."""
-        return tracker.drain_agents(host)
+        """The epoch's episodes as rows (:meth:`~gper.training.episodes.EpisodeTracker.drain_rows`)
+        and split by agent."""
+        rows, lost = tracker.drain_rows(host)
+        agent = rows[:, 3].astype(np.int64)
+        order = np.argsort(agent, kind="stable")
+        bounds = np.searchsorted(agent[order], np.arange(self.agents + 1))
+        ordered = rows[order]
+        return Episodes(rows, [ordered[bounds[a] : bounds[a + 1]] for a in range(self.agents)]), lost
 
     def agent_means(self) -> list[float]:
         """Each agent's mean of its last 100 episodes (NaN for one without episodes)."""
@@ -124,20 +138,24 @@ class PopulationReport(RunReport):
     def _record_episodes(self, episodes: Episodes, lost: int) -> None:
         if lost:
             self.log(f"gper train: {lost} finished episodes were not recorded (more than the ring holds in one epoch)")
-        # in the order of their steps, as metrics.jsonl keeps its records (a step's agents in order)
-        merged = sorted(((ep[2], agent, ep) for agent, eps in enumerate(episodes) for ep in eps), key=lambda t: t[0])
-        names = [(f"agent_{a}/charts/episodic_return", f"agent_{a}/charts/episodic_length") for a in range(self.agents)]
-        for _, agent, (ret, _, _) in merged:
-            self.returns.append(ret)
-            self.episode_agents.append(agent)
-            self.agent_returns[agent].append(ret)
-        self.runlog.log_episodes(
-            (step, names[agent][0], ret, names[agent][1], length) for step, agent, (ret, length, _) in merged
-        )
+        rows = episodes.rows
+        agent, step = rows[:, 3].astype(np.int64), rows[:, 2].astype(np.int64)
+        # in the order of their steps, as metrics.jsonl keeps its records: a step's by agent, and an
+        # agent's in the order they were recorded
+        order = np.lexsort((np.arange(len(rows)), agent, step))
+        returns, agents = rows[order, 0].tolist(), agent[order].tolist()
+        self.returns.extend(returns)
+        self.episode_agents.extend(agents)
+        for a, own in enumerate(episodes.by_agent):
+            self.agent_returns[a].extend(own[:, 0].tolist())
+        self.runlog.log_agent_episodes(step[order].tolist(), agents, returns, rows[order, 1].astype(np.int64).tolist())
 
     def _windows(self, episodes: Episodes, now: float) -> None:
         """Each agent's 100-episode windows that end in this epoch: its best, and its first at solve_return."""
-        for agent, eps in enumerate(episodes):
+        for agent, own in enumerate(episodes.by_agent):
+            # (return, length, env step) of each of the agent's new episodes, as scan_windows reads them
+            ints = own[:, 1:3].astype(np.int64)
+            eps = list(zip(own[:, 0].tolist(), ints[:, 0].tolist(), ints[:, 1].tolist(), strict=True))
             best, solved = scan_windows(self.agent_returns[agent], eps, self.cfg.solve_return)
             self.agent_best[agent] = max(self.agent_best[agent], best)
             if self.agent_solved[agent] is None and solved is not None:

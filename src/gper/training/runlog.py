@@ -120,6 +120,30 @@ class RunLog:
                 self.events.scalars(int(step), {ret_name: ret, len_name: length})
         self._file.write("".join(lines))
 
+    def log_agent_episodes(self, steps: list[int], agents: list[int], returns: list[float], lengths: list[int]) -> None:
+        """A population's episodes, one record each as :meth:`log_episodes` writes them, with the
+        names ``agent_<a>/charts/episodic_return`` and ``agent_<a>/charts/episodic_length``: from
+        columns, each name quoted once (a population can finish 10^5 episodes an epoch)."""
+        if not steps:
+            return
+        if self.events is not None or not all(map(math.isfinite, returns)):  # the general path, record by record
+            self.log_episodes(
+                (s, f"agent_{a}/charts/episodic_return", r, f"agent_{a}/charts/episodic_length", n)
+                for s, a, r, n in zip(steps, agents, returns, lengths, strict=True)
+            )
+            return
+        top = max(agents) + 1
+        ret = [f", {json.dumps(f'agent_{a}/charts/episodic_return')}: " for a in range(top)]
+        length = [f", {json.dumps(f'agent_{a}/charts/episodic_length')}: " for a in range(top)]
+        self._file.write(
+            "".join(
+                [
+                    f'{{"global_step": {s}{ret[a]}{r!r}{length[a]}{n}}}\n'
+                    for s, a, r, n in zip(steps, agents, returns, lengths, strict=True)
+                ]
+            )
+        )
+
     def flush(self) -> None:
         self._file.flush()
         if self.events is not None:
