@@ -3,9 +3,10 @@
 ``gper bench trainers`` reports, for gper, the ``train()`` call's time outside its training loop
 (``compile/setup``) and the loop's wall time. This script runs the same settings
 (:func:`gper.bench.trainers.gper_run.purejaxrl_settings`) for each population size twice in one
-process, the first time with an empty Triton cache (``TRITON_CACHE_DIR`` set to a new folder before
-Triton is imported), so the first run's setup holds the kernels' compilation and the second's
-does not; then once more without the phase timing (``time_every=0``), to show what timing
+process, which starts with an empty Triton cache (``TRITON_CACHE_DIR`` set to a new folder before
+Triton is imported): the first population size's first run compiles every kernel it uses, a later
+size's first run only the variants it adds (64 batch rows a gradient program, say), and each
+second run none; then once more without the phase timing (``time_every=0``), to show what timing
 every tenth iteration costs. Each run is ``--steps`` env steps an agent (training from step
 10,000). Prints one row a run and writes ``population-setup-<device>-<stamp>.md``.
 
@@ -30,7 +31,7 @@ from gper.bench.trainers.purejaxrl_run import default_config  # noqa: E402
 from gper.dqn import Config, train  # noqa: E402
 
 #: each population size's runs, in this order: (label, Config changes)
-RUNS = (("first (Triton cache cold)", {}), ("second (cache warm)", {}), ("time_every=0", {"time_every": 0}))
+RUNS = (("first (compiles what is new)", {}), ("second (cache warm)", {}), ("time_every=0", {"time_every": 0}))
 
 
 def one_run(agents: int, steps: int, device: str, **changes) -> list[str]:
@@ -63,7 +64,8 @@ def main() -> None:
     md = [title, "", header_line(env, "population_setup"), ""]
     md += [
         f"train() at gper bench trainers' PureJaxRL settings, {args.steps:,} env steps an agent, runs in this order "
-        f"in one process; Triton's cache started empty ({os.environ['TRITON_CACHE_DIR']}); setup = the call's time "
+        f"in one process; Triton's cache started empty ({os.environ['TRITON_CACHE_DIR']}) before the first size's "
+        "first run; setup = the call's time "
         "outside its training loop; µs/iteration = loop wall / collection iterations (the first 1,000 collect only)",
         "",
     ]

@@ -31,6 +31,7 @@ def test_presets_fill_every_optional_field():
         (dict(time_every=-1), "time_every"),
         (dict(checkpoint_every=-1), "checkpoint_every must be an integer >= 0"),
         (dict(keep_checkpoints=0), "keep_checkpoints must be an integer >= 1"),
+        (dict(loss="l1"), "loss must be one of"),
     ],
 )
 def test_bad_config_is_refused(smoke, change, message):

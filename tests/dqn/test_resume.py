@@ -89,6 +89,24 @@ def test_a_checkpoint_with_the_walk_settings_flat_resumes_as_before(run, tmp_pat
     assert_same_training(tmp_path / "whole", tmp_path / "resumed")
 
 
+def test_a_checkpoint_from_before_the_loss_setting_resumes_as_huber(run, tmp_path):
+    """A checkpoint written before ``Config.loss`` (no ``loss`` among its settings) ran with the Huber
+    loss: it reads back with ``loss="huber"`` and resumes bit for bit; asked for ``mse`` it is refused."""
+    train(Config(**run, run_name="whole"), **QUIET)
+    middle = tmp_path / "whole" / "checkpoints" / "step-000000000400"
+    old = tmp_path / "old" / middle.name
+    shutil.copytree(middle, old)
+    trainer = old / "trainer.pt"
+    state = torch.load(trainer, weights_only=True)
+    del state["config"]["loss"]
+    torch.save(state, trainer)
+    assert stored_config(old).loss == "huber"
+    with pytest.raises(ValueError, match=r"loss 'mse' \(checkpoint: 'huber'\)"):
+        train(Config(**run, loss="mse", run_name="refused", resume=str(old)), **QUIET)
+    train(Config(**run, run_name="resumed", resume=str(old)), **QUIET)
+    assert_same_training(tmp_path / "whole", tmp_path / "resumed")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("graphs", [True, False])
 def test_a_gpu_run_resumed_mid_way_ends_where_the_whole_run_does(run, tmp_path, graphs):

@@ -279,3 +279,34 @@ def test_the_interval_goes_through_rliables_stratified_bootstrap(monkeypatch):
     library.get_interval_estimates = broken
     assert iqm_interval([1.0, 2.0]) == (None, "left out: rliable failed: TypeError: random_state has type RandomState")
     assert iqm_interval([1.0])[0] is None
+
+
+def test_an_epochs_episodes_are_recorded_by_step_then_agent_then_ring_order(tmp_path):
+    """The epoch report from the drained rows: metrics.jsonl holds a step's episodes by agent and an
+    agent's in the order the ring recorded them (two of one agent at one step too), each agent's
+    returns follow its own order, and an agent without episodes gets none (a plain-Python oracle)."""
+    from gper.training.population_report import PopulationReport
+    from gper.training.runlog import RunLog
+
+    agents = 4
+    # (return, length, env step, agent) in ring order: steps interleaved, ties across and within agents
+    ring = [(5.0, 5, 20, 2), (1.0, 1, 10, 3), (2.0, 2, 10, 0), (7.5, 7, 20, 0), (3.0, 3, 10, 3), (4.0, 4, 20, 2)]
+    tracker = EpisodeTracker(agents * 2, torch.device("cpu"), agents=agents)
+    tracker.table[: len(ring)] = torch.tensor(ring, dtype=tracker.table.dtype)
+    host = {"episodes": tracker.table, "episode_count": torch.tensor(len(ring))}
+    log = RunLog(tmp_path)
+    report = PopulationReport(RunConfig(env="x", num_envs=2), torch.device("cpu"), log, [], print, agents=agents)
+    episodes, lost = report.drain(tracker, host)
+    report._record_episodes(episodes, lost)
+    report._windows(episodes, 0.0)
+    log.close()
+    order = sorted(range(len(ring)), key=lambda i: (ring[i][2], ring[i][3], i))
+    want = [
+        {"global_step": ring[i][2], f"agent_{ring[i][3]}/charts/episodic_return": ring[i][0],
+         f"agent_{ring[i][3]}/charts/episodic_length": ring[i][1]}
+        for i in order
+    ]  # fmt: skip
+    assert read_metrics(tmp_path / "metrics.jsonl") == want
+    assert report.returns == [ring[i][0] for i in order] and report.episode_agents == [ring[i][3] for i in order]
+    assert report.agent_returns == [[2.0, 7.5], [], [5.0, 4.0], [1.0, 3.0]]
+    assert lost == 0 and report.agent_best == [-math.inf] * agents  # no 100-episode window yet

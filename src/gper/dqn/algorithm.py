@@ -46,6 +46,7 @@ ADDED = {
     "distributed": "off",
     "population": 1,
     "sweep": (),
+    "loss": "huber",
 }
 
 

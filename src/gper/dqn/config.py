@@ -327,6 +327,9 @@ def resolve(config: Config, device: torch.device, family: str | None = None) -> 
 
 
 def _check(cfg: Config) -> None:
+    from gper.dqn.fused_loss import check_loss
+
+    check_loss(cfg.loss)
     if isinstance(cfg.population, bool) or not isinstance(cfg.population, int) or cfg.population < 1:
         raise ValueError(f"population must be an integer >= 1, got {cfg.population!r}")
     if cfg.sweep:

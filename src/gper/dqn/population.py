@@ -6,7 +6,8 @@ on the CPU. The parts, each in its own module:
 - :class:`StackedQNetwork` and :func:`stacked_init` (:mod:`gper.dqn.population_net`): the online
   and target networks, weights ``[N, out, in]``, forward ``[N, B, obs_dim] -> [N, B, n_actions]``.
 - :func:`population_loss` and :func:`population_td_loss` (:mod:`gper.dqn.population_loss`): each
-  agent's double-Q Huber loss over its own batch; :func:`clip_grad_norms_`, each agent's clipping.
+  agent's double-Q Huber (or squared-error) loss over its own batch; :func:`clip_grad_norms_`, each
+  agent's clipping.
 - :class:`PopulationAdam`, :func:`hard_update_`, :func:`soft_update_`
   (:mod:`gper.dqn.population_adam`): Adam with each agent's own state (and learning rate, for a
   sweep), and the target updates.

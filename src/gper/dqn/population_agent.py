@@ -347,7 +347,8 @@ class PopulationAgent:
         s.grads = [p.grad for p in self.qnet.parameters()]
 
     def _learn_fused(self) -> None:
-        # _fwd_bwd and _adam in three launches: the same loss, clipping, Adam and soft target update
+        # _fwd_bwd and _adam in two launches (three with clipping): the same loss, clipping, Adam and
+        # soft target update
         s, cfg, adam = self.learn_state, self.cfg, self.adam
         x, next_x = s.x, s.next_x
         if next_x.stride() != x.stride() or x.stride(2) != 1:

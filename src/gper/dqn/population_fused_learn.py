@@ -377,6 +377,8 @@ def population_learn_step(
         raise RuntimeError("population_learn_step needs Triton (pip install triton)")
     if rows is not None and (rows < 16 or rows & (rows - 1)):
         raise ValueError(f"rows must be a power of two of at least 16, got {rows}")
+    if num_warps is not None and num_warps not in (1, 2, 4, 8, 16, 32):
+        raise ValueError(f"num_warps must be a power of two from 1 to 32, got {num_warps}")
     check_loss(loss)
     if precision not in ("tf32", "ieee"):
         raise ValueError(f"precision must be tf32 or ieee, got {precision!r}")
@@ -408,18 +410,19 @@ def population_learn_step(
     chunks = triton.cdiv(b, block_b)
     part = torch.empty(n, chunks, total, device=x.device)
     psum = torch.empty(n, chunks, 3, device=x.device)
+    unread = torch.empty(1, device=x.device)  # the pointer of an input a kernel's flags leave unread
     _grad_kernel[(n, chunks)](
         x, next_x, x.stride(0), x.stride(1), action, *action.stride(), reward, *reward.stride(),
-        done, *done.stride(), weights, gamma_t.reshape(-1) if gamma_t is not None else steps,
+        done, *done.stride(), weights, gamma_t.reshape(-1) if gamma_t is not None else unread,
         *params, *targets, td, part, psum, steps,
         b, n_in, h1, h2, n_act, total, 0.0 if gamma_t is not None else float(gamma),
         IN=_padded(n_in), H1=_padded(h1), H2=_padded(h2), A=_padded(n_act), BLOCK_B=block_b,
         DOUBLE_Q=double_q, GAMMA_PER_AGENT=gamma_t is not None, PRECISION=precision, MSE=loss == "mse",
-        num_warps=num_warps or NUM_WARPS,
+        num_warps=NUM_WARPS if num_warps is None else num_warps,
     )  # fmt: skip
     clip = max_grad_norm > 0
     src, src_chunks, n_sq = part, chunks, 1
-    sq = psum  # unread without clipping
+    sq = unread
     if clip:  # the norm needs each agent's whole gradient first: the chunks summed in a pass of their own
         n_sq = triton.cdiv(total, BLOCK_P)
         src, src_chunks = torch.empty(n, 1, total, device=x.device), 1
@@ -429,7 +432,7 @@ def population_learn_step(
     tensor_blocks = sum(triton.cdiv(k, BLOCK_P) for k in sizes)
     _adam_kernel[(n, tensor_blocks)](
         src, src_chunks, sq, n_sq, psum, chunks, sums, b,
-        *params, *targets, *exp_avgs, *exp_avg_sqs, steps, lr, tau_t if tau_t is not None else steps,
+        *params, *targets, *exp_avgs, *exp_avg_sqs, steps, lr, tau_t if tau_t is not None else unread,
         n_in, h1, h2, n_act, total, float(max_grad_norm), beta1, beta2, math.log2(beta1), math.log2(beta2), eps,
         float(soft_tau) if soft_tau is not None and tau_t is None else 0.0,
         BLOCK_P=BLOCK_P, N_SQ=max(2, triton.next_power_of_2(n_sq)), C_BLOCK=max(2, triton.next_power_of_2(chunks)),

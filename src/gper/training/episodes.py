@@ -120,7 +120,7 @@ class EpisodeTracker:
         ``ring`` finished in between. A population's: all its agents' episodes together (see
         :meth:`drain_agents`)."""
         rows, lost = self._drain_rows(host)
-        return _episode_tuples(rows), lost
+        return episode_tuples(rows), lost
 
     def drain_agents(self, host: dict[str, torch.Tensor]) -> tuple[list[list[tuple[float, int, int]]], int]:
         """Like :meth:`drain`, the episodes sorted by agent: list ``i`` holds agent ``i``'s (return,
@@ -128,12 +128,8 @@ class EpisodeTracker:
         episodes once: call one of them an epoch (see also :meth:`drain_rows`)."""
         rows, lost = self._drain_rows(host)
         if self.agents == 1:
-            return [_episode_tuples(rows)], lost
-        agent = rows[:, 3].astype(np.int64)
-        order = np.argsort(agent, kind="stable")  # by agent, each agent's oldest first
-        bounds = np.searchsorted(agent[order], np.arange(self.agents + 1))
-        rows = rows[order]
-        return [_episode_tuples(rows[bounds[i] : bounds[i + 1]]) for i in range(self.agents)], lost
+            return [episode_tuples(rows)], lost
+        return [episode_tuples(own) for own in split_by_agent(rows, self.agents)], lost
 
     def drain_rows(self, host: dict[str, torch.Tensor]) -> tuple[np.ndarray, int]:
         """Like :meth:`drain`, as one float64 array of rows (return, length, env step at its end,
@@ -180,7 +176,17 @@ class EpisodeTracker:
         self.resetting.copy_(state.get("resetting", torch.zeros_like(self.resetting)))
 
 
-def _episode_tuples(rows: np.ndarray) -> list[tuple[float, int, int]]:
+def split_by_agent(rows: np.ndarray, agents: int) -> list[np.ndarray]:
+    """A population's drained rows (:meth:`EpisodeTracker.drain_rows`) by agent: entry ``i`` holds
+    agent ``i``'s, oldest first."""
+    agent = rows[:, 3].astype(np.int64)
+    order = np.argsort(agent, kind="stable")
+    bounds = np.searchsorted(agent[order], np.arange(agents + 1))
+    rows = rows[order]
+    return [rows[bounds[i] : bounds[i + 1]] for i in range(agents)]
+
+
+def episode_tuples(rows: np.ndarray) -> list[tuple[float, int, int]]:
     """(return, length, env step) of each ring row (lengths and steps are whole numbers held as floats)."""
     ints = rows[:, 1:3].astype(np.int64)
     return list(zip(rows[:, 0].tolist(), ints[:, 0].tolist(), ints[:, 1].tolist(), strict=True))

@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from gper.training.episodes import episode_tuples, split_by_agent
 from gper.training.population_stats import iqm, mean, population_summary
 from gper.training.report import Results, RunReport, mean_last100, scan_windows
 from gper.training.runlog import RunLog
@@ -125,11 +126,7 @@ class PopulationReport(RunReport):
         """The epoch's episodes as rows (:meth:`~gper.training.episodes.EpisodeTracker.drain_rows`)
         and split by agent."""
         rows, lost = tracker.drain_rows(host)
-        agent = rows[:, 3].astype(np.int64)
-        order = np.argsort(agent, kind="stable")
-        bounds = np.searchsorted(agent[order], np.arange(self.agents + 1))
-        ordered = rows[order]
-        return Episodes(rows, [ordered[bounds[a] : bounds[a + 1]] for a in range(self.agents)]), lost
+        return Episodes(rows, split_by_agent(rows, self.agents)), lost
 
     def agent_means(self) -> list[float]:
         """Each agent's mean of its last 100 episodes (NaN for one without episodes)."""
@@ -153,10 +150,7 @@ class PopulationReport(RunReport):
     def _windows(self, episodes: Episodes, now: float) -> None:
         """Each agent's 100-episode windows that end in this epoch: its best, and its first at solve_return."""
         for agent, own in enumerate(episodes.by_agent):
-            # (return, length, env step) of each of the agent's new episodes, as scan_windows reads them
-            ints = own[:, 1:3].astype(np.int64)
-            eps = list(zip(own[:, 0].tolist(), ints[:, 0].tolist(), ints[:, 1].tolist(), strict=True))
-            best, solved = scan_windows(self.agent_returns[agent], eps, self.cfg.solve_return)
+            best, solved = scan_windows(self.agent_returns[agent], episode_tuples(own), self.cfg.solve_return)
             self.agent_best[agent] = max(self.agent_best[agent], best)
             if self.agent_solved[agent] is None and solved is not None:
                 self.agent_solved[agent] = (solved, now - self.t0)
