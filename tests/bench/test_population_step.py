@@ -55,7 +55,9 @@ def test_the_report_lists_the_costliest_kernels(tmp_path):
     row |= {"env_steps_per_s": 5.0, "launches": 7, "kernel_us": 9.0, "busy_pct": 90.0}
     row |= {f"{p}_launches": 1 for p in ps.PHASES} | {f"{p}_us": 1.5 for p in ps.PHASES}
     resolved = type("R", (), {"num_envs": 4, "hidden": (8,), "batch_size": 16, "sampling": "proportional"})
+    resolved.loss = "mse"
     ps.report(cfg, environment(cfg.device), [row], {2: [("gemm|kernel", 4.25)]}, resolved, log=lambda *a: None)
     md = next(tmp_path.glob("train-step-population-cpu-*.md")).read_text()
+    assert "cartpole preset (4 envs an agent, (8,), batch 16, proportional, mse loss)" in md
     assert "The costliest kernels of an iteration, 2 agents" in md and "| gemm/kernel | 4.2 |" in md
     assert "| population | 2 | 10 | 11 | 1.00 | 5 | 7 | 9 | 90 | 1 / 2 |" in md

@@ -220,9 +220,13 @@ def report(
     """Print the table and write ``train-step-population-<device>-<stamp>.{csv,md}`` (with ``cfg.out``):
     ``top`` maps N (0: the single agent) to its costliest kernels, (name, µs per iteration)."""
     cuda = cfg.device.type == "cuda"
+    settings = f"{cfg.env} preset"
+    if cfg.overrides:  # what the run changed in it
+        settings += f" with {', '.join(sorted(cfg.overrides))} set"
     title = (
-        f"{cfg.env} preset ({resolved.num_envs} envs an agent, {resolved.hidden}, batch {resolved.batch_size}, "
-        f"{resolved.sampling}): one collect + one learn step" + (", CUDA graphs" if cuda else ", eager (CPU)")
+        f"{settings} ({resolved.num_envs} envs an agent, {resolved.hidden}, batch {resolved.batch_size}, "
+        f"{resolved.sampling}, {resolved.loss} loss): one collect + one learn step"
+        + (", CUDA graphs" if cuda else ", eager (CPU)")
     )
     headers = ["learner", "agents", "device µs", "wall µs", "× single", "env steps/s", "launches", "kernel µs"]
     headers += ["busy %", *(f"{p} (n / µs)" for p in PHASES)]
