@@ -116,13 +116,13 @@ def kernel_sweep(device: torch.device, agents: list[int], out: Path) -> None:
     md = [f"# The fused learn kernel alone: {env['device']}", "", header_line(env, "population_settings --kernel"), ""]
     md += [
         "population_learn_step replayed from a CUDA graph of 20 calls, µs a call, median of 9 replays; "
-        f"max |diff|: the largest difference of the first step's TD errors and parameters from the "
+        f"max abs diff: the largest difference of the first step's TD errors and parameters from the "
         f"{default[0]}-row, {default[1]}-warp variant's, from the same state; the rule in gper "
         f"(population_fused_learn.block_rows) picks {fl.BLOCK_B} rows, or {fl.BLOCK_B_WIDE} once "
         "that grid fills every multiprocessor",
         "",
     ]
-    headers = ["settings", "agents", "rows", "warps", "µs", "max |diff|"]
+    headers = ["settings", "agents", "rows", "warps", "µs", "max abs diff"]
     md += [format_markdown(headers, rows, [False, True, True, True, True, True])]
     files = ResultFiles(out, env, None, prefix="fused-learn-kernel")
     files.write_markdown("\n".join(md) + "\n")
