@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import argparse
 import functools
-import statistics
 from pathlib import Path
 
 import torch
 
 from gper.bench.population_step import PopulationBenchConfig, run_population_bench
 from gper.bench.report import ResultFiles, environment, format_markdown, header_line
+from gper.bench.timing import time_graph
 
 SETTINGS = {
     "preset": {},
@@ -39,13 +39,15 @@ SETTINGS = {
 }  # fmt: skip
 
 
+#: learn steps in each timed graph
+GRAPH_CALLS = 20
 #: (rows, warps) variants of the learn kernel's gradient programs; the others are checked against the first
 KERNEL_VARIANTS = ((32, 8), (32, 4), (64, 4), (64, 8), (128, 4), (128, 8), (128, 16))
 
 
 def kernel_sweep(device: torch.device, agents: list[int], out: Path) -> None:
     """Time population_learn_step alone at each setting's shapes, chunk size and warp count, replayed
-    from a CUDA graph of 20 calls (no launch overhead), and check each variant's first step against
+    from a CUDA graph of 20 calls (:func:`gper.bench.timing.time_graph`), and check each variant's first step against
     the default's from the same state (TD errors and parameters)."""
     import gper.dqn.population_fused_learn as fl
     from gper.dqn.population_adam import PopulationAdam
@@ -91,31 +93,16 @@ def kernel_sweep(device: torch.device, agents: list[int], out: Path) -> None:
                     reference, diff = state, 0.0
                 else:
                     diff = max(float((a - b).abs().max()) for a, b in zip(state, reference, strict=True))
-                stream = torch.cuda.Stream(device)
-                stream.wait_stream(torch.cuda.current_stream(device))
-                with torch.cuda.stream(stream):
-                    for _ in range(3):
-                        step()
-                torch.cuda.current_stream(device).wait_stream(stream)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    for _ in range(20):
-                        step()
-                graph.replay()
-                times = []
-                for _ in range(9):
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    graph.replay()
-                    end.record()
-                    end.synchronize()
-                    times.append(start.elapsed_time(end) * 1e3 / 20)
-                rows.append([name, str(n), str(block), str(warps), f"{statistics.median(times):,.1f}", f"{diff:.1e}"])
+                # a graph of GRAPH_CALLS calls: its launch is a share of each call's time, not all of it
+                timing = time_graph(lambda step=step: [step() for _ in range(GRAPH_CALLS)], repeats=9)
+                us = timing.median_us / GRAPH_CALLS
+                rows.append([name, str(n), str(block), str(warps), f"{us:,.1f}", f"{diff:.1e}"])
                 print(*rows[-1], flush=True)
     env = environment(device)
     md = [f"# The fused learn kernel alone: {env['device']}", "", header_line(env, "population_settings --kernel"), ""]
     md += [
-        "population_learn_step replayed from a CUDA graph of 20 calls, µs a call, median of 9 replays; "
+        "population_learn_step replayed from a CUDA graph of 20 calls (gper.bench.timing.time_graph), µs a call, "
+        "median of 9 repeats; "
         f"max abs diff: the largest difference of the first step's TD errors and parameters from the "
         f"{default[0]}-row, {default[1]}-warp variant's, from the same state; the rule in gper "
         f"(population_fused_learn.block_rows) picks {fl.BLOCK_B} rows, or {fl.BLOCK_B_WIDE} once "

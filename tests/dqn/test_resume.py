@@ -9,6 +9,7 @@ import dataclasses
 import json
 import shutil
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -72,18 +73,23 @@ def test_a_run_resumed_mid_way_ends_where_the_whole_run_does(run, tmp_path, samp
         assert resumed[key] == whole[key], key
 
 
+def _older_checkpoint(tmp_path, edit) -> Path:
+    """A copy of the "whole" run's checkpoint at env step 400 whose trainer.pt settings ``edit``
+    (a function of the settings dict, changing it in place) turned into an older gper's."""
+    middle = tmp_path / "whole" / "checkpoints" / "step-000000000400"
+    old = tmp_path / "old" / middle.name
+    shutil.copytree(middle, old)
+    state = torch.load(old / "trainer.pt", weights_only=True)
+    edit(state["config"])
+    torch.save(state, old / "trainer.pt")
+    return old
+
+
 def test_a_checkpoint_with_the_walk_settings_flat_resumes_as_before(run, tmp_path):
     """A checkpoint written before ``Config.walk`` (its trainer.pt's settings with ``steps_per_bar``,
     ``validations``, ... among the others) reads back with them in ``walk`` and resumes bit for bit."""
     train(Config(**run, run_name="whole"), **QUIET)
-    middle = tmp_path / "whole" / "checkpoints" / "step-000000000400"
-    old = tmp_path / "old" / middle.name
-    shutil.copytree(middle, old)
-    trainer = old / "trainer.pt"
-    state = torch.load(trainer, weights_only=True)
-    walk = state["config"].pop("walk")
-    state["config"] |= walk
-    torch.save(state, trainer)
+    old = _older_checkpoint(tmp_path, lambda config: config.update(config.pop("walk")))
     assert stored_config(old).walk == WalkForward()
     train(Config(**run, run_name="resumed", resume=str(old)), **QUIET)
     assert_same_training(tmp_path / "whole", tmp_path / "resumed")
@@ -93,13 +99,7 @@ def test_a_checkpoint_from_before_the_loss_setting_resumes_as_huber(run, tmp_pat
     """A checkpoint written before ``Config.loss`` (no ``loss`` among its settings) ran with the Huber
     loss: it reads back with ``loss="huber"`` and resumes bit for bit; asked for ``mse`` it is refused."""
     train(Config(**run, run_name="whole"), **QUIET)
-    middle = tmp_path / "whole" / "checkpoints" / "step-000000000400"
-    old = tmp_path / "old" / middle.name
-    shutil.copytree(middle, old)
-    trainer = old / "trainer.pt"
-    state = torch.load(trainer, weights_only=True)
-    del state["config"]["loss"]
-    torch.save(state, trainer)
+    old = _older_checkpoint(tmp_path, lambda config: config.pop("loss"))
     assert stored_config(old).loss == "huber"
     with pytest.raises(ValueError, match=r"loss 'mse' \(checkpoint: 'huber'\)"):
         train(Config(**run, loss="mse", run_name="refused", resume=str(old)), **QUIET)
