@@ -14,7 +14,8 @@ holds what they pass each other:
   from the flat replay, the n-step ``R + discount Q'(s_m)`` from the trajectory replay.
 - ``grad_sync`` (data-parallel training only, :mod:`gper.training.parallel`): the gradients averaged
   over the ranks, one all-reduce.
-- ``per_update``: priorities from the TD errors, then the beta anneal. In the one-graph step it
+- ``per_update``: priorities from the TD errors (none under uniform sampling, which reads none),
+  then the beta anneal. In the one-graph step it
   runs on a side stream alongside ``adam`` (neither reads what the other writes).
 - ``adam``: optional global-norm clipping, capturable Adam, the soft target update (tau < 1).
 
@@ -144,6 +145,8 @@ class Agent:
         self._side = torch.cuda.Stream(device) if cfg.fused_step and cuda else None
         self.batch_source: BatchSource = self.sample_replay if batch_source is None else batch_source
         self.from_replay = batch_source is None
+        # uniform sampling never reads a priority: the TD errors would be written for nothing
+        self.updates_priorities = self.from_replay and cfg.sampling != "uniform"
         graphs = cfg.cuda_graphs and cuda
         warmup = self.feed.collect_warmup
         self.collect = PhasedStep({"collect": self._collect}, device, graphs and env.graph_safe, warmup=warmup)
@@ -354,8 +357,9 @@ class Agent:
     def _per_update(self) -> None:
         s = self.learn_state
         # from another batch source (a fixed batch) there is no priority update: its rows are not
-        # the replay's draws; beta is annealed all the same, so the step keeps its phases and work
-        if self.from_replay:
+        # the replay's draws; nor under uniform sampling, which reads none. Beta is annealed all the
+        # same, so the step keeps its phases
+        if self.updates_priorities:
             self.feed.update_priorities(s.batch, s.td)
         # anneal in place (two tiny kernels) rather than recomputing from the step counter
         self.beta_t.add_((1.0 - self.cfg.beta) / self.total_train_steps).clamp_(max=1.0)

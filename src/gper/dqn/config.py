@@ -97,7 +97,8 @@ class Config:
     """the TD loss, times each transition's IS weight: huber (delta 1: DQN's, SB3's, CleanRL's) or
     mse, the squared error (PureJaxRL's: larger steps where TD errors are large)"""
     sampling: Literal["proportional", "stratified", "rank", "uniform"] = "proportional"
-    """replay sampling; uniform turns prioritization off (IS weights all 1); rank re-sorts once an epoch"""
+    """replay sampling; uniform turns prioritization off (IS weights all 1, no priority updates); rank re-sorts
+    once an epoch"""
     alpha: float = 0.6
     """priority exponent"""
     weight_norm: Literal["global", "batch"] | None = None
