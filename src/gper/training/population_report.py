@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from gper.training.episodes import episode_tuples, split_by_agent
+from gper.training.episodes import split_by_agent
 from gper.training.population_stats import iqm, mean, population_summary
 from gper.training.report import Results, RunReport, mean_last100, scan_windows
 from gper.training.runlog import RunLog
@@ -150,7 +150,7 @@ class PopulationReport(RunReport):
     def _windows(self, episodes: Episodes, now: float) -> None:
         """Each agent's 100-episode windows that end in this epoch: its best, and its first at solve_return."""
         for agent, own in enumerate(episodes.by_agent):
-            best, solved = scan_windows(self.agent_returns[agent], episode_tuples(own), self.cfg.solve_return)
+            best, solved = scan_windows(self.agent_returns[agent], own[:, 2], self.cfg.solve_return)
             self.agent_best[agent] = max(self.agent_best[agent], best)
             if self.agent_solved[agent] is None and solved is not None:
                 self.agent_solved[agent] = (solved, now - self.t0)

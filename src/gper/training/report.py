@@ -13,10 +13,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from gper.training.runlog import RunLog
@@ -70,25 +71,39 @@ class Results:
     None for one agent (whose ``summary.json`` then has no such entry)"""
 
 
+#: episodes in the window of the running mean (the reports' and the solve criterion's)
+WINDOW = 100
+
+
 def mean_last100(returns: list[float]) -> float:
-    """The mean of the last 100 returns (fewer when there are fewer; NaN when there are none)."""
-    return sum(returns[-100:]) / len(returns[-100:]) if returns else float("nan")
+    """The mean of the last 100 returns (fewer when there are fewer; NaN when there are none),
+    summed as :func:`scan_windows` sums a window."""
+    tail = returns[-WINDOW:]
+    return float(np.sum(np.asarray(tail, dtype=np.float64))) / len(tail) if tail else float("nan")
 
 
 def scan_windows(
-    returns: list[float], episodes: list[tuple[float, int, int]], goal: float | None
+    returns: list[float], steps: Sequence[int] | np.ndarray, goal: float | None
 ) -> tuple[float, int | None]:
-    """Every 100-episode window of ``returns`` that ends in its newest ``len(episodes)`` entries
-    (``episodes``: those entries' (return, length, env step)): the best window's mean (-inf when
-    none ends there), and the env step of the first window at ``goal`` or above (None if none)."""
-    first_new = len(returns) - len(episodes)
-    best, solved = -math.inf, None
-    for k in range(max(100, first_new + 1), len(returns) + 1):
-        window = sum(returns[k - 100 : k]) / 100
-        best = max(best, window)
-        if solved is None and goal is not None and window >= goal:
-            solved = episodes[k - 1 - first_new][2]
-    return best, solved
+    """Every 100-episode window of ``returns`` that ends in its newest ``len(steps)`` entries
+    (``steps``: the env step at the end of each of those entries): the best window's mean (-inf
+    when none ends there), and the env step of the first window at ``goal`` or above (None if none).
+
+    The windows are summed by numpy, each on its own (its sum does not depend on which epoch
+    scanned it), so a population's 10^5 episodes an epoch take a few array operations, not a
+    Python sum a window."""
+    first_new = len(returns) - len(steps)
+    start = max(WINDOW, first_new + 1)  # the end (exclusive) of the first window to scan
+    if start > len(returns):
+        return -math.inf, None
+    tail = np.asarray(returns[start - WINDOW :], dtype=np.float64)
+    means = np.lib.stride_tricks.sliding_window_view(tail, WINDOW).sum(axis=1) / WINDOW
+    solved = None
+    if goal is not None:
+        at_goal = np.flatnonzero(means >= goal)
+        if at_goal.size:
+            solved = int(steps[start + int(at_goal[0]) - 1 - first_new])
+    return float(means.max()), solved
 
 
 class RunReport:
@@ -305,7 +320,7 @@ class RunReport:
 
     def _windows(self, episodes: list[tuple[float, int, int]], now: float) -> None:
         """Every 100-episode window that ends in this epoch: the best one, and the first at solve_return."""
-        best, solved = scan_windows(self.returns, episodes, self.cfg.solve_return)
+        best, solved = scan_windows(self.returns, [step for _, _, step in episodes], self.cfg.solve_return)
         self.best = max(self.best, best)
         if self.solved_at is None and solved is not None:
             self.solved_at = (solved, now - self.t0)
