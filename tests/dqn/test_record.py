@@ -178,3 +178,33 @@ def test_a_stop_during_the_market_evaluation_ends_it_with_the_record(smoke, tmp_
     summary = _summary(tmp_path / "m")
     assert summary["stopped"] == "SIGINT" and summary["evaluation"] is None and summary["env_steps"] == 600
     assert [step_of(p) for p in list_checkpoints(tmp_path / "m" / "checkpoints")] == [600]
+
+
+def test_the_report_lookahead_leaves_the_record_as_it_was(run, tmp_path, monkeypatch):
+    """The next epoch's first iterations launched before an epoch's report (where no evaluation or
+    checkpoint is due: after epochs 1, 3 and 5 here) change no record: summary and metrics.jsonl
+    as with no lookahead."""
+    run = dict(run, checkpoint_every=0)
+    reported = []  # (the epoch's end, the iterations launched when it was reported)
+    launched = [0]
+    iterations, report_epoch = epochs.EpochLoop._iterations, epochs.EpochLoop._report_epoch
+
+    def counting(self, it, end):
+        done = iterations(self, it, end)
+        launched[0] = done[0]
+        return done
+
+    def noting(self, closed):
+        reported.append((closed.end, launched[0]))
+        return report_epoch(self, closed)
+
+    monkeypatch.setattr(epochs.EpochLoop, "_iterations", counting)
+    monkeypatch.setattr(epochs.EpochLoop, "_report_epoch", noting)
+    train(Config(**run, run_name="ahead"), **QUIET)
+    assert reported == [(100, 199), (200, 200), (300, 399), (400, 400), (500, 599), (600, 600)]
+    monkeypatch.setattr(epochs, "REPORT_LOOKAHEAD", 0)
+    reported.clear()
+    train(Config(**run, run_name="plain"), **QUIET)
+    assert reported == [(end, end) for end in range(100, 700, 100)]
+    assert computed_records(tmp_path / "ahead") == computed_records(tmp_path / "plain")
+    assert {k: _summary(tmp_path / "ahead")[k] for k in COURSE} == {k: _summary(tmp_path / "plain")[k] for k in COURSE}

@@ -28,6 +28,11 @@ from gper.training.settings import RunSettings
 from gper.training.signals import StopSignals
 from gper.training.timing import PhaseTimer
 
+#: collection iterations of the next epoch launched before an epoch's report (see the module
+#: docstring): enough GPU work to cover a report of 10^5 episodes at 256 agents, few enough
+#: launches (two an iteration) that the host does not wait for room in the launch queue
+REPORT_LOOKAHEAD = 256
+
 
 def trains_at(cfg: RunSettings, iteration: int) -> bool:
     """Whether collection iteration ``iteration`` (0-based) is followed by a training step."""
@@ -74,6 +79,29 @@ def sync_epoch(learner: Learner, readback: AsyncReadback) -> tuple[dict[str, tor
     return host, now
 
 
+class ClosedEpoch(NamedTuple):
+    """What an epoch's report needs, read at its end before the next iterations run."""
+
+    first: int
+    """its first collection iteration"""
+    end: int
+    """the iteration it ended before"""
+    train_steps: int
+    """training steps done at its end"""
+    host: dict[str, torch.Tensor]
+    """the readback (sums, the learner's device values, the episode ring)"""
+    now: float
+    """when the readback arrived"""
+    episodes: Any
+    """the episodes drained from the ring, in the form the report takes"""
+    lost: int
+    """episodes the ring lost"""
+    charts: dict[str, float]
+    """the learner's charts"""
+    phases: dict[str, tuple[float, int]]
+    """the phase timer's summary of the epoch"""
+
+
 class Reached(NamedTuple):
     """Where :meth:`EpochLoop.run` stopped."""
 
@@ -101,6 +129,10 @@ class EpochLoop:
     epoch's end, after its evaluation, with a checkpoint. In a data-parallel run (``launch``) the
     ranks agree on a stop at each epoch's end (:class:`~gper.training.parallel.GroupStop`), so a signal
     stops it there, never inside an epoch.
+
+    Where nothing else is due at an epoch's end, the next epoch's first iterations are launched
+    before its report (see the module docstring); a stop signal among them is seen after the
+    report, as one inside the next epoch.
     """
 
     spec: AlgorithmSpec
@@ -157,11 +189,22 @@ class EpochLoop:
             report.load_state_dict(report_state)
         it, self.path = start_it, None
         try:
+            first = it
             while it < iterations:
                 end, inside = self._iterations(it, min((it // epoch_its + 1) * epoch_its, iterations))
-                self._report_epoch(it, end)
-                it = end
-                if inside or self._after_epoch(it, -(-it // epoch_its), iterations):  # epochs from 1
+                if inside:  # a consistent point: the episodes not reported yet are in the checkpoint's ring
+                    self.path = self._save(end)
+                epoch = -(-end // epoch_its)  # epochs from 1
+                closed = self._close_epoch(first, end)
+                # the next epoch's first iterations run on the GPU while the host reports this one
+                ahead, cut = (end, False) if inside else self._look_ahead(end, epoch, iterations, epoch_its)
+                self._report_epoch(closed)
+                first, it = end, ahead
+                if cut:  # a stop signal in the lookahead: as one inside the next epoch, after this report
+                    self.path = self._save(ahead)
+                    self._report_epoch(self._close_epoch(end, ahead))
+                    break
+                if inside or (ahead == end and self._after_epoch(end, epoch, iterations)):
                     break
         finally:
             if self.bar is not None:
@@ -170,7 +213,8 @@ class EpochLoop:
 
     def _iterations(self, it: int, end: int) -> tuple[int, bool]:
         """Iterations ``it`` to ``end``, in blocks of ``graph_iterations`` where they fit (see
-        :mod:`~gper.training.iteration_graphs`); (where they stopped, whether a stop signal cut the epoch)."""
+        :mod:`~gper.training.iteration_graphs`); (where they stopped, whether a stop signal cut them
+        short: the caller checkpoints that point)."""
         cfg, n, i = self.cfg, self.cfg.num_envs, it
         while i < end:
             done = self._block(i, end)
@@ -182,8 +226,6 @@ class EpochLoop:
             if self.bar is not None and i * n - self.bar.n >= 64 * n:
                 self.bar.update(i * n - self.bar.n)
             if self.stop.requested and i < end:
-                # a consistent point: the episodes not reported yet are in the checkpoint's ring
-                self.path = self._save(i)
                 return i, True
         return end, False
 
@@ -200,26 +242,45 @@ class EpochLoop:
         self.train_steps += sum(trains)
         return blocks.k
 
-    def _report_epoch(self, it: int, end: int) -> None:
-        """The epoch from ``it`` to ``end``: read back, reported, shown on the bar."""
+    def _close_epoch(self, first: int, end: int) -> ClosedEpoch:
+        """The end of the epoch from ``first`` to ``end``: the readback, the drained episodes, the
+        learner's charts and the phase times, all read before any later iteration is launched."""
         learner, n = self.learner, self.cfg.num_envs
         host, now = sync_epoch(learner, self.readback)
         if self.launch is not None:
             self.stop.agree()  # every rank stops after the same epoch
         episodes, lost = self.report.drain(learner.episodes, host)  # a population's: per agent
+        charts, phases = learner.charts(host, end * n), self.timer.summary()
+        return ClosedEpoch(first, end, self.train_steps, host, now, episodes, lost, charts, phases)
+
+    def _look_ahead(self, end: int, epoch: int, iterations: int, epoch_its: int) -> tuple[int, bool]:
+        """Launch the next epoch's first iterations when nothing else is due after epoch ``epoch``
+        (it ended before iteration ``end``): at most :data:`REPORT_LOOKAHEAD`, and at least one left to the
+        epoch. Returns where they stopped (``end``: none ran) and whether a stop signal cut them short."""
+        cfg = self.cfg
+        due_eval = self.evaluator is not None and evaluation.due(cfg, epoch, last=False)
+        due_checkpoint = cfg.checkpoint_every > 0 and epoch % cfg.checkpoint_every == 0
+        if end >= iterations or self.launch is not None or self.stop.requested or due_eval or due_checkpoint:
+            return end, False
+        stop = min(end + REPORT_LOOKAHEAD, (end // epoch_its + 1) * epoch_its - 1, iterations - 1)
+        return self._iterations(end, stop) if stop > end else (end, False)
+
+    def _report_epoch(self, closed: ClosedEpoch) -> None:
+        """The epoch ``closed``: reported, shown on the bar."""
+        n = self.cfg.num_envs
         metrics = self.report.end_epoch(
-            host,
-            episodes,
-            lost,
-            env_step=end * n,
-            iterations=end - it,
-            train_steps=self.train_steps,
-            charts=learner.charts(host, end * n),
-            phases=self.timer.summary(),
-            now=now,
+            closed.host,
+            closed.episodes,
+            closed.lost,
+            env_step=closed.end * n,
+            iterations=closed.end - closed.first,
+            train_steps=closed.train_steps,
+            charts=closed.charts,
+            phases=closed.phases,
+            now=closed.now,
         )
         if self.bar is not None:
-            self.bar.update(end * n - self.bar.n)
+            self.bar.update(max(0, closed.end * n - self.bar.n))  # the lookahead may have moved it on
             self.bar.set_postfix(ret=f"{metrics['charts/mean_return_last100']:.1f}", sps=f"{metrics['charts/SPS']:.0f}")
 
     def _after_epoch(self, it: int, epoch: int, iterations: int) -> bool:
