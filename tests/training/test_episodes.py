@@ -171,7 +171,8 @@ def test_a_population_records_each_episodes_agent():
 
 
 @pytest.mark.parametrize("mode", ["same-step", "next-step"])
-@pytest.mark.parametrize("agents,envs_each", [(1, 7), (3, 5), (2, 700)])  # 1400 environments: two blocks
+# 1400 environments: one block of eight warps; 4500: two blocks (the count carried between them)
+@pytest.mark.parametrize("agents,envs_each", [(1, 7), (3, 5), (2, 700), (3, 1500)])
 def test_the_record_kernel_writes_what_the_torch_ops_write(device, mode, agents, envs_each):
     """EpisodeTracker(kernels="triton") against the torch ops over many steps with random rewards
     and ends (the ring wrapping several times): the same sums, rows, count and drains; the ring's

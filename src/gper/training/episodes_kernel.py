@@ -15,8 +15,11 @@ import torch
 
 from gper._triton import HAS_TRITON, tl, triton
 
-#: environments a block of the program handles
-BLOCK = 1024
+#: environments a block of the program handles: a population of 256 agents of 10 environments in
+#: one block (the blocks run one after the other, each a cumulative sum)
+BLOCK = 4096
+#: warps of the program: a block of 4096 is 16 environments a thread
+NUM_WARPS = 8
 
 if HAS_TRITON:
 
@@ -49,15 +52,15 @@ if HAS_TRITON:
             else:
                 lengths += 1.0
             returns = tl.load(returns_ptr + i, mask=m, other=0.0) + reward
-            ended = (done & m).to(tl.int64)
-            slot = (count + tl.cumsum(ended, axis=0) - 1) % ring
+            ended = (done & m).to(tl.int32)  # a block's count fits: the scan in 32 bits, the ring's in 64
+            slot = (count + tl.cumsum(ended, axis=0).to(tl.int64) - 1) % ring
             row = table_ptr + slot * COLS
             tl.store(row, returns, mask=ended != 0)
             tl.store(row + 1, lengths, mask=ended != 0)
             tl.store(row + 2, tl.zeros_like(returns) + env_step, mask=ended != 0)
             if COLS == 4:  # a population's table: each environment's agent
                 tl.store(row + 3, (i // per_agent).to(tl.float64), mask=ended != 0)
-            count += tl.sum(ended, axis=0)
+            count += tl.sum(ended, axis=0).to(tl.int64)
             keep = (~done).to(tl.float64)
             tl.store(returns_ptr + i, returns * keep, mask=m)
             tl.store(lengths_ptr + i, lengths * keep, mask=m)
@@ -86,4 +89,5 @@ def record_step(
     _record_kernel[(1,)](
         reward, done, returns, lengths, resetting, table, count, env_step, n, table.shape[0] - 1, per_agent,
         COLS=table.shape[1], NEXT_STEP=next_step, BLOCK=min(BLOCK, triton.next_power_of_2(n)),
+        num_warps=NUM_WARPS if n > 1024 else 4,
     )  # fmt: skip
