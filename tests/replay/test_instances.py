@@ -203,6 +203,17 @@ def test_one_instance_keeps_a_leading_dimension_and_the_single_buffer_keeps_its_
     assert type(single) is gper.PrioritizedReplayBuffer
 
 
+def test_a_batchs_indices_and_generations_are_read_by_the_update_without_a_copy(backend):
+    """Each of indices, generations and weights is one contiguous [N, B] block, which the priority
+    update reads as it is (a strided one would be copied, a kernel a call)."""
+    pop = gper.PrioritizedReplayBuffer(CAP, SPEC, instances=N, device="cpu", backend=backend)
+    pop.add(_data(torch.Generator(), 4, "cpu"))
+    batch = pop.sample(5)
+    for t in (batch.indices, batch.generations, batch.weights):
+        assert t.shape == (N, 5) and t.is_contiguous()
+        assert t.reshape(-1).data_ptr() == t.data_ptr()  # a view, not a copy
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("sampling", MODES)
 def test_on_cuda_graphed_calls_match_single_buffers(sampling):

@@ -159,15 +159,18 @@ class PrioritizedReplayInstances(InstanceCheckpoint, InstanceCalls, PrioritizedR
         return self._stamp(batch)
 
     def _split(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The stacked outputs, views of ``flat`` [N, B * (W + 4)] whose row ``i`` is laid out as a
-        single buffer's (:class:`~gper.replay.batch.FlatSample`)."""
-        w = self._row_layout.words
-        n, b = flat.shape[0], flat.shape[1] // (w + 4)
+        """The stacked outputs, views of ``flat`` [N * B * (W + 4)] int32: every instance's rows
+        [N, B, W], then the indices [N, B] int64, the generations and the weights [N, B], each block
+        contiguous, so the priority update reads the indices and generations as they are (with
+        each instance's outputs a row of one [N, B * (W + 4)] tensor, both were copies)."""
+        w, n = self._row_layout.words, self.instances
+        nb = flat.numel() // (w + 4)  # N * B; rows of even words keep the int64 indices aligned
+        b = nb // n
         return {
-            "rows": flat[:, : b * w].view(n, b, w),
-            "indices": flat[:, b * w : b * w + 2 * b].view(torch.int64),
-            "generations": flat[:, b * w + 2 * b : b * w + 3 * b],
-            "weights": flat[:, b * w + 3 * b :].view(torch.float32),
+            "rows": flat[: nb * w].view(n, b, w),
+            "indices": flat[nb * w : nb * (w + 2)].view(torch.int64).view(n, b),
+            "generations": flat[nb * (w + 2) : nb * (w + 3)].view(n, b),
+            "weights": flat[nb * (w + 3) :].view(torch.float32).view(n, b),
         }
 
     def _with_fields(self, flat: torch.Tensor) -> dict:
@@ -175,7 +178,7 @@ class PrioritizedReplayInstances(InstanceCheckpoint, InstanceCalls, PrioritizedR
         return parts | {("field", name): view for name, view in self._row_layout.views(parts["rows"]).items()}
 
     def _draw(self, b: int, betas: list[torch.Tensor]) -> dict[str, torch.Tensor]:
-        flat = torch.empty(self.instances, b * (self._row_layout.words + 4), dtype=torch.int32, device=self.device)
+        flat = torch.empty(self.instances * b * (self._row_layout.words + 4), dtype=torch.int32, device=self.device)
         parts = self._split(flat)
         self._run.sample_into(parts, betas)
         return parts | {"flat": flat}
