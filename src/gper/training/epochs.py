@@ -29,9 +29,10 @@ from gper.training.signals import StopSignals
 from gper.training.timing import PhaseTimer
 
 #: collection iterations of the next epoch launched before an epoch's report (see the module
-#: docstring): enough GPU work to cover a report of 10^5 episodes at 256 agents, few enough
-#: launches (two an iteration) that the host does not wait for room in the launch queue
-REPORT_LOOKAHEAD = 256
+#: docstring): about 0.24 s of GPU work at 256 agents of PureJaxRL's settings, what a report of 10^5
+#: episodes takes on a GPU machine's host. Where the launch queue fills first, the host waits
+#: there for room and reports once the rest is queued
+REPORT_LOOKAHEAD = 1024
 
 
 def trains_at(cfg: RunSettings, iteration: int) -> bool:
