@@ -189,8 +189,8 @@ def test_the_report_lookahead_leaves_the_record_as_it_was(run, tmp_path, monkeyp
     launched = [0]
     iterations, report_epoch = epochs.EpochLoop._iterations, epochs.EpochLoop._report_epoch
 
-    def counting(self, it, end):
-        done = iterations(self, it, end)
+    def counting(self, it, end, pause=None):
+        done = iterations(self, it, end, pause)
         launched[0] = done[0]
         return done
 
@@ -208,3 +208,24 @@ def test_the_report_lookahead_leaves_the_record_as_it_was(run, tmp_path, monkeyp
     assert reported == [(end, end) for end in range(100, 700, 100)]
     assert computed_records(tmp_path / "ahead") == computed_records(tmp_path / "plain")
     assert {k: _summary(tmp_path / "ahead")[k] for k in COURSE} == {k: _summary(tmp_path / "plain")[k] for k in COURSE}
+
+
+def test_the_report_lookahead_runs_the_blocks_of_iterations_the_epoch_runs_without_it(run, tmp_path, monkeypatch):
+    """With graph_iterations, the lookahead pauses at a block's end, and the epoch goes on in the
+    blocks it runs without a lookahead (on CUDA each block is its own graph: the same graphs)."""
+    run = dict(run, checkpoint_every=0, graph_iterations=5, time_every=0)  # 100-iteration epochs: 20 blocks
+    steps, block = [], epochs.EpochLoop._block
+
+    def noting(self, i, end):
+        done = block(self, i, end)
+        steps.append((i, done))
+        return done
+
+    monkeypatch.setattr(epochs.EpochLoop, "_block", noting)
+    train(Config(**run, run_name="ahead"), **QUIET)
+    ahead = list(steps)
+    monkeypatch.setattr(epochs, "REPORT_LOOKAHEAD", 0)
+    steps.clear()
+    train(Config(**run, run_name="plain"), **QUIET)
+    assert ahead == steps and (195, 5) in steps
+    assert computed_records(tmp_path / "ahead") == computed_records(tmp_path / "plain")

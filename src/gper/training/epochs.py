@@ -212,10 +212,11 @@ class EpochLoop:
                 self.bar.close()
         return Reached(it, self.train_steps, time.perf_counter() - report.t0, self.path)
 
-    def _iterations(self, it: int, end: int) -> tuple[int, bool]:
+    def _iterations(self, it: int, end: int, pause: int | None = None) -> tuple[int, bool]:
         """Iterations ``it`` to ``end``, in blocks of ``graph_iterations`` where they fit (see
         :mod:`~gper.training.iteration_graphs`); (where they stopped, whether a stop signal cut them
-        short: the caller checkpoints that point)."""
+        short: the caller checkpoints that point). With ``pause``, they stop at the first block's or
+        iteration's end at or past it: the rest, run later to ``end``, falls into the same blocks."""
         cfg, n, i = self.cfg, self.cfg.num_envs, it
         while i < end:
             done = self._block(i, end)
@@ -228,6 +229,8 @@ class EpochLoop:
                 self.bar.update(i * n - self.bar.n)
             if self.stop.requested and i < end:
                 return i, True
+            if pause is not None and i >= pause:
+                return i, False
         return end, False
 
     def _block(self, i: int, end: int) -> int:
@@ -256,15 +259,18 @@ class EpochLoop:
 
     def _look_ahead(self, end: int, epoch: int, iterations: int, epoch_its: int) -> tuple[int, bool]:
         """Launch the next epoch's first iterations when nothing else is due after epoch ``epoch``
-        (it ended before iteration ``end``): at most :data:`REPORT_LOOKAHEAD`, and at least one left to the
-        epoch. Returns where they stopped (``end``: none ran) and whether a stop signal cut them short."""
+        (it ended before iteration ``end``): about :data:`REPORT_LOOKAHEAD`, and at least one left to
+        the epoch. Returns where they stopped (``end``: none ran) and whether a stop signal cut them short."""
         cfg = self.cfg
         due_eval = self.evaluator is not None and evaluation.due(cfg, epoch, last=False)
         due_checkpoint = cfg.checkpoint_every > 0 and epoch % cfg.checkpoint_every == 0
         if end >= iterations or self.launch is not None or self.stop.requested or due_eval or due_checkpoint:
             return end, False
-        stop = min(end + REPORT_LOOKAHEAD, (end // epoch_its + 1) * epoch_its - 1, iterations - 1)
-        return self._iterations(end, stop) if stop > end else (end, False)
+        # paused short of the epoch's end by a block, so at least one iteration is left to it (which
+        # sees a stop signal), in the blocks the epoch would have run without the pause
+        epoch_end = min((end // epoch_its + 1) * epoch_its, iterations)
+        pause = min(end + REPORT_LOOKAHEAD, epoch_end - (self.blocks.k if self.blocks is not None else 1))
+        return self._iterations(end, epoch_end, pause) if pause > end else (end, False)
 
     def _report_epoch(self, closed: ClosedEpoch) -> None:
         """The epoch ``closed``: reported, shown on the bar."""
