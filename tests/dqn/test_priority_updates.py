@@ -53,3 +53,17 @@ def test_priorities_are_updated_unless_sampling_is_uniform(build, sampling):
     unchanged = all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
     assert unchanged == (sampling == "uniform")
     assert bool((agent.beta_t > beta).all())  # annealed all the same
+
+
+def test_the_replays_own_sampling_decides():
+    """An agent whose settings say uniform but whose replay samples proportionally updates its
+    priorities: the replay's mode is what reads them."""
+    cfg = resolve(dataclasses.replace(BASE, sampling="uniform"), CPU)
+    torch.manual_seed(cfg.seed)
+    env = build_env(cfg, CPU)
+    agent = Agent(cfg, env, build_replay(dataclasses.replace(cfg, sampling="proportional"), env.obs_dim, CPU), 100)
+    for _ in range(12):
+        agent.collect_step(None)
+    before = _trees(agent)
+    agent.learn_step(1, None)
+    assert not all(torch.equal(a, b) for a, b in zip(before, _trees(agent), strict=True))

@@ -13,6 +13,7 @@ import pytest
 from gper.dqn import Config, train
 from gper.training import epochs
 from gper.training.checkpoints import list_checkpoints, step_of
+from gper.training.runlog import read_metrics
 from gper.training.tensorboard import event_files
 from helpers import assert_same_training, computed_records, event_scalars, jsonl_scalars, run_checkpoint
 
@@ -229,3 +230,24 @@ def test_the_report_lookahead_runs_the_blocks_of_iterations_the_epoch_runs_witho
     train(Config(**run, run_name="plain"), **QUIET)
     assert ahead == steps and (195, 5) in steps
     assert computed_records(tmp_path / "ahead") == computed_records(tmp_path / "plain")
+
+
+def test_a_stop_during_the_lookahead_is_seen_after_the_epochs_report(run, tmp_path, monkeypatch):
+    """SIGINT at iteration 329, inside the lookahead after epoch 3 (which ended at 300 with no
+    evaluation or checkpoint due): the lookahead stops at 330, epoch 3 is reported, then the
+    checkpoint of iteration 330 and the report of the epoch so far."""
+    ahead, look_ahead = [], epochs.EpochLoop._look_ahead
+
+    def noting(self, end, epoch, iterations, epoch_its):
+        ahead.append(look_ahead(self, end, epoch, iterations, epoch_its))
+        return ahead[-1]
+
+    monkeypatch.setattr(epochs.EpochLoop, "_look_ahead", noting)
+    _stop_at(monkeypatch, signal.SIGINT, 329)
+    with pytest.raises(KeyboardInterrupt):
+        train(Config(**run, run_name="stopped"), **QUIET)
+    assert ahead == [(199, False), (200, False), (330, True)]  # after epoch 2 an evaluation is due: none
+    folder = tmp_path / "stopped"
+    assert _summary(folder)["env_steps"] == 1320 and step_of(list_checkpoints(folder / "checkpoints")[-1]) == 1320
+    steps = [row["global_step"] for row in read_metrics(folder / "metrics.jsonl") if "charts/SPS" in row]
+    assert steps == [400, 800, 1200, 1320]  # epoch 3's report, then the epoch so far

@@ -204,14 +204,23 @@ def test_one_instance_keeps_a_leading_dimension_and_the_single_buffer_keeps_its_
 
 
 def test_a_batchs_indices_and_generations_are_read_by_the_update_without_a_copy(backend):
-    """Each of indices, generations and weights is one contiguous [N, B] block, which the priority
-    update reads as it is (a strided one would be copied, a kernel a call)."""
+    """Each of indices, generations and weights is one contiguous [N, B] block, and the priority
+    update gets the batch's own indices and generations (a strided block would be copied first, a
+    kernel a call)."""
     pop = gper.PrioritizedReplayBuffer(CAP, SPEC, instances=N, device="cpu", backend=backend)
     pop.add(_data(torch.Generator(), 4, "cpu"))
     batch = pop.sample(5)
     for t in (batch.indices, batch.generations, batch.weights):
         assert t.shape == (N, 5) and t.is_contiguous()
-        assert t.reshape(-1).data_ptr() == t.data_ptr()  # a view, not a copy
+    given, set_priorities = {}, pop._set_priorities
+
+    def noting(idx, values, gen, params):
+        given.update(idx=idx.data_ptr(), gen=gen.data_ptr())
+        return set_priorities(idx, values, gen, params)
+
+    pop._set_priorities = noting
+    pop.update_priorities(batch, torch.rand(N, 5))
+    assert given == {"idx": batch.indices.data_ptr(), "gen": batch.generations.data_ptr()}
 
 
 @pytest.mark.gpu

@@ -63,3 +63,11 @@ def test_the_last_window_is_the_running_mean():
     returns = [rng.uniform(0.0, 1.0) for _ in range(250)]
     means = [scan_windows(returns[:k], [0], None)[0] for k in range(100, 251)]
     assert means == [mean_last100(returns[:k]) for k in range(100, 251)]
+
+
+def test_a_nan_return_leaves_the_other_windows_their_best():
+    """A NaN return (an environment's) spoils the windows that hold it, not the epoch's best."""
+    returns = [float("nan")] + [1.0] * 99 + [2.0] * 50
+    best, solved = scan_windows(returns, list(range(150)), 1.4)
+    assert best == 1.5 and solved == 139  # best: the last window (50 of each); first at 1.4: 40 of 2.0
+    assert scan_windows([float("nan")] * 100, list(range(100)), 0.0) == (-math.inf, None)

@@ -145,8 +145,9 @@ class Agent:
         self._side = torch.cuda.Stream(device) if cfg.fused_step and cuda else None
         self.batch_source: BatchSource = self.sample_replay if batch_source is None else batch_source
         self.from_replay = batch_source is None
-        # uniform sampling never reads a priority: the TD errors would be written for nothing
-        self.updates_priorities = self.from_replay and cfg.sampling != "uniform"
+        # uniform sampling never reads a priority: the TD errors would be written for nothing (the
+        # replay's own mode decides, as it may differ from the settings' for a replay built elsewhere)
+        self.updates_priorities = self.from_replay and getattr(rb, "sampling", cfg.sampling) != "uniform"
         graphs = cfg.cuda_graphs and cuda
         warmup = self.feed.collect_warmup
         self.collect = PhasedStep({"collect": self._collect}, device, graphs and env.graph_safe, warmup=warmup)

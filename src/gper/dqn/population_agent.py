@@ -363,7 +363,7 @@ class PopulationAgent:
         self.counters[1] += 1
 
     def _per_update(self) -> None:
-        if self.cfg.sampling != "uniform":  # uniform sampling reads no priority (the single agent's rule)
+        if self.rb.sampling != "uniform":  # uniform sampling reads no priority (the single agent's rule)
             self.rb.update_priorities(self.learn_state.batch, self.learn_state.td)
         self.beta_t.add_(self._beta_step).clamp_(max=1.0)
 

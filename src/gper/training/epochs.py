@@ -5,6 +5,16 @@ run has and after which ones a training step follows (the host knows both withou
 GPU). :class:`EpochLoop` runs iterations in epochs of ``epoch_steps`` env steps: one
 synchronisation with the device at each epoch's end (:func:`sync_epoch`), the epoch's report,
 the periodic evaluation, checkpoints, and stop signals.
+
+An epoch's report is host work (a population can finish 10^5 episodes an epoch), and at the
+synchronisation the GPU has nothing left to run. So where nothing else is due at an epoch's end
+(no evaluation, no checkpoint, no stop, not the run's last epoch, not a data-parallel run), the
+loop first launches about :data:`REPORT_LOOKAHEAD` iterations of the next epoch, then writes the
+report while the GPU runs them. The lookahead pauses at the end of a block (``graph_iterations``)
+or an iteration, at least one block short of the next epoch's end, so the epoch goes on in the
+blocks it runs without a pause. Everything the report reads was read back before it
+(:class:`ClosedEpoch`), so the record is the same. A stop signal during the lookahead is seen
+after the report: a checkpoint of that point, then the report of the next epoch so far.
 """
 
 from __future__ import annotations
@@ -90,7 +100,8 @@ class ClosedEpoch(NamedTuple):
     train_steps: int
     """training steps done at its end"""
     host: dict[str, torch.Tensor]
-    """the readback (sums, the learner's device values, the episode ring)"""
+    """the readback (sums, the learner's device values, the episode ring): the readback's own pinned
+    buffers, not copies, so they hold until its next ``start()``: report before that"""
     now: float
     """when the readback arrived"""
     episodes: Any

@@ -103,7 +103,8 @@ def scan_windows(
         at_goal = np.flatnonzero(means >= goal)
         if at_goal.size:
             solved = int(steps[start + int(at_goal[0]) - 1 - first_new])
-    return float(means.max()), solved
+    seen = means[~np.isnan(means)]  # a NaN window (an environment's NaN return) counts for no best
+    return (float(seen.max()) if seen.size else -math.inf), solved
 
 
 class RunReport:
