@@ -73,6 +73,26 @@ def test_shuffled_test_bars_change_the_test_score_only(setup):
     assert same_selection(base, shuffled)
     assert base.test["policy_pnl"].shape == shuffled.test["policy_pnl"].shape
     assert (base.test["hold_pnl"] != shuffled.test["hold_pnl"]).any()  # the test walk read the new bars
+    for name, (pnl, traded) in base.test["baselines"].items():  # the classical baselines as well
+        assert pnl.shape == traded.shape == base.test["policy_pnl"].shape
+        assert (pnl != shuffled.test["baselines"][name][0]).any(), name
+
+
+def test_the_baselines_read_no_bar_after_their_decisions(setup):
+    """A baseline's position at a test bar reads the bars up to it: changing every bar from some
+    test bar on leaves its trades before that bar, and its P&L before the bar before it, as they were."""
+    bars, fold = setup
+    base = run(bars, fold)
+    cut = fold.test.start + 20
+    close = bars.close.clone()
+    close[cut:] *= torch.linspace(1.05, 0.8, len(close) - cut, dtype=close.dtype)
+    changed = run(with_closes(bars, close), fold)
+    k = cut - fold.test.start  # test bar index of bar `cut`: its return is the first the change moves
+    for name, (pnl, traded) in base.test["baselines"].items():
+        again_pnl, again_traded = changed.test["baselines"][name]
+        assert (traded[: k + 1] == again_traded[: k + 1]).all(), name  # decided at bars before `cut`
+        assert (pnl[:k] == again_pnl[:k]).all(), name
+        assert (pnl[k:] != again_pnl[k:]).any(), name
 
 
 def test_a_changed_validation_bar_changes_the_selection_record(setup):

@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 
 from gper.walkforward import FoldOutcome, Window, aggregate, aggregate_markdown, build_report, write_report
-from gper.walkforward.report import comparison_sentence, report_markdown
+from gper.walkforward.baselines import BASELINES
+from gper.walkforward.report import comparison_sentence, report_markdown, strategies
+from gper.walkforward.scores import pnl_scores
 
 DAY = 86_400 * 10**9
 DAY0 = int(np.datetime64("2024-01-01", "ns").astype(np.int64))
@@ -140,6 +142,42 @@ def test_a_fold_survives_a_json_round_trip():
     assert back.time_ns.dtype == np.int64 and back.test == fold.test and back.chosen == fold.chosen
     for name in ("time_ns", "policy_pnl", "policy_traded", "hold_pnl", "hold_traded"):
         np.testing.assert_array_equal(getattr(back, name), getattr(fold, name))
+
+
+def _with_baselines(folds: list[FoldOutcome]) -> list[FoldOutcome]:
+    """The folds with every baseline's P&L and trades (made up, one value a strategy and fold)."""
+    for k, fold in enumerate(folds):
+        n = len(fold.time_ns)
+        fold.baselines = {name: (np.full(n, 0.01 * (k + 1 + i)), np.full(n, 0.1)) for i, name in enumerate(BASELINES)}
+        fold.__post_init__()  # checked as a constructed fold is
+    return folds
+
+
+def test_the_baselines_are_scored_per_fold_and_out_of_sample(tmp_path):
+    folds = _with_baselines(_two_folds())
+    report = build_report(folds, {"series": "x"})
+    assert strategies(report) == ("policy", "buy_and_hold", "flat", *BASELINES)
+    oos = report["out_of_sample"]
+    for i, name in enumerate(BASELINES):
+        want = pnl_scores(np.array([0.01 * (1 + i)] * 2 + [0.01 * (2 + i)] * 3), np.full(5, 0.1), oos["bars_per_year"])
+        assert oos[name] == want
+        assert report["folds"][0][name]["log_pnl"] == pytest.approx(0.02 * (1 + i))
+    back = FoldOutcome.from_dict(json.loads(json.dumps(folds[1].to_dict())))
+    for name in BASELINES:
+        for a, b in zip(back.baselines[name], folds[1].baselines[name], strict=True):
+            np.testing.assert_array_equal(a, b)
+    text = report_markdown(report, "t")
+    assert all(label in text for label in ("TS momentum", "MACD", "long only (vol-scaled)"))
+    assert "against the best baseline's, MACD, " in comparison_sentence(report)
+    # a fold recorded before the baselines: none out of sample, the rest as before
+    old = folds[1].to_dict()
+    del old["baselines"]
+    mixed = build_report([folds[0], FoldOutcome.from_dict(old)], {})
+    assert strategies(mixed) == ("policy", "buy_and_hold", "flat") and "MACD" not in report_markdown(mixed, "t")
+    with pytest.raises(ValueError, match="baselines must be a dict of some of"):
+        FoldOutcome.from_dict({**old, "baselines": {"kelly": {"pnl": [0.0] * 3, "traded": [0.0] * 3}}})
+    with pytest.raises(ValueError, match="tsmom traded must be >= 0"):
+        FoldOutcome.from_dict({**old, "baselines": {"tsmom": {"pnl": [0.0] * 3, "traded": [-1.0] * 3}}})
 
 
 def test_report_json_reads_back_as_the_report(tmp_path):
@@ -302,7 +340,7 @@ def test_aggregate_refuses_runs_that_do_not_match():
 
 #: what the report's modules may import: numpy and the standard library at the top, matplotlib
 #: only inside a function; a runner that trains (gper.dqn) lives beside them, not in them
-PURE = ("__init__", "scores", "outcome", "report", "plot", "aggregate")
+PURE = ("__init__", "scores", "outcome", "report", "plot", "aggregate", "baselines")
 ALLOWED = {"__future__", "dataclasses", "itertools", "json", "math", "pathlib", "typing", "numpy", "gper._files"}
 
 

@@ -34,6 +34,7 @@ from gper.envs.market import N_ACTIONS, WARMUP, MarketEnv, return_std, trade
 from gper.envs.market_data import Bars
 from gper.training.epochs import collect_iterations, step_iteration, train_steps_before
 from gper.training.precision import matmul_precision
+from gper.walkforward.baselines import baseline_walk
 from gper.walkforward.scores import buy_and_hold
 
 FLAT_ACTION = N_ACTIONS // 2
@@ -116,8 +117,8 @@ class FoldRun:
     state: dict[str, torch.Tensor] | None
     """the chosen network's parameters (on the CPU), None when no validation ran"""
     test: dict[str, np.ndarray] | None
-    """the test walk (``time_ns``, ``policy_pnl``, ``policy_traded``, ``hold_pnl``, ``hold_traded``), None
-    when not scored"""
+    """the test walk (``time_ns``, ``policy_pnl``, ``policy_traded``, ``hold_pnl``, ``hold_traded``,
+    ``baselines``), None when not scored"""
     sigma: float
     """the training window's return scale"""
 
@@ -231,12 +232,15 @@ def _test_walk(prices, time_ns, fold: Fold, env: MarketEnv, agent: Agent, state,
 
     pnl, traded = trade(policy, test_env)
     hold, hold_traded = buy_and_hold(test_env.returns[WARMUP + 1 :].cpu().numpy(), test_env.cost)
+    # the classical baselines from the prices before each decision (the whole history: none after it)
+    series = prices.detach().to("cpu", torch.float64).numpy()
     return {
         "time_ns": time_ns[fold.test.start : fold.test.end].numpy().copy(),
         "policy_pnl": pnl.cpu().numpy(),
         "policy_traded": traded.cpu().numpy(),
         "hold_pnl": hold,
         "hold_traded": hold_traded,
+        "baselines": baseline_walk(series, fold.test.start, fold.test.end, test_env.cost),
     }
 
 

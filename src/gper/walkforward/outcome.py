@@ -1,5 +1,6 @@
 """A walk-forward fold's outcome: its calendar windows, the checkpoint it chose, and the per-bar
-log P&L and trades of the policy and of buy-and-hold on its test bars.
+log P&L and trades of the policy, of buy-and-hold and of the classical baselines
+(:mod:`gper.walkforward.baselines`) on its test bars.
 
 Each fold trains on one calendar window, picks a checkpoint on the next (validation) and trades
 the one after (test) once. Flat (position 0 throughout) earns 0 with no trades, so it needs no
@@ -16,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from gper.walkforward.baselines import BASELINES
 from gper.walkforward.scores import check_times, pnl_scores
 
 #: the per-bar arrays of a fold besides its times
@@ -86,6 +88,9 @@ class FoldOutcome:
         policy_pnl, policy_traded: float64 ``[n]``: the policy's log P&L after costs and ``|p' - p|``.
         hold_pnl, hold_traded: float64 ``[n]``: the same for buy-and-hold (+1 throughout, the entry
             cost paid on the first bar: :func:`gper.walkforward.scores.buy_and_hold`).
+        baselines: ``{name: (log_pnl, traded)}``, float64 ``[n]`` each, for the classical baselines
+            of :data:`~gper.walkforward.baselines.BASELINES` (:func:`~gper.walkforward.baselines.baseline_walk`);
+            empty for a fold recorded before they were reported.
     """
 
     index: int
@@ -98,6 +103,7 @@ class FoldOutcome:
     policy_traded: np.ndarray
     hold_pnl: np.ndarray
     hold_traded: np.ndarray = field(repr=False)
+    baselines: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.index, bool) or not isinstance(self.index, (int, np.integer)):
@@ -119,14 +125,26 @@ class FoldOutcome:
         for name in ("policy_traded", "hold_traded"):
             if (getattr(self, name) < 0).any():
                 raise ValueError(f"fold {self.index}: {name} must be >= 0 (it is |p' - p|)")
+        if not isinstance(self.baselines, dict) or not set(self.baselines) <= set(BASELINES):
+            raise ValueError(f"fold {self.index}: baselines must be a dict of some of {list(BASELINES)}")
+        checked = {}
+        for name in BASELINES:
+            if name in self.baselines:
+                pnl, traded = self.baselines[name]
+                traded = _array(f"fold {self.index}: {name} traded", traded, n)
+                if (traded < 0).any():
+                    raise ValueError(f"fold {self.index}: {name} traded must be >= 0 (it is |p' - p|)")
+                checked[name] = (_array(f"fold {self.index}: {name} log P&L", pnl, n), traded)
+        self.baselines = checked
 
     def scores(self, bars_per_year: float | None) -> dict[str, dict[str, float | int | None]]:
-        """:func:`pnl_scores` of the policy, buy-and-hold and flat on this fold's test bars."""
+        """:func:`pnl_scores` of the policy, buy-and-hold, flat and the baselines on this fold's test bars."""
         zeros = np.zeros(len(self.time_ns))
         return {
             "policy": pnl_scores(self.policy_pnl, self.policy_traded, bars_per_year),
             "buy_and_hold": pnl_scores(self.hold_pnl, self.hold_traded, bars_per_year),
             "flat": pnl_scores(zeros, zeros, bars_per_year),
+            **{name: pnl_scores(pnl, traded, bars_per_year) for name, (pnl, traded) in self.baselines.items()},
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -135,6 +153,7 @@ class FoldOutcome:
         out.update({name: getattr(self, name).to_dict() for name in ("train", "val", "test")})
         out["time_ns"] = self.time_ns.tolist()
         out.update({name: getattr(self, name).tolist() for name in ARRAYS})
+        out["baselines"] = {name: {"pnl": p.tolist(), "traded": t.tolist()} for name, (p, t) in self.baselines.items()}
         return out
 
     @classmethod
@@ -142,9 +161,13 @@ class FoldOutcome:
         """The fold that :meth:`to_dict` wrote."""
         windows = {name: Window.from_dict(d[name]) for name in ("train", "val", "test")}
         arrays = {name: np.asarray(d[name], dtype=np.float64) for name in ARRAYS}
+        baselines = {
+            name: (np.asarray(b["pnl"]), np.asarray(b["traded"])) for name, b in d.get("baselines", {}).items()
+        }
         return cls(
-            d["index"], chosen=d["chosen"], time_ns=np.asarray(d["time_ns"], dtype=np.int64), **windows, **arrays
-        )
+            d["index"], chosen=d["chosen"], time_ns=np.asarray(d["time_ns"], dtype=np.int64), **windows, **arrays,
+            baselines=baselines,
+        )  # fmt: skip
 
 
 def in_time_order(folds: list[FoldOutcome]) -> list[FoldOutcome]:

@@ -1,5 +1,6 @@
 """``equity.png`` of a walk-forward report: cumulative out-of-sample log P&L of the policy,
-buy-and-hold and flat against the dates of the bars, a thin line where each fold's test starts.
+buy-and-hold, flat and the classical baselines against the dates of the bars, a thin line where
+each fold's test starts.
 
 matplotlib comes with gper's ``train`` extra and is imported only here, when a plot is drawn.
 """
@@ -12,11 +13,16 @@ from typing import Any
 import numpy as np
 
 from gper._files import atomic_file
+from gper.walkforward.baselines import BASELINES, LABELS
 from gper.walkforward.outcome import FoldOutcome, in_time_order
+
+#: the baselines' line colours
+COLORS = {"long_only": "tab:green", "tsmom": "tab:purple", "macd": "tab:brown"}
 
 
 def equity_figure(folds: list[FoldOutcome], title: str = "") -> Any:
-    """Cumulative log P&L of the policy, buy-and-hold and flat over the folds' test bars in time order,
+    """Cumulative log P&L of the policy, buy-and-hold, flat and the baselines (where every fold holds
+    them) over the folds' test bars in time order,
     against their dates, with a thin vertical line where each fold's test window starts, marked with
     the fold's index. A plain :class:`matplotlib.figure.Figure` on the Agg canvas: no pyplot, nothing
     global to close."""
@@ -28,12 +34,17 @@ def equity_figure(folds: list[FoldOutcome], title: str = "") -> Any:
     fig = Figure(figsize=(11, 5))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    for name, color, pnl in (
+    lines = [
         ("policy", "tab:blue", np.concatenate([f.policy_pnl for f in ordered])),
         ("buy-and-hold", "tab:orange", np.concatenate([f.hold_pnl for f in ordered])),
         ("flat", "tab:gray", np.zeros(len(dates))),
-    ):
-        ax.plot(dates, np.cumsum(pnl), lw=1.2, color=color, label=name)
+    ]
+    for name in BASELINES:  # where every fold holds it
+        if all(name in f.baselines for f in ordered):
+            lines.append((LABELS[name], COLORS[name], np.concatenate([f.baselines[name][0] for f in ordered])))
+    for name, color, pnl in lines:
+        width = 1.2 if name in ("policy", "buy-and-hold", "flat") else 0.9
+        ax.plot(dates, np.cumsum(pnl), lw=width, color=color, label=name)
     for i, fold in enumerate(ordered):
         start = np.datetime64(int(fold.time_ns[0]), "ns")
         ax.axvline(start, lw=0.6, ls=":", color="black", label="fold test start" if i == 0 else None)

@@ -1,8 +1,10 @@
 """The report of a walk-forward evaluation: each fold's test scores and the out-of-sample whole.
 
 :func:`build_report` scores every fold (:class:`~gper.walkforward.outcome.FoldOutcome`) and the test
-bars of all folds joined in time order, the out-of-sample period, for the policy, buy-and-hold and
-flat; :func:`write_report` writes it as ``report.json``, ``report.md`` and ``equity.png``.
+bars of all folds joined in time order, the out-of-sample period, for the policy, buy-and-hold,
+flat and the classical baselines (:mod:`~gper.walkforward.baselines`: volatility-scaled long only,
+time-series momentum, MACD; where every fold holds them); :func:`write_report` writes it as
+``report.json``, ``report.md`` and ``equity.png``.
 
 Each fold's policy starts flat and buy-and-hold enters on each fold's first test bar, so both pay
 an entry cost per fold: the comparison stays like for like.
@@ -18,13 +20,21 @@ from typing import Any
 import numpy as np
 
 from gper._files import atomic_file
+from gper.walkforward.baselines import BASELINES
+from gper.walkforward.baselines import LABELS as BASELINE_LABELS
 from gper.walkforward.outcome import ARRAYS, FoldOutcome, Window, in_time_order
 from gper.walkforward.plot import write_equity_png
 from gper.walkforward.scores import bars_per_year, pnl_scores
 
-#: the strategies every fold and the out-of-sample period are scored for, in table order
+#: the strategies every fold and the out-of-sample period are scored for, in table order (then the
+#: baselines of :func:`strategies`)
 STRATEGIES = ("policy", "buy_and_hold", "flat")
-LABELS = {"policy": "policy", "buy_and_hold": "buy-and-hold", "flat": "flat"}
+LABELS = {"policy": "policy", "buy_and_hold": "buy-and-hold", "flat": "flat", **BASELINE_LABELS}
+
+
+def strategies(report: dict[str, Any]) -> tuple[str, ...]:
+    """The strategies ``report`` scores, in table order: :data:`STRATEGIES`, then the baselines it holds."""
+    return STRATEGIES + tuple(name for name in BASELINES if name in report["out_of_sample"])
 
 
 def build_report(folds: list[FoldOutcome], meta: dict[str, Any], per_year: float | None = None) -> dict[str, Any]:
@@ -40,9 +50,11 @@ def build_report(folds: list[FoldOutcome], meta: dict[str, Any], per_year: float
 
     Returns:
         ``{"meta", "folds": [{"index", "train", "val", "test", "chosen", "policy", "buy_and_hold",
-        "flat"}], "out_of_sample": {"start", "end", "bars", "bars_per_year", "folds", "policy",
-        "buy_and_hold", "flat", "policy_vs_flat", "policy_vs_hold", "folds_beating_flat",
-        "folds_beating_hold"}}``, each strategy's entry its :func:`pnl_scores`. ``bars_per_year``
+        "flat", and each baseline}], "out_of_sample": {"start", "end", "bars", "bars_per_year",
+        "folds", "policy", "buy_and_hold", "flat", each baseline, "policy_vs_flat", "policy_vs_hold",
+        "folds_beating_flat", "folds_beating_hold"}}``, each strategy's entry its :func:`pnl_scores`.
+        A baseline is in the out-of-sample entry when every fold holds it (folds recorded before
+        the baselines were reported hold none). ``bars_per_year``
         is estimated from the out-of-sample bars' times and annualises every Sharpe ratio, the
         folds' too (a fold's own span is shorter and its estimate noisier).
     """
@@ -69,6 +81,10 @@ def build_report(folds: list[FoldOutcome], meta: dict[str, Any], per_year: float
     oos["policy"] = pnl_scores(joined["policy_pnl"], joined["policy_traded"], per_year)
     oos["buy_and_hold"] = pnl_scores(joined["hold_pnl"], joined["hold_traded"], per_year)
     oos["flat"] = pnl_scores(zeros, zeros, per_year)
+    for name in BASELINES:
+        if all(name in f.baselines for f in ordered):
+            pnl, traded = (np.concatenate([f.baselines[name][k] for f in ordered]) for k in (0, 1))
+            oos[name] = pnl_scores(pnl, traded, per_year)
     oos["policy_vs_flat"] = oos["policy"]["log_pnl"] - oos["flat"]["log_pnl"]
     oos["policy_vs_hold"] = oos["policy"]["log_pnl"] - oos["buy_and_hold"]["log_pnl"]
     oos["folds_beating_flat"] = sum(r["policy"]["log_pnl"] > r["flat"]["log_pnl"] for r in fold_rows)
@@ -127,11 +143,19 @@ def comparison_sentence(report: dict[str, Any]) -> str:
     """One sentence: how the policy's out-of-sample log P&L compares with flat's and buy-and-hold's."""
     oos = report["out_of_sample"]
     n = oos["folds"]
-    return (
+    said = (
         f"The policy ended {fmt_pnl(oos['policy_vs_flat'])} in log P&L against flat (0) and "
         f"{fmt_pnl(oos['policy_vs_hold'])} against buy-and-hold over {oos['start']} to {oos['end']}, "
         f"beating flat in {oos['folds_beating_flat']} of {n} folds and buy-and-hold in {oos['folds_beating_hold']}."
     )
+    named = [s for s in strategies(report) if s in BASELINES and oos[s]["sharpe_annual"] is not None]
+    if named and oos["policy"]["sharpe_annual"] is not None:
+        best = max(named, key=lambda s: oos[s]["sharpe_annual"])
+        said += (
+            f" Its Sharpe ratio {fmt_sharpe(oos['policy']['sharpe_annual'])} against the best baseline's, "
+            f"{LABELS[best]}, {fmt_sharpe(oos[best]['sharpe_annual'])}."
+        )
+    return said
 
 
 def report_markdown(report: dict[str, Any], title: str, equity_png: str | None = None) -> str:
@@ -173,7 +197,7 @@ def report_markdown(report: dict[str, Any], title: str, equity_png: str | None =
     rows = []
     for f in report["folds"]:
         window = f"{f['test']['start']} to {f['test']['end']}"
-        for s in STRATEGIES:
+        for s in strategies(report):
             rows.append(
                 [str(f["index"]), window, LABELS[s]]
                 + _score_cells(f[s])
@@ -183,7 +207,7 @@ def report_markdown(report: dict[str, Any], title: str, equity_png: str | None =
     lines += ["", f"## Out of sample: {oos['start']} to {oos['end']}, {oos['bars']} bars, {oos['folds']} folds", ""]
     lines += markdown_table(
         ["strategy", "log P&L", "Sharpe (annual)", "max DD", "turnover"],
-        [[LABELS[s]] + _score_cells(oos[s]) for s in STRATEGIES],
+        [[LABELS[s]] + _score_cells(oos[s]) for s in strategies(report)],
     )
     lines += ["", comparison_sentence(report), ""]
     if equity_png is not None:

@@ -36,8 +36,10 @@ from gper.envs.packaged import PREFIX, is_packaged, read_bars
 from gper.training import parallel
 from gper.training.extras import require
 from gper.walkforward import report as wf_report
+from gper.walkforward.baselines import BASELINES, LABELS
 from gper.walkforward.fold import FoldRun, fold_config, run_fold
 from gper.walkforward.outcome import FoldOutcome, Window
+from gper.walkforward.report import fmt_sharpe
 from gper.walkforward.scores import bars_per_year, pnl_scores
 
 SYNTHETIC_BARS = 5031
@@ -279,7 +281,8 @@ def _done_fold(folder: Path, fold: Fold, cfg: Config, score_test: bool) -> tuple
     state = torch.load(name.with_suffix(".pt"), weights_only=True) if name.with_suffix(".pt").exists() else None
     test = None
     if outcome is not None:
-        test = {k: getattr(outcome, k) for k in ("time_ns", "policy_pnl", "policy_traded", "hold_pnl", "hold_traded")}
+        names = ("time_ns", "policy_pnl", "policy_traded", "hold_pnl", "hold_traded", "baselines")
+        test = {k: getattr(outcome, k) for k in names}
     run = FoldRun(cfg, record["chosen"], record["validations"], state, test, record["sigma"])
     return run, (outcome if score_test else None)
 
@@ -333,6 +336,7 @@ def _record_fold(folder: Path, bars: Bars, fold: Fold, run: FoldRun) -> FoldOutc
         record["test"] = {
             "policy": pnl_scores(run.test["policy_pnl"], run.test["policy_traded"]),
             "buy_and_hold": pnl_scores(run.test["hold_pnl"], run.test["hold_traded"]),
+            **{name: pnl_scores(pnl, traded) for name, (pnl, traded) in outcome.baselines.items()},
         }
     _write_json(name.with_suffix(".json"), record)
     return outcome
@@ -347,7 +351,9 @@ def _fold_line(fold: Fold, n: int, run: FoldRun, outcome) -> str:
     if outcome is not None:
         line += (
             f"; test {outcome.test.start}..{outcome.test.end}: log P&L {outcome.policy_pnl.sum():+.4f} "
-            f"(buy-and-hold {outcome.hold_pnl.sum():+.4f}, flat +0.0000)"
+            f"(buy-and-hold {outcome.hold_pnl.sum():+.4f}, flat +0.0000"
+            + "".join(f", {LABELS[name]} {pnl.sum():+.4f}" for name, (pnl, _) in outcome.baselines.items())
+            + ")"
         )
     return f"gper train: {line}"
 
@@ -358,6 +364,11 @@ def _summary_line(report: dict[str, Any]) -> str:
         f"gper train: out of sample {oos['start']}..{oos['end']} ({oos['bars']} bars): log P&L "
         f"{oos['policy']['log_pnl']:+.4f} (Sharpe/yr {oos['policy']['sharpe_annual']:+.2f}, max drawdown "
         f"{oos['policy']['max_drawdown']:.4f}); buy-and-hold {oos['buy_and_hold']['log_pnl']:+.4f}; flat +0.0000"
+        + "".join(
+            f"; {LABELS[name]} {oos[name]['log_pnl']:+.4f} (Sharpe/yr {fmt_sharpe(oos[name]['sharpe_annual'])})"
+            for name in BASELINES
+            if name in oos
+        )
     )
 
 
