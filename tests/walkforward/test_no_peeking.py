@@ -127,3 +127,17 @@ def test_training_never_reads_the_validation_bars(setup):
     assert len(base.validations) == len(moved.validations) == 1
     assert all(torch.equal(base.state[k], moved.state[k]) for k in base.state)
     assert base.validations[0]["score"] != moved.validations[0]["score"]
+
+
+def test_the_selection_is_deflated_and_a_rule_can_keep_the_fold_flat(setup):
+    """Every fold reports its chosen checkpoint's deflated Sharpe ratio over its validations; with
+    min_deflated_sharpe above it, the fold stays flat on its test bars (the same checkpoint chosen)."""
+    bars, fold = setup
+    base = run(bars, fold)
+    c = base.chosen
+    assert c["trials"] == len(base.validations) and 0.0 <= c["deflated_sharpe"] <= 1.0 and not c["flat"]
+    strict = run(bars, fold, min_deflated_sharpe=min(0.999999, c["deflated_sharpe"] + 1e-6))
+    assert strict.chosen["flat"] and strict.chosen["epoch"] == c["epoch"]
+    assert not strict.test["policy_pnl"].any() and not strict.test["policy_traded"].any()
+    with pytest.raises(ValueError, match="min_deflated_sharpe must be a probability"):
+        run(bars, fold, min_deflated_sharpe=1.5)

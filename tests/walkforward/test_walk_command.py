@@ -88,7 +88,14 @@ def test_the_plain_trainer_refuses_walk_forward_windows():
 
 
 @pytest.mark.parametrize(
-    "field, value", [("steps_per_bar", 10), ("validations", 3), ("select_metric", "log_pnl"), ("flat_fallback", False)]
+    "field, value",
+    [
+        ("steps_per_bar", 10),
+        ("validations", 3),
+        ("select_metric", "log_pnl"),
+        ("flat_fallback", False),
+        ("min_deflated_sharpe", 0.95),
+    ],
 )
 def test_walk_forward_settings_without_windows_are_refused(field, value):
     with pytest.raises(ValueError, match=f"{field} is a walk-forward setting"):

@@ -53,6 +53,10 @@ class WalkForward:
     flat_fallback: bool = True
     """market walk-forward: a fold whose best checkpoint does not beat flat on validation (a score
     of 0 or less) stays flat over its test window"""
+    min_deflated_sharpe: float | None = None
+    """market walk-forward: a fold also stays flat unless its chosen checkpoint's deflated Sharpe
+    ratio (the probability that it beats the best of that many skill-free candidates, from every
+    validation of the fold: gper.walkforward.selection) reaches this, e.g. 0.95; None: reported only"""
     steps_per_bar: int | None = None
     """market walk-forward: training env steps per bar of a fold's training window (total_steps, when
     not given, is this times the window's bars)"""
@@ -66,7 +70,7 @@ class WalkForward:
 WALK_FIELDS = tuple(f.name for f in dataclasses.fields(WalkForward))
 
 #: walk-forward settings that are not windows: only a walk-forward run reads them
-WALK_ONLY = ("steps_per_bar", "validations", "select_metric", "flat_fallback")
+WALK_ONLY = ("steps_per_bar", "validations", "select_metric", "flat_fallback", "min_deflated_sharpe")
 
 
 def nest_walk(settings: Mapping[str, Any]) -> dict[str, Any]:

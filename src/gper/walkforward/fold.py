@@ -7,7 +7,8 @@ What each stage may read, which is what keeps the test window out of training an
 - **selection**: the validation window, walked whole by the greedy policy every
   ``epoch_steps`` env steps (``total_steps / validations``); its environment reads the
   :data:`~gper.envs.folds.HISTORY` bars before the window as features (the training window's last);
-- **test**: after training, once, with the chosen network (or flat, see ``flat_fallback``); its
+- **test**: after training, once, with the chosen network (or flat, see ``flat_fallback`` and
+  ``min_deflated_sharpe``: :mod:`gper.walkforward.selection`); its
   environment reads the bars before it as features (the validation window's last).
 
 Validation and test are scaled by the training window's ``sigma`` and cost ``cost_bps`` per unit
@@ -36,6 +37,7 @@ from gper.training.epochs import collect_iterations, step_iteration, train_steps
 from gper.training.precision import matmul_precision
 from gper.walkforward.baselines import baseline_walk
 from gper.walkforward.scores import buy_and_hold
+from gper.walkforward.selection import deflated_sharpe
 
 FLAT_ACTION = N_ACTIONS // 2
 """The action whose target position is exactly 0."""
@@ -63,6 +65,9 @@ def fold_config(config: Config, fold: Fold, device: torch.device) -> Config:
         raise ValueError(f"steps_per_bar must be an integer >= 1, got {spb!r}")
     if not isinstance(walk.validations, int) or isinstance(walk.validations, bool) or walk.validations < 1:
         raise ValueError(f"validations must be an integer >= 1, got {walk.validations!r}")
+    least = walk.min_deflated_sharpe
+    if least is not None and (isinstance(least, bool) or not isinstance(least, (int, float)) or not 0 < least < 1):
+        raise ValueError(f"min_deflated_sharpe must be a probability in (0, 1) or None, got {least!r}")
     total = config.total_steps if config.total_steps is not None else spb * fold.train.bars
     epoch = config.epoch_steps if config.epoch_steps is not None else max(1, total // walk.validations)
     walk = dataclasses.replace(walk, steps_per_bar=spb)
@@ -169,9 +174,19 @@ def _run_fold(
     agent = Agent(cfg, env, rb, train_steps_before(cfg, iterations))
     try:
         val_env = window_env(prices, fold.val.start, fold.val.end, env)
-        record, best, best_state = _train_and_validate(cfg, agent, val_env, iterations, progress)
-        flat = best is None or (cfg.walk.flat_fallback and best["score"] <= 0)
-        chosen = dict(best or {}) | {"flat": flat, "metric": cfg.walk.select_metric}
+        record, best, best_state, candidates = _train_and_validate(cfg, agent, val_env, iterations, progress)
+        # the chosen checkpoint's worth among every candidate the fold scored (reported, and a rule with
+        # min_deflated_sharpe)
+        chosen = dict(best or {})
+        if best is not None:
+            chosen |= deflated_sharpe(candidates, best["epoch"] - 1)
+        least = cfg.walk.min_deflated_sharpe
+        flat = (
+            best is None
+            or (cfg.walk.flat_fallback and best["score"] <= 0)
+            or (least is not None and chosen["deflated_sharpe"] < least)
+        )
+        chosen |= {"flat": flat, "metric": cfg.walk.select_metric}
         test = None
         if score_test:
             test = _test_walk(prices, bars.time_ns, fold, env, agent, best_state, flat)
@@ -184,6 +199,7 @@ def _train_and_validate(cfg: Config, agent: Agent, val_env: MarketEnv, iteration
     n = cfg.num_envs
     epoch_its = max(1, cfg.epoch_steps // n)
     record: list[dict[str, float]] = []
+    candidates: list[np.ndarray] = []  # every validation's per-bar log P&L, in order
     best: dict[str, Any] | None = None
     best_state = None
     train_steps, done = 0, 0
@@ -198,6 +214,7 @@ def _train_and_validate(cfg: Config, agent: Agent, val_env: MarketEnv, iteration
         if train_steps == 0:  # still collecting: nothing learnt to score
             continue
         pnl, traded = trade(agent.greedy, val_env)
+        candidates.append(pnl.detach().to("cpu", torch.float64).numpy())
         value = score(pnl, cfg.walk.select_metric)
         if not math.isfinite(value):
             raise ValueError(f"validation score {value} at env step {(it + 1) * n}: training diverged")
@@ -212,7 +229,7 @@ def _train_and_validate(cfg: Config, agent: Agent, val_env: MarketEnv, iteration
         if best is None or value > best["score"]:
             best = dict(entry)
             best_state = {k: v.detach().to("cpu", copy=True) for k, v in agent.qnet.state_dict().items()}
-    return record, best, best_state
+    return record, best, best_state, candidates
 
 
 def _test_walk(prices, time_ns, fold: Fold, env: MarketEnv, agent: Agent, state, flat: bool) -> dict[str, np.ndarray]:

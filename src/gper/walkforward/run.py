@@ -348,6 +348,8 @@ def _fold_line(fold: Fold, n: int, run: FoldRun, outcome) -> str:
     # numbered as folds/fold_<k>.json and the report's tables number it, from 0
     line = f"fold {fold.index} (of 0..{n - 1}): {pick}, validation {c.get('metric')} "
     line += f"{c.get('score', float('nan')):+.4f}"
+    if "deflated_sharpe" in c:  # the selection's worth once its candidates are counted
+        line += f", deflated Sharpe {c['deflated_sharpe']:.2f} of {c['trials']} candidates"
     if outcome is not None:
         line += (
             f"; test {outcome.test.start}..{outcome.test.end}: log P&L {outcome.policy_pnl.sum():+.4f} "
