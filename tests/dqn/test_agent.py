@@ -197,3 +197,16 @@ def test_soft_target_update_runs_in_the_learn_step_not_in_update_target():
     agent.learn.run()
     for old, new, online in zip(start, agent.target.parameters(), agent.qnet.parameters(), strict=True):
         torch.testing.assert_close(new, torch.lerp(old, online.detach(), 0.25))
+
+
+def test_a_market_agent_of_three_actions(smoke, tmp_path):
+    """--actions 3: the network chooses among short, flat and long; an even count is refused."""
+    from gper.dqn import train
+
+    market = smoke | dict(env="market", bars=3000, test_bars=1000, num_envs=4, actions=3)
+    cfg, agent, _ = setup(Config(**market))
+    assert agent.env.n_actions == 3 and agent.qnet.net[-1].out_features == 3
+    results = train(Config(**market, run_dir=str(tmp_path)), log=lambda _: None)
+    assert results.env_steps == cfg.total_steps
+    with pytest.raises(ValueError, match="odd integer >= 3"):
+        resolve(Config(**(market | {"actions": 4})), CPU)

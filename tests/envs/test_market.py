@@ -16,6 +16,7 @@ from gper.envs.market import (
     POSITIONS,
     WARMUP,
     MarketEnv,
+    action_positions,
     evaluate,
     load_bars_csv,
     market_features,
@@ -267,3 +268,25 @@ def test_runs_on_any_device(device):
     for _ in range(100):
         step = env.step(torch.randint(0, 45, (64,), device=device))
     assert step.obs.device.type == device.type and step.obs.shape == (64, 51)
+
+
+def test_a_coarse_action_set_short_flat_long():
+    """n_actions=3: positions -1, 0, +1, the same P&L and cost accounting as the 45 actions'."""
+    assert action_positions(3).tolist() == [-1.0, 0.0, 1.0]
+    assert torch.equal(action_positions(45), POSITIONS) and action_positions(5).tolist() == [-1.0, -0.5, 0.0, 0.5, 1.0]
+    for bad in (2, 4, 1, True, 3.0, "3"):
+        with pytest.raises(ValueError, match="odd integer >= 3"):
+            action_positions(bad)
+    with pytest.raises(ValueError, match="odd integer >= 3"):
+        MarketEnv(tiny_prices(), 1, "cpu", n_actions=4)
+    prices = tiny_prices()
+    env = MarketEnv(prices, 1, "cpu", episode_len=100, cost_bps=2.0, random_start=False, sigma=0.02, n_actions=3)
+    env.reset()
+    assert env.n_actions == 3 and MarketEnv.n_actions == N_ACTIONS  # the instance's, the class default untouched
+    p, position = prices.tolist(), 0.0
+    for i, a in enumerate([2, 0, 1, 2]):
+        t, target = WARMUP + i, float(a - 1)
+        env.step(torch.tensor([a]))
+        want = target * math.log(p[t + 1] / p[t]) - 2e-4 * abs(target - position)
+        assert env.last_log_pnl.item() == pytest.approx(want, rel=1e-12, abs=1e-15)
+        position = target

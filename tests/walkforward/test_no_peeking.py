@@ -141,3 +141,15 @@ def test_the_selection_is_deflated_and_a_rule_can_keep_the_fold_flat(setup):
     assert not strict.test["policy_pnl"].any() and not strict.test["policy_traded"].any()
     with pytest.raises(ValueError, match="min_deflated_sharpe must be a probability"):
         run(bars, fold, min_deflated_sharpe=1.5)
+
+
+def test_a_fold_of_three_actions_trades_and_stays_flat_with_them(setup):
+    """actions=3 in a fold: the network has three outputs and trades; a fold kept flat walks the
+    middle action (no trade, no P&L)."""
+    bars, fold = setup
+    three = run(bars, fold, actions=3)
+    weights = [v for k, v in three.state.items() if k.endswith("weight")]
+    assert weights[-1].shape[0] == 3 and three.test["policy_traded"].any()
+    least = min(0.999999, three.chosen["deflated_sharpe"] + 1e-6)
+    flat = run(bars, fold, actions=3, min_deflated_sharpe=least)
+    assert flat.chosen["flat"] and not flat.test["policy_traded"].any() and not flat.test["policy_pnl"].any()

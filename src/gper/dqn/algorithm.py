@@ -47,6 +47,7 @@ ADDED = {
     "population": 1,
     "sweep": (),
     "loss": "huber",
+    "actions": 45,
 }
 
 

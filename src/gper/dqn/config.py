@@ -16,6 +16,7 @@ from gper.dqn.presets import PRESETS as PRESETS  # the per-environment defaults 
 from gper.dqn.walk_settings import WALK_ONLY, WalkForward, nest_walk
 from gper.envs import registry
 from gper.envs.folds import WalkSpec, spec_from
+from gper.envs.market import action_positions
 from gper.training.environment import pick_device as pick_device  # gper.dqn.pick_device, as before
 from gper.training.tensorboard import installed as tensorboard_installed
 
@@ -169,6 +170,9 @@ class Config:
     """market, synthetic prices: bars of the held-out test series the greedy policy is scored on"""
     cost_bps: float = 1.0
     """market: transaction cost in basis points of the traded position"""
+    actions: int = 45
+    """market: target positions to choose from, evenly spaced over [-1, 1] (odd, at least 3; 3 is
+    short / flat / long)"""
     walk: WalkForward = dataclasses.field(default_factory=WalkForward)
     """market walk-forward: the windows and how each fold trains (gper.dqn.walk_settings; flat on the command line)"""
     gym_autoreset: Literal["same-step", "next-step"] = "same-step"
@@ -359,6 +363,7 @@ def _check(cfg: Config) -> None:
         raise ValueError(f"learning_rate must be a finite number > 0, got {cfg.learning_rate}")
     if not (math.isfinite(cfg.cost_bps) and cfg.cost_bps >= 0):
         raise ValueError(f"cost_bps must be a finite number >= 0, got {cfg.cost_bps}")
+    action_positions(cfg.actions)  # an odd integer >= 3, or one line saying so
     if cfg.solve_return is not None and not math.isfinite(cfg.solve_return):
         raise ValueError(f"solve_return must be a finite number, got {cfg.solve_return}")
     for settings in (cfg, cfg.walk):

@@ -19,7 +19,9 @@ Features 0-47 are clipped to [-5, 5] so one bad bar of real data cannot blow up 
 input; they depend on prices only, so they are computed once per bar (:func:`market_features`) and
 a step gathers them.
 
-Action ``a`` in [0, 45) sets the target position ``POSITIONS[a] = (a - 22) / 22`` (``linspace(-1, 1, 45)``). Moving
+Action ``a`` in [0, n) sets the target position ``(a - h) / h``, ``h = n // 2``, evenly spaced over
+[-1, 1] with the middle action exactly flat: ``n = 45`` by default (:data:`POSITIONS`), 3 for short /
+flat / long (``n_actions``, ``gper train --actions``). Moving
 from position ``p`` to ``p'`` at bar ``t`` earns the log P&L ``p' * r_{t+1} - cost * |p' - p|``
 (``cost = cost_bps * 1e-4`` per unit traded), and the reward is that divided by ``sigma``: P&L in
 units of a typical bar's move, so rewards are O(1) whatever the instrument's volatility. The
@@ -52,8 +54,24 @@ WARMUP = max(N_RETURNS, *WINDOWS)
 N_MARKET_FEATURES = N_RETURNS + 2 * len(WINDOWS)
 OBS_DIM = N_MARKET_FEATURES + 3
 N_ACTIONS = 45
-POSITIONS = torch.arange(-(N_ACTIONS // 2), N_ACTIONS // 2 + 1, dtype=torch.float64) / (N_ACTIONS // 2)
-"""``linspace(-1, 1, 45)`` as exact quotients ``k / 22``: the middle action is exactly flat (linspace's is -1e-17)."""
+"""The default number of actions (target positions)."""
+
+
+def action_positions(n_actions: int) -> torch.Tensor:
+    """The target positions of ``n_actions`` actions, float64: ``linspace(-1, 1, n_actions)`` as exact
+    quotients ``k / (n_actions // 2)``, so the middle action is exactly flat (linspace's is -1e-17).
+
+    Raises:
+        ValueError: ``n_actions`` is not an odd integer >= 3.
+    """
+    if isinstance(n_actions, bool) or not isinstance(n_actions, int) or n_actions < 3 or n_actions % 2 == 0:
+        raise ValueError(f"the market's actions must be an odd integer >= 3 (3: short, flat, long), got {n_actions!r}")
+    half = n_actions // 2
+    return torch.arange(-half, half + 1, dtype=torch.float64) / half
+
+
+POSITIONS = action_positions(N_ACTIONS)
+"""The target positions of the default :data:`N_ACTIONS` actions."""
 FEATURE_CLIP = 5.0
 MIN_BARS = WARMUP + 2
 """Bars needed for one step: ``WARMUP + 1`` for the first observation and one more to earn a return."""
@@ -111,6 +129,7 @@ class MarketEnv(VecEnv):
         generator, graph_safe_rng: where start bars are drawn from (see :mod:`gper.envs._rng`).
         sigma: the return scale; default the standard deviation of ``prices``' own log returns.
             Pass the training series' value for held-out data (:meth:`from_source` does).
+        n_actions: target positions to choose from, evenly spaced over [-1, 1] (odd, >= 3).
 
     Random starts are uniform over the bars from which a whole episode fits in the data (all usable
     bars when the series is shorter than an episode).
@@ -133,8 +152,10 @@ class MarketEnv(VecEnv):
         generator: torch.Generator | None = None,
         graph_safe_rng: bool = False,
         sigma: float | None = None,
+        n_actions: int = N_ACTIONS,
     ) -> None:
         check_num_envs(num_envs)
+        positions = action_positions(n_actions)
         if not isinstance(episode_len, int) or episode_len < 1:
             raise ValueError(f"episode_len must be an int >= 1, got {episode_len!r}")
         if not (math.isfinite(cost_bps) and cost_bps >= 0):
@@ -155,7 +176,8 @@ class MarketEnv(VecEnv):
         self.prices = prices.to(self.device)
         self.returns = log_returns(self.prices)
         self.features = market_features(self.prices, self.sigma)
-        self.positions = POSITIONS.to(self.device)
+        self.positions = positions.to(self.device)
+        self.n_actions = n_actions
         self.n_bars = len(prices)
         self.last_start = max(WARMUP, self.n_bars - 1 - episode_len)
         self._rng = EnvRng(self.device, seed, generator, graph_safe_rng)
@@ -369,6 +391,7 @@ def _sharpe(pnl: torch.Tensor) -> float:
 def market_settings(run: Any, split: str) -> dict[str, Any]:
     """:meth:`MarketEnv.from_source`'s arguments from a training run's settings, for ``split``."""
     kwargs: dict[str, Any] = dict(data=run.data, split=split, episode_len=run.episode_len, cost_bps=run.cost_bps)
+    kwargs["n_actions"] = getattr(run, "actions", N_ACTIONS)  # settings of an algorithm without the choice: 45
     if run.data is None:
         kwargs.update(n_bars=run.bars, test_bars=run.test_bars)
     return kwargs
@@ -435,6 +458,7 @@ SPEC = EnvSpec(
 __all__ = [
     "MIN_BARS",
     "N_ACTIONS",
+    "action_positions",
     "OBS_DIM",
     "POSITIONS",
     "WARMUP",

@@ -40,7 +40,8 @@ from gper.walkforward.scores import buy_and_hold
 from gper.walkforward.selection import deflated_sharpe
 
 FLAT_ACTION = N_ACTIONS // 2
-"""The action whose target position is exactly 0."""
+"""The action whose target position is exactly 0, of the default :data:`~gper.envs.market.N_ACTIONS`
+actions (``env.n_actions // 2`` of any)."""
 
 
 def fold_seed(seed: int, index: int) -> int:
@@ -96,6 +97,7 @@ def window_env(prices: torch.Tensor, start: int, end: int, like: MarketEnv) -> M
         cost_bps=like.cost_bps,
         random_start=False,
         sigma=like.sigma,
+        n_actions=like.n_actions,
     )
     env.horizon = like.horizon  # feature 50 cycles as in training
     return env
@@ -168,6 +170,7 @@ def _run_fold(
         cost_bps=cfg.cost_bps,
         graph_safe_rng=True,
         sigma=return_std(train_prices),
+        n_actions=cfg.actions,
     )
     rb = build_replay(cfg, padded_width(env.obs_dim), device)
     iterations = collect_iterations(cfg)
@@ -237,7 +240,7 @@ def _test_walk(prices, time_ns, fold: Fold, env: MarketEnv, agent: Agent, state,
     if flat:
 
         def policy(obs: torch.Tensor) -> torch.Tensor:
-            return torch.full((obs.shape[0],), FLAT_ACTION, dtype=torch.int64, device=obs.device)
+            return torch.full((obs.shape[0],), env.n_actions // 2, dtype=torch.int64, device=obs.device)
 
     else:
         net = copy.deepcopy(agent.qnet)

@@ -30,7 +30,7 @@ from gper.dqn.config import Config, as_run, cpu_threads, from_settings, pick_dev
 from gper.dqn.network import padded_width
 from gper.dqn.walk_settings import WALK_FIELDS
 from gper.envs.folds import Fold, WalkSpec, walk_forward_folds
-from gper.envs.market import N_ACTIONS, OBS_DIM
+from gper.envs.market import OBS_DIM
 from gper.envs.market_data import Bars, synthetic_bars
 from gper.envs.packaged import PREFIX, is_packaged, read_bars
 from gper.training import parallel
@@ -91,7 +91,7 @@ def walk_forward(config: Config, log: Callable[[str], None] = print, score_test:
     cfgs = [fold_config(config, fold, device) for fold in folds]  # every fold's settings checked first
     threads = None
     if device.type == "cpu":  # as a plain run: one thread for a small network (cpu_threads), put back at the end
-        threads = cpu_threads(cfgs[0], padded_width(OBS_DIM), N_ACTIONS)
+        threads = cpu_threads(cfgs[0], padded_width(OBS_DIM), cfgs[0].actions)
     stored = _resumed(config) if config.resume is not None else None
     folder = Path(config.resume) if config.resume is not None else _folder(config, series)
     t = bars.time_ns
