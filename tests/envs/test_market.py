@@ -290,3 +290,13 @@ def test_a_coarse_action_set_short_flat_long():
         want = target * math.log(p[t + 1] / p[t]) - 2e-4 * abs(target - position)
         assert env.last_log_pnl.item() == pytest.approx(want, rel=1e-12, abs=1e-15)
         position = target
+
+
+def test_evaluate_walks_the_sources_actions():
+    """evaluate() of a 3-action environment trades its three positions: always action 2 is long,
+    buy-and-hold's P&L; always action 1 is flat."""
+    env = MarketEnv(synthetic_prices(400, 1), 1, "cpu", n_actions=3, cost_bps=2.0)
+    long = evaluate(lambda obs: torch.full((obs.shape[0],), 2), env)
+    assert long["total_log_pnl"] == pytest.approx(long["buy_and_hold_log_pnl"], rel=1e-12)
+    flat = evaluate(lambda obs: torch.full((obs.shape[0],), 1), env)
+    assert flat["total_log_pnl"] == 0.0 and flat["turnover"] == 0.0

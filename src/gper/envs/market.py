@@ -334,8 +334,9 @@ def evaluate(
         ``buy_and_hold_sharpe_per_bar`` (mean over standard deviation of the per-bar log P&L,
         not annualised).
     """
+    n_actions = N_ACTIONS
     if isinstance(source, MarketEnv):
-        prices = source.prices
+        prices, n_actions = source.prices, source.n_actions  # the actions the policy was trained on
         sigma = source.sigma if sigma is None else sigma
         cost_bps = source.cost_bps if cost_bps is None else cost_bps
         device = source.device if device is None else device
@@ -344,7 +345,9 @@ def evaluate(
     cost_bps = 1.0 if cost_bps is None else cost_bps
     device = torch.device("cpu" if device is None else device)
     n_steps = len(prices) - 1 - WARMUP
-    env = MarketEnv(prices, 1, device, episode_len=n_steps, cost_bps=cost_bps, random_start=False, sigma=sigma)
+    env = MarketEnv(
+        prices, 1, device, episode_len=n_steps, cost_bps=cost_bps, random_start=False, sigma=sigma, n_actions=n_actions
+    )
     if isinstance(source, MarketEnv):
         env.horizon = source.horizon  # feature 50 cycles as it did in training
     pnl, traded = trade(policy, env)
