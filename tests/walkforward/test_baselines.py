@@ -1,4 +1,5 @@
-"""The classical baselines (:mod:`gper.walkforward.baselines`): their indicators against pandas, the
+"""The classical baselines (:mod:`gper.walkforward.baselines`): their indicators
+(:mod:`gper.envs.volatility`) against pandas, the
 Oxford-Man group's formulas written out in pandas, a plain-Python walk, and no look-ahead."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from gper.envs import volatility as vol
 from gper.walkforward import baselines as bl
 
 pd = pytest.importorskip("pandas")
@@ -41,13 +43,20 @@ def _oxford_man(prices: np.ndarray) -> dict[str, np.ndarray]:
 def test_the_indicators_are_pandas():
     x = np.random.default_rng(1).normal(0.0, 0.01, 800)
     s = pd.Series(x)
-    np.testing.assert_allclose(bl.ewm_mean(x, 0.07), s.ewm(alpha=0.07).mean(), rtol=1e-12, atol=0)
+    np.testing.assert_allclose(vol.ewm_mean(x, 0.07), s.ewm(alpha=0.07).mean(), rtol=1e-12, atol=0)
     want = s.ewm(span=60, min_periods=60).std().to_numpy()
-    got = bl.ewm_std(x, 60, 60)
+    got = vol.ewm_std(x, 60, 60)
     assert (np.isnan(got) == np.isnan(want)).all() and np.isnan(got[:59]).all()
     np.testing.assert_allclose(got[59:], want[59:], rtol=1e-9)
-    np.testing.assert_allclose(bl.rolling_std(x, 63), s.rolling(63).std(), rtol=1e-9)
+    np.testing.assert_allclose(vol.rolling_std(x, 63), s.rolling(63).std(), rtol=1e-9)
     assert bl.half_life(8) == pytest.approx(math.log(0.5) / math.log(7 / 8))
+    p = _prices()
+    want = 0.2 / (pd.Series(p).pct_change().ewm(span=60, min_periods=60).std() * np.sqrt(252))
+    got = vol.volatility_scale(p, 0.2)
+    assert np.isnan(got[:60]).all() and np.isfinite(got[60:]).all()
+    np.testing.assert_allclose(got[60:], want.to_numpy()[60:], rtol=1e-9)
+    with pytest.raises(ValueError, match="volatility target must be > 0"):
+        vol.volatility_scale(p, 0.0)
 
 
 def test_positions_are_the_oxford_man_codes():

@@ -27,12 +27,10 @@ import math
 
 import numpy as np
 
+from gper.envs.volatility import check_prices, ewm_mean, rolling_std, volatility_scale
+
 #: annual volatility the positions are scaled to
 VOL_TARGET = 0.15
-#: span (and fewest returns) of the exponentially weighted volatility of daily returns
-VOL_SPAN = 60
-#: trading days a year: daily volatility times its square root is annual volatility
-DAYS_PER_YEAR = 252
 #: bars back the momentum signal compares the price with
 TSMOM_LOOKBACK = 252
 #: (short, long) time scales of the three MACD signals
@@ -44,58 +42,6 @@ BASELINES = ("long_only", "tsmom", "macd")
 LABELS = {"long_only": "long only (vol-scaled)", "tsmom": "TS momentum", "macd": "MACD"}
 
 
-def _prices(prices: np.ndarray) -> np.ndarray:
-    out = np.asarray(prices, dtype=np.float64)
-    if out.ndim != 1:
-        raise ValueError(f"prices must be 1-D, got shape {list(out.shape)}")
-    if not (np.isfinite(out).all() and (out > 0).all()):
-        raise ValueError("prices must be finite and > 0")
-    return out
-
-
-def ewm_mean(x: np.ndarray, alpha: float) -> np.ndarray:
-    """pandas' ``ewm(alpha=alpha, adjust=True).mean()`` of float64 ``x`` (no NaN): the mean of every
-    value so far, weighted ``(1 - alpha)^age``."""
-    out = np.empty_like(x)
-    num = den = 0.0
-    keep = 1.0 - alpha
-    for t, value in enumerate(x):
-        num = value + keep * num
-        den = 1.0 + keep * den
-        out[t] = num / den
-    return out
-
-
-def ewm_std(x: np.ndarray, span: int, min_periods: int) -> np.ndarray:
-    """pandas' ``ewm(span=span, min_periods=min_periods).std()`` of float64 ``x`` (no NaN, bias
-    corrected as pandas corrects it); NaN before ``min_periods`` values."""
-    alpha = 2.0 / (span + 1.0)
-    keep = 1.0 - alpha
-    out = np.full_like(x, np.nan)
-    w = w2 = mean = var = 0.0  # the weights' sum and squares' sum, the weighted mean and (biased) variance
-    for t, value in enumerate(x):
-        if t == 0:
-            w, w2, mean, var = 1.0, 1.0, value, 0.0
-        else:
-            w, w2 = keep * w, keep * keep * w2
-            old_mean = mean
-            mean = (w * mean + value) / (w + 1.0)
-            var = (w * (var + (old_mean - mean) ** 2) + (value - mean) ** 2) / (w + 1.0)
-            w, w2 = w + 1.0, w2 + 1.0
-        if t + 1 >= min_periods and t > 0:
-            out[t] = math.sqrt(max(var * w * w / (w * w - w2), 0.0))
-    return out
-
-
-def rolling_std(x: np.ndarray, window: int) -> np.ndarray:
-    """pandas' ``rolling(window).std()`` (ddof 1) of float64 ``x``: NaN until ``window`` values,
-    and where any value of the window is NaN."""
-    out = np.full_like(x, np.nan)
-    if len(x) >= window:
-        out[window - 1 :] = np.lib.stride_tricks.sliding_window_view(x, window).std(axis=1, ddof=1)
-    return out
-
-
 def half_life(n: int) -> float:
     """The EWMA half-life of time scale ``n``: ``ln 0.5 / ln(1 - 1/n)``."""
     return math.log(0.5) / math.log(1.0 - 1.0 / n)
@@ -103,7 +49,7 @@ def half_life(n: int) -> float:
 
 def macd_signal(prices: np.ndarray) -> np.ndarray:
     """The mean over :data:`MACD_PAIRS` of ``phi(Y)`` at every bar (NaN until each is defined)."""
-    p = _prices(prices)
+    p = check_prices(prices)
     price_std = rolling_std(p, MACD_PRICE_STD)
     total = np.zeros_like(p)
     for short, long in MACD_PAIRS:
@@ -118,28 +64,17 @@ def macd_signal(prices: np.ndarray) -> np.ndarray:
 
 def signals(prices: np.ndarray) -> dict[str, np.ndarray]:
     """Each baseline's signal ``X_t`` at every bar of ``prices`` (float64 ``[n]``), NaN where undefined."""
-    p = _prices(prices)
+    p = check_prices(prices)
     momentum = np.full_like(p, np.nan)
     if len(p) > TSMOM_LOOKBACK:
         momentum[TSMOM_LOOKBACK:] = np.sign(p[TSMOM_LOOKBACK:] / p[:-TSMOM_LOOKBACK] - 1.0)
     return {"long_only": np.ones_like(p), "tsmom": momentum, "macd": macd_signal(p)}
 
 
-def volatility_scale(prices: np.ndarray) -> np.ndarray:
-    """``VOL_TARGET / (sigma_t sqrt(252))`` at every bar (NaN before :data:`VOL_SPAN` daily returns)."""
-    p = _prices(prices)
-    daily = np.concatenate(([np.nan], p[1:] / p[:-1] - 1.0))
-    sigma = np.full_like(p, np.nan)
-    if len(p) > 1:
-        sigma[1:] = ewm_std(daily[1:], VOL_SPAN, VOL_SPAN)
-    with np.errstate(divide="ignore"):
-        return VOL_TARGET / (sigma * math.sqrt(DAYS_PER_YEAR))
-
-
 def positions(prices: np.ndarray) -> dict[str, np.ndarray]:
     """Each baseline's position at every bar of ``prices``, in units of the asset; 0 where its
     signal or the volatility is not defined yet. Bar ``t``'s reads ``prices[: t + 1]`` only."""
-    scale = volatility_scale(prices)
+    scale = volatility_scale(prices, VOL_TARGET)
     out = {}
     for name, signal in signals(prices).items():
         pos = signal * scale
@@ -161,7 +96,7 @@ def baseline_walk(prices: np.ndarray, start: int, end: int, cost: float) -> dict
     Returns:
         ``{name: (log_pnl, traded)}``, float64 ``[end - start]`` each.
     """
-    p = _prices(prices)
+    p = check_prices(prices)
     if not (1 <= start < end <= len(p)):
         raise ValueError(f"the test bars [{start}, {end}) must lie in [1, {len(p)}] and hold at least one bar")
     if not (math.isfinite(cost) and cost >= 0):
