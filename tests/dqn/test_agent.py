@@ -210,3 +210,19 @@ def test_a_market_agent_of_three_actions(smoke, tmp_path):
     assert results.env_steps == cfg.total_steps
     with pytest.raises(ValueError, match="odd integer >= 3"):
         resolve(Config(**(market | {"actions": 4})), CPU)
+
+
+def test_a_market_agent_with_volatility_targeting(smoke, tmp_path):
+    """--vol-target 0.15: the training, evaluation and test environments hold the scaled positions;
+    a target out of range is refused."""
+    from gper.dqn import train
+    from gper.training.environment import build_env
+
+    market = smoke | dict(env="market", bars=3000, test_bars=1000, num_envs=4, vol_target=0.15, eval_every=1)
+    cfg, agent, _ = setup(Config(**market))
+    assert agent.env.vol_scale is not None and build_env(cfg, CPU, split="test").vol_scale is not None
+    results = train(Config(**market, run_dir=str(tmp_path)), log=lambda _: None)
+    assert results.env_steps == cfg.total_steps and results.eval_mean_return is not None
+    for bad in (0.0, -0.1, 11.0, True):
+        with pytest.raises(ValueError, match="vol_target must be an annual volatility"):
+            resolve(Config(**(market | {"vol_target": bad})), CPU)

@@ -96,12 +96,13 @@ def test_a_checkpoint_with_the_walk_settings_flat_resumes_as_before(run, tmp_pat
 
 
 def test_a_checkpoint_from_before_the_loss_setting_resumes_as_huber(run, tmp_path):
-    """A checkpoint written before ``Config.loss`` and ``Config.actions`` (neither among its settings)
-    ran with the Huber loss (and a market of 45 actions): it reads back with ``loss="huber"`` and
-    ``actions=45`` and resumes bit for bit; asked for ``mse`` it is refused."""
+    """A checkpoint written before ``Config.loss``, ``Config.actions`` and ``Config.vol_target`` (none
+    among its settings) ran with the Huber loss (and a market of 45 actions, unscaled): it reads back
+    with those and resumes bit for bit; asked for ``mse`` it is refused."""
     train(Config(**run, run_name="whole"), **QUIET)
-    old = _older_checkpoint(tmp_path, lambda config: (config.pop("loss"), config.pop("actions")))
-    assert stored_config(old).loss == "huber" and stored_config(old).actions == 45
+    old = _older_checkpoint(tmp_path, lambda config: [config.pop(k) for k in ("loss", "actions", "vol_target")])
+    stored = stored_config(old)
+    assert (stored.loss, stored.actions, stored.vol_target) == ("huber", 45, None)
     with pytest.raises(ValueError, match=r"loss 'mse' \(checkpoint: 'huber'\)"):
         train(Config(**run, loss="mse", run_name="refused", resume=str(old)), **QUIET)
     train(Config(**run, run_name="resumed", resume=str(old)), **QUIET)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from gper.envs import volatility as vol
 from gper.envs.market import (
     MIN_BARS,
     N_ACTIONS,
@@ -300,3 +301,64 @@ def test_evaluate_walks_the_sources_actions():
     assert long["total_log_pnl"] == pytest.approx(long["buy_and_hold_log_pnl"], rel=1e-12)
     flat = evaluate(lambda obs: torch.full((obs.shape[0],), 1), env)
     assert flat["total_log_pnl"] == 0.0 and flat["turnover"] == 0.0
+
+
+def test_volatility_targeting_holds_the_chosen_position_times_the_bars_scale():
+    """vol_scale: p' s_t units held, costs on the change of units, feature 48 the chosen p'; NaN
+    scales hold nothing; a truncated episode starts flat again."""
+    prices = tiny_prices()
+    n = len(prices)
+    scale = np.linspace(0.5, 2.0, n)
+    scale[WARMUP + 2] = np.nan  # unknown volatility: no position there
+    env = MarketEnv(prices, 1, "cpu", episode_len=100, cost_bps=3.0, random_start=False, sigma=0.02, vol_scale=scale)
+    obs = env.reset()
+    assert obs[0, 48] == 0 and env.vol_scale[WARMUP + 2] == 0
+    p, held_before = prices.tolist(), 0.0
+    for i, a in enumerate([44, 11, 0, 22]):
+        t = WARMUP + i
+        target = -1.0 + 2.0 * a / 44
+        held = target * (0.0 if t == WARMUP + 2 else scale[t])
+        step = env.step(torch.tensor([a]))
+        want = held * math.log(p[t + 1] / p[t]) - 3e-4 * abs(held - held_before)
+        assert env.last_log_pnl.item() == pytest.approx(want, rel=1e-12, abs=1e-15)
+        assert env.last_traded.item() == pytest.approx(abs(held - held_before), abs=1e-15)
+        assert step.next_obs[0, 48].item() == pytest.approx(target)
+        held_before = held
+    assert step.truncated.item() and env.exposure.item() == 0.0 and env.position.item() == 0.0
+    state = env.state_dict()
+    assert "exposure" in state and "exposure" not in MarketEnv(prices, 1, "cpu").state_dict()
+    for bad, match in ((np.ones(n - 1), "one value a bar"), (-np.ones(n), ">= 0")):
+        with pytest.raises(ValueError, match=match):
+            MarketEnv(prices, 1, "cpu", vol_scale=bad)
+
+
+def test_a_scale_of_one_is_no_scale_bit_for_bit():
+    prices = synthetic_prices(600, 2)
+    plain = MarketEnv(prices, 4, "cpu", seed=5, cost_bps=2.0)
+    ones = MarketEnv(prices, 4, "cpu", seed=5, cost_bps=2.0, vol_scale=np.ones(len(prices)))
+    plain.reset(), ones.reset()
+    g = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        a = torch.randint(0, 45, (4,), generator=g)
+        x, y = plain.step(a), ones.step(a)
+        assert torch.equal(x.reward, y.reward) and torch.equal(x.next_obs, y.next_obs)
+        assert torch.equal(plain.last_log_pnl, ones.last_log_pnl) and torch.equal(plain.last_traded, ones.last_traded)
+
+
+def test_from_source_scales_each_split_by_the_volatility_up_to_each_bar(tmp_path):
+    closes = tiny_prices(600, 3).tolist()
+    path = write_csv(tmp_path / "bars.csv", closes)
+    full = vol.volatility_scale(np.array(closes), 0.15)
+    train = MarketEnv.from_source(1, "cpu", data=str(path), split="train", vol_target=0.15)
+    test = MarketEnv.from_source(1, "cpu", data=str(path), split="test", vol_target=0.15)
+    finite = np.where(np.isfinite(full), full, 0.0)
+    assert torch.equal(train.vol_scale, torch.from_numpy(finite[: train.n_bars]))
+    assert torch.equal(test.vol_scale, torch.from_numpy(finite[-test.n_bars :]))
+    assert (test.vol_scale > 0).all()  # the test split's first bars have the training bars' history
+    assert MarketEnv.from_source(1, "cpu", data=str(path), split="test").vol_scale is None
+    # evaluate() walks the source's scale: always long holds s_t units each bar
+    long = evaluate(lambda obs: torch.full((obs.shape[0],), 44), test)
+    held = test.vol_scale[WARMUP:-1].double()
+    r = test.returns[WARMUP + 1 :]
+    want = float((held * r).sum() - test.cost * torch.diff(held, prepend=held.new_zeros(1)).abs().sum())
+    assert long["total_log_pnl"] == pytest.approx(want, rel=1e-10)

@@ -153,3 +153,20 @@ def test_a_fold_of_three_actions_trades_and_stays_flat_with_them(setup):
     least = min(0.999999, three.chosen["deflated_sharpe"] + 1e-6)
     flat = run(bars, fold, actions=3, min_deflated_sharpe=least)
     assert flat.chosen["flat"] and not flat.test["policy_traded"].any() and not flat.test["policy_pnl"].any()
+
+
+def test_with_volatility_targeting_the_test_bars_are_still_unseen(setup):
+    """vol_target: each bar's scale reads the returns up to it, so shuffling the test bars (and
+    changing every later one) leaves training and selection bit-identical; the policy's test walk
+    holds scaled positions (its turnover is not in whole position units any more)."""
+    bars, fold = setup
+    base = run(bars, fold, vol_target=0.15)
+    close = bars.close.clone()
+    g = torch.Generator().manual_seed(1)
+    window = close[fold.test.start : fold.test.end]
+    close[fold.test.start : fold.test.end] = window[torch.randperm(len(window), generator=g)]
+    close[fold.test.end :] *= 1.1
+    shuffled = run(with_closes(bars, close), fold, vol_target=0.15)
+    assert same_selection(base, shuffled)
+    plain = run(bars, fold)
+    assert not torch.equal(torch.as_tensor(base.test["policy_pnl"]), torch.as_tensor(plain.test["policy_pnl"]))

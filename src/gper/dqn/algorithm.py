@@ -48,6 +48,7 @@ ADDED = {
     "sweep": (),
     "loss": "huber",
     "actions": 45,
+    "vol_target": None,
 }
 
 

@@ -173,6 +173,10 @@ class Config:
     actions: int = 45
     """market: target positions to choose from, evenly spaced over [-1, 1] (odd, at least 3; 3 is
     short / flat / long)"""
+    vol_target: float | None = None
+    """market: hold each chosen position scaled to this annual volatility (0.15: 15%), over the
+    exponentially weighted volatility (span 60) of the daily returns up to each bar, in the reward and
+    every walk; None: positions as chosen"""
     walk: WalkForward = dataclasses.field(default_factory=WalkForward)
     """market walk-forward: the windows and how each fold trains (gper.dqn.walk_settings; flat on the command line)"""
     gym_autoreset: Literal["same-step", "next-step"] = "same-step"
@@ -364,6 +368,9 @@ def _check(cfg: Config) -> None:
     if not (math.isfinite(cfg.cost_bps) and cfg.cost_bps >= 0):
         raise ValueError(f"cost_bps must be a finite number >= 0, got {cfg.cost_bps}")
     action_positions(cfg.actions)  # an odd integer >= 3, or one line saying so
+    target = cfg.vol_target
+    if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 < target < 10):
+        raise ValueError(f"vol_target must be an annual volatility in (0, 10) (0.15 is 15%) or None, got {target!r}")
     if cfg.solve_return is not None and not math.isfinite(cfg.solve_return):
         raise ValueError(f"solve_return must be a finite number, got {cfg.solve_return}")
     for settings in (cfg, cfg.walk):

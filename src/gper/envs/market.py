@@ -27,6 +27,12 @@ from position ``p`` to ``p'`` at bar ``t`` earns the log P&L ``p' * r_{t+1} - co
 units of a typical bar's move, so rewards are O(1) whatever the instrument's volatility. The
 unscaled log P&L of the last step is :attr:`MarketEnv.last_log_pnl`.
 
+With volatility targeting (``vol_scale``: :func:`gper.envs.volatility.volatility_scale`, ``gper train
+--vol-target``) the chosen position ``p'`` is held as ``p' * s_t`` units of the asset, ``s_t`` the
+bar's scale (the target over the annualised volatility of the returns up to bar ``t``, 0 where it
+is not known yet): the step earns ``p' s_t r_{t+1} - cost * |p' s_t - p s_{t-1}|``, the cost on
+the change of the units held. Feature 48 stays the chosen position ``p'``.
+
 Episodes start flat at a random bar and are truncated (never terminated: a market has no
 terminal state) after ``episode_len`` steps or where the data ends.
 """
@@ -46,6 +52,7 @@ from gper.envs.base import Step, VecEnv, canonical_device, check_num_envs
 from gper.envs.market_data import SYNTHETIC_KINDS, load_bars_csv, synthetic_prices
 from gper.envs.packaged import read_bars
 from gper.envs.registry import EnvSpec
+from gper.envs.volatility import volatility_scale
 
 N_RETURNS = 40
 WINDOWS = (5, 10, 20, 40)
@@ -114,6 +121,18 @@ def _check_prices(prices: torch.Tensor) -> torch.Tensor:
     return prices
 
 
+def _check_scale(scale: torch.Tensor | np.ndarray, n_bars: int) -> torch.Tensor:
+    """``vol_scale`` as float64 ``[n_bars]`` with non-finite values 0, or a one-line ValueError."""
+    out = torch.as_tensor(np.asarray(scale, dtype=np.float64) if not isinstance(scale, torch.Tensor) else scale)
+    out = out.to(torch.float64)
+    if out.shape != (n_bars,):
+        raise ValueError(f"vol_scale must be [{n_bars}], one value a bar, got shape {list(out.shape)}")
+    out = torch.where(torch.isfinite(out), out, 0.0)
+    if (out < 0).any():
+        raise ValueError("vol_scale must be >= 0")
+    return out
+
+
 class MarketEnv(VecEnv):
     """``num_envs`` traders on one price series, each walking its own episode (see the module docstring).
 
@@ -130,6 +149,9 @@ class MarketEnv(VecEnv):
         sigma: the return scale; default the standard deviation of ``prices``' own log returns.
             Pass the training series' value for held-out data (:meth:`from_source` does).
         n_actions: target positions to choose from, evenly spaced over [-1, 1] (odd, >= 3).
+        vol_scale: float64 ``[T]``, each bar's units of the asset per unit of chosen position
+            (volatility targeting, see the module docstring); NaN or infinite values are 0 (no
+            position while the volatility is unknown). None: the chosen position is held as is.
 
     Random starts are uniform over the bars from which a whole episode fits in the data (all usable
     bars when the series is shorter than an episode).
@@ -153,6 +175,7 @@ class MarketEnv(VecEnv):
         graph_safe_rng: bool = False,
         sigma: float | None = None,
         n_actions: int = N_ACTIONS,
+        vol_scale: torch.Tensor | np.ndarray | None = None,
     ) -> None:
         check_num_envs(num_envs)
         positions = action_positions(n_actions)
@@ -178,6 +201,8 @@ class MarketEnv(VecEnv):
         self.features = market_features(self.prices, self.sigma)
         self.positions = positions.to(self.device)
         self.n_actions = n_actions
+        self.vol_scale = None if vol_scale is None else _check_scale(vol_scale, len(prices)).to(self.device)
+        """[T] float64 units held per unit of chosen position at each bar, or None (held as chosen)"""
         self.n_bars = len(prices)
         self.last_start = max(WARMUP, self.n_bars - 1 - episode_len)
         self._rng = EnvRng(self.device, seed, generator, graph_safe_rng)
@@ -191,6 +216,8 @@ class MarketEnv(VecEnv):
         """[N] int64: steps taken in the current episode."""
         self.position = zeros(torch.float64)
         """[N] float64: the position held coming into :attr:`bar`."""
+        self.exposure = zeros(torch.float64)
+        """[N] float64: the units of the asset held coming into :attr:`bar` (with ``vol_scale``; else unused)"""
         self.prev_reward = zeros(torch.float32)
         """[N] float32: the reward of the step that led to :attr:`bar` (0 at an episode's start)."""
         self.last_log_pnl = zeros(torch.float64)
@@ -211,6 +238,7 @@ class MarketEnv(VecEnv):
         n_bars: int = 400_000,
         test_bars: int = 20_000,
         test_fraction: float = 0.2,
+        vol_target: float | None = None,
         **kwargs: Any,
     ) -> MarketEnv:
         """The ``split`` ("train" or "test") of a synthetic market or of a CSV bar file.
@@ -221,7 +249,10 @@ class MarketEnv(VecEnv):
         With a CSV path (:func:`load_bars_csv`), the first ``1 - test_fraction`` of the bars are
         train and the rest test; the test env also gets the :data:`WARMUP` + 1 bars before the split
         as history, so its first decision earns the first held-out return. Both splits are scaled
-        by the train series' ``sigma``. ``kwargs`` go to the constructor.
+        by the train series' ``sigma``. With ``vol_target`` each split's positions are scaled to it
+        (:func:`gper.envs.volatility.volatility_scale`), from the returns up to each bar: of the
+        whole file for a CSV's test split, whose bars follow the training ones. ``kwargs`` go to
+        the constructor.
         """
         if split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
@@ -236,6 +267,7 @@ class MarketEnv(VecEnv):
             train = synthetic_prices(n_train, seed, synthetic_kind)
             test_seed = int(np.random.SeedSequence([int(seed), 1]).generate_state(1)[0])
             prices = train if split == "train" else synthetic_prices(n_test, test_seed, synthetic_kind)
+            history, first = prices, 0  # the series the volatility is read from, and where prices start in it
         else:
             needed = math.ceil(MIN_BARS / (1 - test_fraction)) + 1
             bars = read_bars(data, min_rows=needed).close
@@ -244,6 +276,10 @@ class MarketEnv(VecEnv):
                 raise ValueError(f"{data}: {len(bars)} bars leave {n_train} for training, at least {MIN_BARS} needed")
             train = bars[:n_train]
             prices = train if split == "train" else bars[n_train - 1 - WARMUP :]
+            history, first = bars, 0 if split == "train" else n_train - 1 - WARMUP
+        if vol_target is not None:
+            scale = volatility_scale(history[: first + len(prices)].double().numpy(), vol_target)
+            kwargs["vol_scale"] = scale[first:]
         return cls(prices, num_envs, device, seed=seed, sigma=return_std(train), **kwargs)
 
     @property
@@ -271,15 +307,20 @@ class MarketEnv(VecEnv):
     def reset(self, seed: int | None = None) -> torch.Tensor:
         self._rng.seed(seed)
         self.bar.copy_(self._start_bars())
-        for t in (self.steps, self.position, self.prev_reward, self.last_log_pnl, self.last_traded):
+        for t in (self.steps, self.position, self.exposure, self.prev_reward, self.last_log_pnl, self.last_traded):
             t.zero_()
         return self.observe()
 
     def step(self, actions: torch.Tensor) -> Step:
         self.check_actions(actions)
         target = self.positions[actions]
-        traded = (target - self.position).abs()
-        log_pnl = target * self.returns[self.bar + 1] - self.cost * traded
+        if self.vol_scale is None:
+            held = target
+            traded = (target - self.position).abs()
+        else:  # the chosen position in units of the asset at this bar's volatility
+            held = target * self.vol_scale[self.bar]
+            traded = (held - self.exposure).abs()
+        log_pnl = held * self.returns[self.bar + 1] - self.cost * traded
         reward = (log_pnl / self.sigma).float()
         bar, steps = self.bar + 1, self.steps + 1
         truncated = (steps >= self.episode_len) | (bar >= self.n_bars - 1)
@@ -289,6 +330,8 @@ class MarketEnv(VecEnv):
         self.bar.copy_(torch.where(truncated, self._start_bars(), bar))
         self.steps.copy_(torch.where(truncated, 0, steps))
         self.position.copy_(torch.where(truncated, 0.0, target))
+        if self.vol_scale is not None:
+            self.exposure.copy_(torch.where(truncated, 0.0, held))
         self.prev_reward.copy_(torch.where(truncated, 0.0, reward))
         return Step(next_obs, reward, torch.zeros_like(truncated), truncated, self.observe())
 
@@ -296,6 +339,8 @@ class MarketEnv(VecEnv):
         out: dict[str, Any] = {
             name: getattr(self, name).clone() for name in ("bar", "steps", "position", "prev_reward")
         }
+        if self.vol_scale is not None:
+            out["exposure"] = self.exposure.clone()
         if self._rng.owned:
             out["generator"] = self._rng.generator.get_state()
         return out
@@ -303,6 +348,8 @@ class MarketEnv(VecEnv):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for name in ("bar", "steps", "position", "prev_reward"):
             getattr(self, name).copy_(state[name])
+        if self.vol_scale is not None:
+            self.exposure.copy_(state["exposure"])
         if self._rng.owned and "generator" in state:
             self._rng.generator.set_state(state["generator"])
 
@@ -334,9 +381,10 @@ def evaluate(
         ``buy_and_hold_sharpe_per_bar`` (mean over standard deviation of the per-bar log P&L,
         not annualised).
     """
-    n_actions = N_ACTIONS
+    n_actions, scale = N_ACTIONS, None
     if isinstance(source, MarketEnv):
         prices, n_actions = source.prices, source.n_actions  # the actions the policy was trained on
+        scale = source.vol_scale
         sigma = source.sigma if sigma is None else sigma
         cost_bps = source.cost_bps if cost_bps is None else cost_bps
         device = source.device if device is None else device
@@ -346,8 +394,9 @@ def evaluate(
     device = torch.device("cpu" if device is None else device)
     n_steps = len(prices) - 1 - WARMUP
     env = MarketEnv(
-        prices, 1, device, episode_len=n_steps, cost_bps=cost_bps, random_start=False, sigma=sigma, n_actions=n_actions
-    )
+        prices, 1, device, episode_len=n_steps, cost_bps=cost_bps, random_start=False, sigma=sigma,
+        n_actions=n_actions, vol_scale=None if scale is None else scale.cpu(),
+    )  # fmt: skip
     if isinstance(source, MarketEnv):
         env.horizon = source.horizon  # feature 50 cycles as it did in training
     pnl, traded = trade(policy, env)
@@ -395,6 +444,7 @@ def market_settings(run: Any, split: str) -> dict[str, Any]:
     """:meth:`MarketEnv.from_source`'s arguments from a training run's settings, for ``split``."""
     kwargs: dict[str, Any] = dict(data=run.data, split=split, episode_len=run.episode_len, cost_bps=run.cost_bps)
     kwargs["n_actions"] = getattr(run, "actions", N_ACTIONS)  # settings of an algorithm without the choice: 45
+    kwargs["vol_target"] = getattr(run, "vol_target", None)
     if run.data is None:
         kwargs.update(n_bars=run.bars, test_bars=run.test_bars)
     return kwargs

@@ -33,6 +33,7 @@ from gper.dqn.network import padded_width
 from gper.envs.folds import HISTORY, Fold
 from gper.envs.market import N_ACTIONS, WARMUP, MarketEnv, return_std, trade
 from gper.envs.market_data import Bars
+from gper.envs.volatility import volatility_scale
 from gper.training.epochs import collect_iterations, step_iteration, train_steps_before
 from gper.training.precision import matmul_precision
 from gper.walkforward.baselines import baseline_walk
@@ -84,10 +85,13 @@ def fold_config(config: Config, fold: Fold, device: torch.device) -> Config:
     return dataclasses.replace(cfg, seed=fold_seed(config.seed, fold.index))
 
 
-def window_env(prices: torch.Tensor, start: int, end: int, like: MarketEnv) -> MarketEnv:
+def window_env(
+    prices: torch.Tensor, start: int, end: int, like: MarketEnv, vol_scale: np.ndarray | None = None
+) -> MarketEnv:
     """One trader walking bars ``[start, end)`` whole, with :data:`HISTORY` bars before them as
     features, the scale and cost of the training environment ``like``: its first decision, at bar
-    ``start - 1``, earns bar ``start``'s return."""
+    ``start - 1``, earns bar ``start``'s return. ``vol_scale``: the whole series' (volatility
+    targeting), of which the window's bars are read."""
     window = prices[start - HISTORY : end]
     env = MarketEnv(
         window,
@@ -98,6 +102,7 @@ def window_env(prices: torch.Tensor, start: int, end: int, like: MarketEnv) -> M
         random_start=False,
         sigma=like.sigma,
         n_actions=like.n_actions,
+        vol_scale=None if vol_scale is None else vol_scale[start - HISTORY : end],
     )
     env.horizon = like.horizon  # feature 50 cycles as in training
     return env
@@ -161,6 +166,9 @@ def _run_fold(
         torch.cuda.manual_seed(cfg.seed)
     prices = bars.close
     train_prices = prices[fold.train.start : fold.train.end]
+    # volatility targeting: each bar's scale from the returns up to it, over the whole series (a
+    # window's first bars have their history), so no bar reads a later one
+    scale = None if cfg.vol_target is None else volatility_scale(prices.double().numpy(), cfg.vol_target)
     env = MarketEnv(
         train_prices,
         cfg.num_envs,
@@ -171,12 +179,13 @@ def _run_fold(
         graph_safe_rng=True,
         sigma=return_std(train_prices),
         n_actions=cfg.actions,
+        vol_scale=None if scale is None else scale[fold.train.start : fold.train.end],
     )
     rb = build_replay(cfg, padded_width(env.obs_dim), device)
     iterations = collect_iterations(cfg)
     agent = Agent(cfg, env, rb, train_steps_before(cfg, iterations))
     try:
-        val_env = window_env(prices, fold.val.start, fold.val.end, env)
+        val_env = window_env(prices, fold.val.start, fold.val.end, env, scale)
         record, best, best_state, candidates = _train_and_validate(cfg, agent, val_env, iterations, progress)
         # the chosen checkpoint's worth among every candidate the fold scored (reported, and a rule with
         # min_deflated_sharpe)
@@ -192,7 +201,7 @@ def _run_fold(
         chosen |= {"flat": flat, "metric": cfg.walk.select_metric}
         test = None
         if score_test:
-            test = _test_walk(prices, bars.time_ns, fold, env, agent, best_state, flat)
+            test = _test_walk(prices, bars.time_ns, fold, env, agent, best_state, flat, scale)
         return FoldRun(cfg, chosen, record, best_state, test, env.sigma)
     finally:
         env.close()
@@ -235,8 +244,10 @@ def _train_and_validate(cfg: Config, agent: Agent, val_env: MarketEnv, iteration
     return record, best, best_state, candidates
 
 
-def _test_walk(prices, time_ns, fold: Fold, env: MarketEnv, agent: Agent, state, flat: bool) -> dict[str, np.ndarray]:
-    test_env = window_env(prices, fold.test.start, fold.test.end, env)
+def _test_walk(
+    prices, time_ns, fold: Fold, env: MarketEnv, agent: Agent, state, flat: bool, scale: np.ndarray | None
+) -> dict[str, np.ndarray]:
+    test_env = window_env(prices, fold.test.start, fold.test.end, env, scale)
     if flat:
 
         def policy(obs: torch.Tensor) -> torch.Tensor:
