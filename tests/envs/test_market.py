@@ -362,3 +362,18 @@ def test_from_source_scales_each_split_by_the_volatility_up_to_each_bar(tmp_path
     r = test.returns[WARMUP + 1 :]
     want = float((held * r).sum() - test.cost * torch.diff(held, prepend=held.new_zeros(1)).abs().sum())
     assert long["total_log_pnl"] == pytest.approx(want, rel=1e-10)
+
+
+def test_a_turnover_penalty_lowers_the_reward_not_the_pnl():
+    prices = tiny_prices()
+    plain = MarketEnv(prices, 1, "cpu", episode_len=100, cost_bps=2.0, random_start=False, sigma=0.02)
+    taxed = MarketEnv(prices, 1, "cpu", episode_len=100, cost_bps=2.0, random_start=False, sigma=0.02, turnover_bps=5)
+    plain.reset(), taxed.reset()
+    for a in (44, 44, 0, 22):
+        x, y = plain.step(torch.tensor([a])), taxed.step(torch.tensor([a]))
+        assert torch.equal(plain.last_log_pnl, taxed.last_log_pnl)
+        want = (taxed.last_log_pnl - 5e-4 * taxed.last_traded) / 0.02
+        assert y.reward.item() == pytest.approx(want.item(), rel=1e-6)
+        assert (y.reward == x.reward).item() == (taxed.last_traded.item() == 0)
+    with pytest.raises(ValueError, match="turnover_bps must be >= 0"):
+        MarketEnv(prices, 1, "cpu", turnover_bps=-1.0)

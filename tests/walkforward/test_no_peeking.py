@@ -170,3 +170,18 @@ def test_with_volatility_targeting_the_test_bars_are_still_unseen(setup):
     assert same_selection(base, shuffled)
     plain = run(bars, fold)
     assert not torch.equal(torch.as_tensor(base.test["policy_pnl"]), torch.as_tensor(plain.test["policy_pnl"]))
+
+
+def test_a_turnover_penalty_trains_the_fold_and_leaves_its_scores_in_pnl(setup):
+    """turnover_bps shapes the training reward only: the fold trains another policy, and its
+    validation scores and test walk count the log P&L after costs as before (no penalty in them)."""
+    bars, fold = setup
+    taxed = run(bars, fold, turnover_bps=20.0)
+    plain = run(bars, fold)
+    assert taxed.validations != plain.validations  # trained on another reward
+    # the validation and test walks are windows of the training environment without its penalty
+    from gper.envs.market import MarketEnv
+    from gper.walkforward.fold import window_env
+
+    like = MarketEnv(bars.close[fold.train.start : fold.train.end], 1, "cpu", turnover_bps=20.0)
+    assert like.penalty == 20e-4 and window_env(bars.close, fold.test.start, fold.test.end, like).penalty == 0.0

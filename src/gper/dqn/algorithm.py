@@ -49,6 +49,7 @@ ADDED = {
     "loss": "huber",
     "actions": 45,
     "vol_target": None,
+    "turnover_bps": 0.0,
 }
 
 

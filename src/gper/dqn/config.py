@@ -173,6 +173,9 @@ class Config:
     actions: int = 45
     """market: target positions to choose from, evenly spaced over [-1, 1] (odd, at least 3; 3 is
     short / flat / long)"""
+    turnover_bps: float = 0.0
+    """market: a penalty in the training reward on top of cost_bps, in basis points per unit of position
+    traded (fewer trades); the log P&L the evaluation and the walks report leaves it out"""
     vol_target: float | None = None
     """market: hold each chosen position scaled to this annual volatility (0.15: 15%), over the
     exponentially weighted volatility (span 60) of the daily returns up to each bar, in the reward and
@@ -368,6 +371,8 @@ def _check(cfg: Config) -> None:
     if not (math.isfinite(cfg.cost_bps) and cfg.cost_bps >= 0):
         raise ValueError(f"cost_bps must be a finite number >= 0, got {cfg.cost_bps}")
     action_positions(cfg.actions)  # an odd integer >= 3, or one line saying so
+    if not (math.isfinite(cfg.turnover_bps) and cfg.turnover_bps >= 0):
+        raise ValueError(f"turnover_bps must be a finite number >= 0, got {cfg.turnover_bps}")
     target = cfg.vol_target
     if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 < target < 10):
         raise ValueError(f"vol_target must be an annual volatility in (0, 10) (0.15 is 15%) or None, got {target!r}")

@@ -27,6 +27,10 @@ from position ``p`` to ``p'`` at bar ``t`` earns the log P&L ``p' * r_{t+1} - co
 units of a typical bar's move, so rewards are O(1) whatever the instrument's volatility. The
 unscaled log P&L of the last step is :attr:`MarketEnv.last_log_pnl`.
 
+With ``turnover_bps`` the reward (not the log P&L) is lowered by a further ``turnover_bps * 1e-4``
+per unit traded, which teaches fewer trades than the costs alone without counting in the P&L the
+walks report.
+
 With volatility targeting (``vol_scale``: :func:`gper.envs.volatility.volatility_scale`, ``gper train
 --vol-target``) the chosen position ``p'`` is held as ``p' * s_t`` units of the asset, ``s_t`` the
 bar's scale (the target over the annualised volatility of the returns up to bar ``t``, 0 where it
@@ -149,6 +153,8 @@ class MarketEnv(VecEnv):
         sigma: the return scale; default the standard deviation of ``prices``' own log returns.
             Pass the training series' value for held-out data (:meth:`from_source` does).
         n_actions: target positions to choose from, evenly spaced over [-1, 1] (odd, >= 3).
+        turnover_bps: a penalty in the reward on top of ``cost_bps``, in basis points per unit
+            traded, not counted in the log P&L (see the module docstring).
         vol_scale: float64 ``[T]``, each bar's units of the asset per unit of chosen position
             (volatility targeting, see the module docstring); NaN or infinite values are 0 (no
             position while the volatility is unknown). None: the chosen position is held as is.
@@ -176,8 +182,11 @@ class MarketEnv(VecEnv):
         sigma: float | None = None,
         n_actions: int = N_ACTIONS,
         vol_scale: torch.Tensor | np.ndarray | None = None,
+        turnover_bps: float = 0.0,
     ) -> None:
         check_num_envs(num_envs)
+        if not (isinstance(turnover_bps, (int, float)) and math.isfinite(turnover_bps) and turnover_bps >= 0):
+            raise ValueError(f"turnover_bps must be >= 0, got {turnover_bps!r}")
         positions = action_positions(n_actions)
         if not isinstance(episode_len, int) or episode_len < 1:
             raise ValueError(f"episode_len must be an int >= 1, got {episode_len!r}")
@@ -191,6 +200,8 @@ class MarketEnv(VecEnv):
         by :func:`evaluate`, whose single episode spans the whole series."""
         self.cost_bps = float(cost_bps)
         self.cost = self.cost_bps * 1e-4
+        self.turnover_bps = float(turnover_bps)
+        self.penalty = self.turnover_bps * 1e-4
         self.random_start = random_start
         prices = _check_prices(prices)
         self.sigma = return_std(prices) if sigma is None else float(sigma)
@@ -321,7 +332,8 @@ class MarketEnv(VecEnv):
             held = target * self.vol_scale[self.bar]
             traded = (held - self.exposure).abs()
         log_pnl = held * self.returns[self.bar + 1] - self.cost * traded
-        reward = (log_pnl / self.sigma).float()
+        shaped = log_pnl if self.penalty == 0 else log_pnl - self.penalty * traded
+        reward = (shaped / self.sigma).float()
         bar, steps = self.bar + 1, self.steps + 1
         truncated = (steps >= self.episode_len) | (bar >= self.n_bars - 1)
         next_obs = self._observe(bar, target, reward, steps)
@@ -445,6 +457,7 @@ def market_settings(run: Any, split: str) -> dict[str, Any]:
     kwargs: dict[str, Any] = dict(data=run.data, split=split, episode_len=run.episode_len, cost_bps=run.cost_bps)
     kwargs["n_actions"] = getattr(run, "actions", N_ACTIONS)  # settings of an algorithm without the choice: 45
     kwargs["vol_target"] = getattr(run, "vol_target", None)
+    kwargs["turnover_bps"] = getattr(run, "turnover_bps", 0.0)
     if run.data is None:
         kwargs.update(n_bars=run.bars, test_bars=run.test_bars)
     return kwargs

@@ -180,6 +180,7 @@ def _run_fold(
         sigma=return_std(train_prices),
         n_actions=cfg.actions,
         vol_scale=None if scale is None else scale[fold.train.start : fold.train.end],
+        turnover_bps=cfg.turnover_bps,  # the training reward's; validation and test score the P&L
     )
     rb = build_replay(cfg, padded_width(env.obs_dim), device)
     iterations = collect_iterations(cfg)
