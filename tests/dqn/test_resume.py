@@ -100,9 +100,10 @@ def test_a_checkpoint_from_before_the_loss_setting_resumes_as_huber(run, tmp_pat
     among its settings) ran with the Huber loss (and a market of 45 actions, unscaled): it reads back
     with those and resumes bit for bit; asked for ``mse`` it is refused."""
     train(Config(**run, run_name="whole"), **QUIET)
-    old = _older_checkpoint(tmp_path, lambda config: [config.pop(k) for k in ("loss", "actions", "vol_target")])
+    names = ("loss", "actions", "vol_target", "turnover_bps")
+    old = _older_checkpoint(tmp_path, lambda config: [config.pop(k) for k in names])
     stored = stored_config(old)
-    assert (stored.loss, stored.actions, stored.vol_target) == ("huber", 45, None)
+    assert (stored.loss, stored.actions, stored.vol_target, stored.turnover_bps) == ("huber", 45, None, 0.0)
     with pytest.raises(ValueError, match=r"loss 'mse' \(checkpoint: 'huber'\)"):
         train(Config(**run, loss="mse", run_name="refused", resume=str(old)), **QUIET)
     train(Config(**run, run_name="resumed", resume=str(old)), **QUIET)
