@@ -226,3 +226,6 @@ def test_a_market_agent_with_volatility_targeting(smoke, tmp_path):
     for bad in (0.0, -0.1, 11.0, True):
         with pytest.raises(ValueError, match="vol_target must be an annual volatility"):
             resolve(Config(**(market | {"vol_target": bad})), CPU)
+    # a turnover penalty is the training environment's lesson: the evaluation's scores leave it out
+    taxed = resolve(Config(**(market | {"turnover_bps": 5.0})), CPU)
+    assert build_env(taxed, CPU).penalty == 5e-4 and build_env(taxed, CPU, split="test").penalty == 0.0

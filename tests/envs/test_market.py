@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from gper.envs import volatility as vol
+from gper import _volatility as vol
 from gper.envs.market import (
     MIN_BARS,
     N_ACTIONS,
@@ -377,3 +377,35 @@ def test_a_turnover_penalty_lowers_the_reward_not_the_pnl():
         assert (y.reward == x.reward).item() == (taxed.last_traded.item() == 0)
     with pytest.raises(ValueError, match="turnover_bps must be >= 0"):
         MarketEnv(prices, 1, "cpu", turnover_bps=-1.0)
+
+
+@pytest.mark.gpu
+def test_a_captured_step_of_three_scaled_actions_replays_as_eager_steps():
+    """n_actions, vol_scale and turnover_bps on CUDA: a step captured in a graph, replayed from the
+    eager environment's state, earns what the eager step earns (episodes end and restart between)."""
+    from gper.replay.graphs import capture
+
+    prices = synthetic_prices(600, 3)
+    kw = dict(seed=0, episode_len=16, random_start=False, n_actions=3, cost_bps=2.0, turnover_bps=3.0)
+    kw["vol_scale"] = vol.volatility_scale(prices.double().numpy(), 0.15)
+    graphed, eager = MarketEnv(prices, 8, "cuda", **kw), MarketEnv(prices, 8, "cuda", **kw)
+    graphed.reset(), eager.reset()
+    actions = torch.zeros(8, dtype=torch.int64, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        graphed.step(actions)  # allocate and load kernels outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with capture(graph):
+        out = graphed.step(actions)
+    graphed.load_state_dict(eager.state_dict())
+    draw = torch.Generator(device="cuda").manual_seed(1)
+    for _ in range(40):
+        actions.copy_(torch.randint(0, 3, (8,), device="cuda", generator=draw))
+        graph.replay()
+        want = eager.step(actions)
+        for got, expected in zip(out, want, strict=True):
+            assert torch.equal(got, expected)
+        for name in ("last_log_pnl", "last_traded", "exposure", "position", "bar"):
+            assert torch.equal(getattr(graphed, name), getattr(eager, name)), name

@@ -1,5 +1,5 @@
 """The classical baselines (:mod:`gper.walkforward.baselines`): their indicators
-(:mod:`gper.envs.volatility`) against pandas, the
+(:mod:`gper._volatility`) against pandas, the
 Oxford-Man group's formulas written out in pandas, a plain-Python walk, and no look-ahead."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from gper.envs import volatility as vol
+from gper import _volatility as vol
 from gper.walkforward import baselines as bl
 
 pd = pytest.importorskip("pandas")

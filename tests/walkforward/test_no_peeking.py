@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
@@ -170,18 +171,18 @@ def test_with_volatility_targeting_the_test_bars_are_still_unseen(setup):
     assert same_selection(base, shuffled)
     plain = run(bars, fold)
     assert not torch.equal(torch.as_tensor(base.test["policy_pnl"]), torch.as_tensor(plain.test["policy_pnl"]))
+    # the baselines at the run's target: 15% here, as without one
+    for name, (pnl, _) in base.test["baselines"].items():
+        assert (pnl == plain.test["baselines"][name][0]).all(), name
+    ten = run(bars, fold, vol_target=0.10)
+    for name, (pnl, _) in ten.test["baselines"].items():
+        np.testing.assert_allclose(pnl, plain.test["baselines"][name][0] * 10 / 15, rtol=1e-12, atol=1e-15)
 
 
 def test_a_turnover_penalty_trains_the_fold_and_leaves_its_scores_in_pnl(setup):
-    """turnover_bps shapes the training reward only: the fold trains another policy, and its
-    validation scores and test walk count the log P&L after costs as before (no penalty in them)."""
+    """turnover_bps shapes the training reward: the fold trains another policy (that its walks count
+    the log P&L without the penalty is the environment's test)."""
     bars, fold = setup
     taxed = run(bars, fold, turnover_bps=20.0)
     plain = run(bars, fold)
     assert taxed.validations != plain.validations  # trained on another reward
-    # the validation and test walks are windows of the training environment without its penalty
-    from gper.envs.market import MarketEnv
-    from gper.walkforward.fold import window_env
-
-    like = MarketEnv(bars.close[fold.train.start : fold.train.end], 1, "cpu", turnover_bps=20.0)
-    assert like.penalty == 20e-4 and window_env(bars.close, fold.test.start, fold.test.end, like).penalty == 0.0

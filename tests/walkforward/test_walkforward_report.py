@@ -342,7 +342,7 @@ def test_aggregate_refuses_runs_that_do_not_match():
 #: only inside a function; a runner that trains (gper.dqn) lives beside them, not in them
 PURE = ("__init__", "scores", "outcome", "report", "plot", "aggregate", "baselines")
 ALLOWED = {"__future__", "dataclasses", "itertools", "json", "math", "pathlib", "typing", "numpy", "gper._files"}
-ALLOWED |= {"gper.envs.volatility"}  # numpy only: the baselines' volatility, shared with the market environment
+ALLOWED |= {"gper._volatility"}  # numpy only: the baselines' volatility, shared with the market environment
 
 
 def test_the_report_modules_import_numpy_and_matplotlib_only():

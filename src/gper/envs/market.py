@@ -31,7 +31,7 @@ With ``turnover_bps`` the reward (not the log P&L) is lowered by a further ``tur
 per unit traded, which teaches fewer trades than the costs alone without counting in the P&L the
 walks report.
 
-With volatility targeting (``vol_scale``: :func:`gper.envs.volatility.volatility_scale`, ``gper train
+With volatility targeting (``vol_scale``: :func:`gper._volatility.volatility_scale`, ``gper train
 --vol-target``) the chosen position ``p'`` is held as ``p' * s_t`` units of the asset, ``s_t`` the
 bar's scale (the target over the annualised volatility of the returns up to bar ``t``, 0 where it
 is not known yet): the step earns ``p' s_t r_{t+1} - cost * |p' s_t - p s_{t-1}|``, the cost on
@@ -51,12 +51,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from gper._volatility import volatility_scale
 from gper.envs._rng import EnvRng
 from gper.envs.base import Step, VecEnv, canonical_device, check_num_envs
 from gper.envs.market_data import SYNTHETIC_KINDS, load_bars_csv, synthetic_prices
 from gper.envs.packaged import read_bars
 from gper.envs.registry import EnvSpec
-from gper.envs.volatility import volatility_scale
 
 N_RETURNS = 40
 WINDOWS = (5, 10, 20, 40)
@@ -261,7 +261,7 @@ class MarketEnv(VecEnv):
         train and the rest test; the test env also gets the :data:`WARMUP` + 1 bars before the split
         as history, so its first decision earns the first held-out return. Both splits are scaled
         by the train series' ``sigma``. With ``vol_target`` each split's positions are scaled to it
-        (:func:`gper.envs.volatility.volatility_scale`), from the returns up to each bar: of the
+        (:func:`gper._volatility.volatility_scale`), from the returns up to each bar: of the
         whole file for a CSV's test split, whose bars follow the training ones. ``kwargs`` go to
         the constructor.
         """
@@ -457,7 +457,8 @@ def market_settings(run: Any, split: str) -> dict[str, Any]:
     kwargs: dict[str, Any] = dict(data=run.data, split=split, episode_len=run.episode_len, cost_bps=run.cost_bps)
     kwargs["n_actions"] = getattr(run, "actions", N_ACTIONS)  # settings of an algorithm without the choice: 45
     kwargs["vol_target"] = getattr(run, "vol_target", None)
-    kwargs["turnover_bps"] = getattr(run, "turnover_bps", 0.0)
+    if split == "train":  # a lesson of the training reward only: the evaluation scores without it
+        kwargs["turnover_bps"] = getattr(run, "turnover_bps", 0.0)
     if run.data is None:
         kwargs.update(n_bars=run.bars, test_bars=run.test_bars)
     return kwargs

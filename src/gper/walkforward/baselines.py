@@ -16,9 +16,12 @@ at bar ``t`` reads the prices up to bar ``t`` and none after, and earns the log 
 ``t + 1``; trading costs ``cost * |change of position|`` as gper's market environment charges the
 policy. Where a signal is not yet defined (too little history) the position is 0.
 
-Unlike the Oxford-Man code, which scores simple returns, the P&L here is in log units, like the
-policy's and buy-and-hold's in the walk-forward report, and the long-only baseline is the
-volatility-scaled one (buy-and-hold, +1 throughout, is reported beside it).
+Where this differs from the Oxford-Man code: the P&L is in log units, like the policy's and
+buy-and-hold's in the walk-forward report (theirs scores simple returns); a signal or volatility
+not yet defined holds 0 where theirs back-fills the first defined value (which reads later prices);
+the MACD signal is the mean of the three ``phi(Y)`` bar by bar (the formula of Baz et al.). The
+long-only baseline is the volatility-scaled one (buy-and-hold, +1 throughout, is reported beside
+it).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import math
 
 import numpy as np
 
-from gper.envs.volatility import check_prices, ewm_mean, rolling_std, volatility_scale
+from gper._volatility import check_prices, ewm_mean, rolling_std, volatility_scale
 
 #: annual volatility the positions are scaled to
 VOL_TARGET = 0.15
@@ -71,10 +74,11 @@ def signals(prices: np.ndarray) -> dict[str, np.ndarray]:
     return {"long_only": np.ones_like(p), "tsmom": momentum, "macd": macd_signal(p)}
 
 
-def positions(prices: np.ndarray) -> dict[str, np.ndarray]:
-    """Each baseline's position at every bar of ``prices``, in units of the asset; 0 where its
-    signal or the volatility is not defined yet. Bar ``t``'s reads ``prices[: t + 1]`` only."""
-    scale = volatility_scale(prices, VOL_TARGET)
+def positions(prices: np.ndarray, vol_target: float = VOL_TARGET) -> dict[str, np.ndarray]:
+    """Each baseline's position at every bar of ``prices``, in units of the asset, at the annual
+    volatility ``vol_target``; 0 where its signal or the volatility is not defined yet. Bar ``t``'s
+    reads ``prices[: t + 1]`` only."""
+    scale = volatility_scale(prices, vol_target)
     out = {}
     for name, signal in signals(prices).items():
         pos = signal * scale
@@ -82,7 +86,9 @@ def positions(prices: np.ndarray) -> dict[str, np.ndarray]:
     return out
 
 
-def baseline_walk(prices: np.ndarray, start: int, end: int, cost: float) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def baseline_walk(
+    prices: np.ndarray, start: int, end: int, cost: float, vol_target: float = VOL_TARGET
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Each baseline's log P&L and trades on the bars ``[start, end)`` of ``prices``: the position
     decided at bar ``t - 1`` earns bar ``t``'s log return, as a walk-forward fold's policy does; it
     starts flat, so the first position is entered (and paid for) at bar ``start - 1``.
@@ -92,6 +98,8 @@ def baseline_walk(prices: np.ndarray, start: int, end: int, cost: float) -> dict
             for positions: bar ``end - 1``'s price only for its return).
         start, end: the test bars, ``1 <= start < end <= n``.
         cost: cost per unit traded (``cost_bps * 1e-4``).
+        vol_target: the annual volatility the positions are scaled to (the literature's 15% by
+            default; a walk-forward run with ``vol_target`` scales them to the policy's).
 
     Returns:
         ``{name: (log_pnl, traded)}``, float64 ``[end - start]`` each.
@@ -103,7 +111,7 @@ def baseline_walk(prices: np.ndarray, start: int, end: int, cost: float) -> dict
         raise ValueError(f"cost must be >= 0, got {cost!r}")
     returns = np.log(p[start:end] / p[start - 1 : end - 1])
     out = {}
-    for name, pos in positions(p[: end - 1]).items():  # the decisions of bars start - 1 .. end - 2
+    for name, pos in positions(p[: end - 1], vol_target).items():  # the decisions of bars start - 1 .. end - 2
         held = pos[start - 1 :]
         traded = np.abs(np.diff(held, prepend=0.0))
         out[name] = (held * returns - cost * traded, traded)

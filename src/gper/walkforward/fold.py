@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gper._volatility import volatility_scale
 from gper.dqn.agent import Agent
 from gper.dqn.build import build_replay
 from gper.dqn.config import Config, resolve
@@ -33,10 +34,9 @@ from gper.dqn.network import padded_width
 from gper.envs.folds import HISTORY, Fold
 from gper.envs.market import N_ACTIONS, WARMUP, MarketEnv, return_std, trade
 from gper.envs.market_data import Bars
-from gper.envs.volatility import volatility_scale
 from gper.training.epochs import collect_iterations, step_iteration, train_steps_before
 from gper.training.precision import matmul_precision
-from gper.walkforward.baselines import baseline_walk
+from gper.walkforward.baselines import VOL_TARGET, baseline_walk
 from gper.walkforward.scores import buy_and_hold
 from gper.walkforward.selection import deflated_sharpe
 
@@ -202,7 +202,9 @@ def _run_fold(
         chosen |= {"flat": flat, "metric": cfg.walk.select_metric}
         test = None
         if score_test:
-            test = _test_walk(prices, bars.time_ns, fold, env, agent, best_state, flat, scale)
+            # the baselines at the policy's volatility target, or the literature's 15% without one
+            target = cfg.vol_target if cfg.vol_target is not None else VOL_TARGET
+            test = _test_walk(prices, bars.time_ns, fold, env, agent, best_state, flat, scale, target)
         return FoldRun(cfg, chosen, record, best_state, test, env.sigma)
     finally:
         env.close()
@@ -246,7 +248,15 @@ def _train_and_validate(cfg: Config, agent: Agent, val_env: MarketEnv, iteration
 
 
 def _test_walk(
-    prices, time_ns, fold: Fold, env: MarketEnv, agent: Agent, state, flat: bool, scale: np.ndarray | None
+    prices,
+    time_ns,
+    fold: Fold,
+    env: MarketEnv,
+    agent: Agent,
+    state,
+    flat: bool,
+    scale: np.ndarray | None,
+    baseline_target: float,
 ) -> dict[str, np.ndarray]:
     test_env = window_env(prices, fold.test.start, fold.test.end, env, scale)
     if flat:
@@ -272,7 +282,7 @@ def _test_walk(
         "policy_traded": traded.cpu().numpy(),
         "hold_pnl": hold,
         "hold_traded": hold_traded,
-        "baselines": baseline_walk(series, fold.test.start, fold.test.end, test_env.cost),
+        "baselines": baseline_walk(series, fold.test.start, fold.test.end, test_env.cost, baseline_target),
     }
 
 
