@@ -14,7 +14,9 @@ report while the GPU runs them. The lookahead pauses at the end of a block (``gr
 or an iteration, at least one block short of the next epoch's end, so the epoch goes on in the
 blocks it runs without a pause. Everything the report reads was read back before it
 (:class:`ClosedEpoch`), so the record is the same. A stop signal during the lookahead is seen
-after the report: a checkpoint of that point, then the report of the next epoch so far.
+after the report: a checkpoint of that point, then the report of the next epoch so far. On the
+CPU the host runs those iterations itself, so the lookahead gains nothing there (the same code runs,
+and an epoch's line appears after them).
 """
 
 from __future__ import annotations
