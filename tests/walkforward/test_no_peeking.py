@@ -139,6 +139,11 @@ def test_the_selection_is_deflated_and_a_rule_can_keep_the_fold_flat(setup):
     assert c["trials"] == len(base.validations) and 0.0 <= c["deflated_sharpe"] <= 1.0 and not c["flat"]
     strict = run(bars, fold, min_deflated_sharpe=min(0.999999, c["deflated_sharpe"] + 1e-6))
     assert strict.chosen["flat"] and strict.chosen["epoch"] == c["epoch"]
+    from gper.walkforward.run import _fold_line
+
+    said = _fold_line(fold, 3, strict, None)
+    assert f"flat (its deflated Sharpe ratio is below {strict.cfg.walk.min_deflated_sharpe})" in said
+    assert f"deflated Sharpe {c['deflated_sharpe']:.2f} of {c['trials']} candidates" in _fold_line(fold, 3, base, None)
     assert not strict.test["policy_pnl"].any() and not strict.test["policy_traded"].any()
     with pytest.raises(ValueError, match="min_deflated_sharpe must be a probability"):
         run(bars, fold, min_deflated_sharpe=1.5)

@@ -344,7 +344,15 @@ def _record_fold(folder: Path, bars: Bars, fold: Fold, run: FoldRun) -> FoldOutc
 
 def _fold_line(fold: Fold, n: int, run: FoldRun, outcome) -> str:
     c = run.chosen
-    pick = "flat (no checkpoint beat flat on validation)" if c["flat"] else f"checkpoint {c.get('epoch')}"
+    pick = f"checkpoint {c.get('epoch')}"
+    if c["flat"]:  # why: the rules of gper.walkforward.fold, in their order
+        if "score" not in c:
+            why = "no checkpoint was validated"
+        elif run.cfg.walk.flat_fallback and c["score"] <= 0:
+            why = "no checkpoint beat flat on validation"
+        else:
+            why = f"its deflated Sharpe ratio is below {run.cfg.walk.min_deflated_sharpe}"
+        pick = f"flat ({why})"
     # numbered as folds/fold_<k>.json and the report's tables number it, from 0
     line = f"fold {fold.index} (of 0..{n - 1}): {pick}, validation {c.get('metric')} "
     line += f"{c.get('score', float('nan')):+.4f}"
