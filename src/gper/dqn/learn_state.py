@@ -1,4 +1,6 @@
-"""What the single agent's learning phases pass each other: :class:`LearnState`."""
+"""What the learning phases pass each other: :class:`LearnState`. A population
+(:mod:`gper.dqn.population_agent`) keeps the same one, each tensor with the agents along dim 0
+(``[N, B, ...]``; ``discount`` unused: flat replay only)."""
 
 from __future__ import annotations
 

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 import gper
 from gper.dqn.config import Config
 from gper.dqn.fused_act import epsilon_greedy, fused_act_supported
+from gper.dqn.learn_state import LearnState
 from gper.dqn.network import QNetwork, padded_width, replay_spec
 from gper.dqn.population_adam import PopulationAdam, hard_update_, soft_update_
 from gper.dqn.population_fused_learn import MAX_WIDTH, fused_learn_supported, population_learn_step
@@ -72,21 +73,6 @@ class EnvBlock:
         finally:
             self.rng = torch.get_rng_state()
             torch.set_rng_state(outside)
-
-
-@dataclasses.dataclass
-class PopulationLearnState:
-    """What the learning phases pass each other, every tensor with the agents along dim 0."""
-
-    batch: Any = None
-    x: torch.Tensor | None = None
-    next_x: torch.Tensor | None = None
-    action: torch.Tensor | None = None
-    reward: torch.Tensor | None = None
-    done: torch.Tensor | None = None
-    weights: torch.Tensor | None = None
-    td: torch.Tensor | None = None
-    grads: list[torch.Tensor | None] = dataclasses.field(default_factory=list)
 
 
 def single_run_start(cfg: Config, seed: int, device: torch.device) -> tuple[VecEnv, QNetwork, torch.Tensor]:
@@ -194,7 +180,7 @@ class PopulationAgent:
         graphs = cfg.cuda_graphs and cuda
         collect = self._collect_fused if self.fused_collect else self._collect
         self.collect = PhasedStep({"collect": collect}, device, graphs and env0.graph_safe, warmup=3)
-        self.learn_state = PopulationLearnState()
+        self.learn_state = LearnState()  # the single agent's, each tensor with the agents along dim 0
         self.fused_learn = self._fused_learn_applies(fused_learn)
         if self.fused_learn:  # one kernel for fwd_bwd and adam; the priority update reads its TD errors
             self.learn_state.td = torch.zeros(agents, cfg.batch_size, device=device)
