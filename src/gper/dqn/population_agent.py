@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -75,12 +75,20 @@ class EnvBlock:
             torch.set_rng_state(outside)
 
 
-def single_run_start(cfg: Config, seed: int, device: torch.device) -> tuple[VecEnv, QNetwork, torch.Tensor]:
+#: builds an agent's (or a batched population's) training environment from settings whose ``seed`` and
+#: ``num_envs`` are its own: :func:`gper.training.environment.build_env` by default, a walk-forward
+#: fold's training window in :mod:`gper.walkforward.fold`
+EnvFactory = Callable[[Config, torch.device], VecEnv]
+
+
+def single_run_start(
+    cfg: Config, seed: int, device: torch.device, make_env: EnvFactory = build_env
+) -> tuple[VecEnv, QNetwork, torch.Tensor]:
     """What a single run seeded ``seed`` builds before its first step, drawing from torch's
     generator in its order: torch seeded, the environment (its first reset), the network, the
     agent's reset. Returns the environment, the network (on the CPU) and the first observations."""
     torch.manual_seed(seed)
-    env = build_env(dataclasses.replace(cfg, seed=seed), device)
+    env = make_env(dataclasses.replace(cfg, seed=seed), device)
     width = padded_width(env.obs_dim)
     net = QNetwork(width, env.n_actions, cfg.hidden)
     obs = F.pad(env.reset(seed=seed), (0, width - env.obs_dim))
@@ -114,6 +122,10 @@ class PopulationAgent:
             network the kernel holds; None (default): on CUDA with the population's Triton kernels
             and ``fused_step``, not in bf16. True on the CPU (with ``backend="triton"`` and
             ``exact=False``) runs them under the Triton interpreter (tests).
+        make_env: builds the training environments from settings and a device (:data:`EnvFactory`):
+            ``exact``, each agent's from its settings; batched, one of ``agents * num_envs``
+            copies from the first agent's. Default: the settings' environment
+            (:func:`gper.training.environment.build_env`).
     """
 
     def __init__(
@@ -124,6 +136,7 @@ class PopulationAgent:
         exact: bool | None = None,
         fused_learn: bool | None = None,
         fused_collect: bool | None = None,
+        make_env: EnvFactory = build_env,
     ) -> None:
         cfgs = list(cfgs)
         if not cfgs:
@@ -133,7 +146,7 @@ class PopulationAgent:
         self.cfg, self.cfgs, self.agents, self.device = cfg, cfgs, agents, device
         self.exact = device.type == "cpu" if exact is None else bool(exact)
         cuda = device.type == "cuda"
-        self.blocks, nets, obs = self._start(cfgs, device)
+        self.blocks, nets, obs = self._start(cfgs, device, make_env)
         env0 = self.blocks[0].env
         self.obs_dim, self.n_actions = env0.obs_dim, env0.n_actions
         self.obs_width = padded_width(env0.obs_dim)
@@ -229,13 +242,13 @@ class PopulationAgent:
             )
         return bool(asked)
 
-    def _start(self, cfgs: list[Config], device: torch.device):
+    def _start(self, cfgs: list[Config], device: torch.device, make_env: EnvFactory):
         """The environment blocks, each agent's starting network and the first observations [N, E, W]."""
         cfg, n = cfgs[0], len(cfgs)
         if self.exact:
             blocks, nets, obs = [], [], []
             for i, own in enumerate(cfgs):  # each agent as its single run starts, then its generator's state kept
-                env, net, first = single_run_start(own, own.seed, device)
+                env, net, first = single_run_start(own, own.seed, device, make_env)
                 blocks.append(EnvBlock(env, i, 1, torch.get_rng_state()))
                 nets.append(net)
                 obs.append(first)
@@ -243,7 +256,7 @@ class PopulationAgent:
         torch.manual_seed(cfg.seed)
         if device.type == "cuda":
             torch.cuda.manual_seed(cfg.seed)
-        env = build_env(dataclasses.replace(cfg, num_envs=n * cfg.num_envs), device)
+        env = make_env(dataclasses.replace(cfg, num_envs=n * cfg.num_envs), device)
         width = padded_width(env.obs_dim)
         nets = [QNetwork(width, env.n_actions, cfg.hidden) for _ in range(n)]
         first = F.pad(env.reset(seed=cfg.seed), (0, width - env.obs_dim))

@@ -13,11 +13,16 @@ What each stage may read, which is what keeps the test window out of training an
 
 Validation and test are scaled by the training window's ``sigma`` and cost ``cost_bps`` per unit
 traded, as training. Everything is seeded from the run's seed and the fold's index.
+
+With ``population`` S > 1 the fold trains S agents at once (seeds ``seed + i`` of the fold's seed)
+and the policy is their **ensemble**: it holds the mean of the members' target positions
+(:mod:`gper.walkforward.ensemble`). Validation scores the ensemble (one candidate per validation,
+every member at the same training step), the chosen checkpoint is the whole population's, and the
+test walk reports each member beside the ensemble.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 from collections.abc import Callable
@@ -31,12 +36,15 @@ from gper.dqn.agent import Agent
 from gper.dqn.build import build_replay
 from gper.dqn.config import Config, resolve
 from gper.dqn.network import padded_width
+from gper.dqn.population_agent import PopulationAgent
+from gper.dqn.sweep import agent_configs
 from gper.envs.folds import HISTORY, Fold
-from gper.envs.market import N_ACTIONS, WARMUP, MarketEnv, return_std, trade
+from gper.envs.market import N_ACTIONS, WARMUP, MarketEnv, return_std
 from gper.envs.market_data import Bars
 from gper.training.epochs import collect_iterations, step_iteration, train_steps_before
 from gper.training.precision import matmul_precision
 from gper.walkforward.baselines import VOL_TARGET, baseline_walk
+from gper.walkforward.ensemble import trade_ensemble
 from gper.walkforward.scores import buy_and_hold
 from gper.walkforward.selection import deflated_sharpe
 
@@ -86,16 +94,21 @@ def fold_config(config: Config, fold: Fold, device: torch.device) -> Config:
 
 
 def window_env(
-    prices: torch.Tensor, start: int, end: int, like: MarketEnv, vol_scale: np.ndarray | None = None
+    prices: torch.Tensor,
+    start: int,
+    end: int,
+    like: MarketEnv,
+    vol_scale: np.ndarray | None = None,
+    copies: int = 1,
 ) -> MarketEnv:
-    """One trader walking bars ``[start, end)`` whole, with :data:`HISTORY` bars before them as
-    features, the scale and cost of the training environment ``like``: its first decision, at bar
-    ``start - 1``, earns bar ``start``'s return. ``vol_scale``: the whole series' (volatility
-    targeting), of which the window's bars are read."""
+    """A trader (``copies`` of it: an ensemble's members) walking bars ``[start, end)`` whole, with
+    :data:`HISTORY` bars before them as features, the scale and cost of the training environment
+    ``like``: its first decision, at bar ``start - 1``, earns bar ``start``'s return. ``vol_scale``:
+    the whole series' (volatility targeting), of which the window's bars are read."""
     window = prices[start - HISTORY : end]
     env = MarketEnv(
         window,
-        1,
+        copies,
         like.device,
         episode_len=len(window) - 1 - WARMUP,
         cost_bps=like.cost_bps,
@@ -124,13 +137,15 @@ class FoldRun:
     """the fold's resolved settings"""
     chosen: dict[str, Any]
     """epoch, env_step and validation score of the chosen checkpoint; ``flat``: True when it stays flat"""
-    validations: list[dict[str, float]]
-    """every validation: env_step, score, log P&L, Sharpe per bar, turnover"""
+    validations: list[dict[str, Any]]
+    """every validation: env_step, epoch, score, log P&L, turnover (the ensemble's), and for an
+    ensemble ``member_scores``, each member's score alone"""
     state: dict[str, torch.Tensor] | None
-    """the chosen network's parameters (on the CPU), None when no validation ran"""
-    test: dict[str, np.ndarray] | None
+    """the chosen network's parameters (on the CPU; a population's stacked), None when no validation ran"""
+    test: dict[str, Any] | None
     """the test walk (``time_ns``, ``policy_pnl``, ``policy_traded``, ``hold_pnl``, ``hold_traded``,
-    ``baselines``), None when not scored"""
+    ``baselines``, and for an ensemble ``members``: each member's ``(log_pnl, traded)``, ``[S, T]``
+    each), None when not scored"""
     sigma: float
     """the training window's return scale"""
 
@@ -169,25 +184,28 @@ def _run_fold(
     # volatility targeting: each bar's scale from the returns up to it, over the whole series (a
     # window's first bars have their history), so no bar reads a later one
     scale = None if cfg.vol_target is None else volatility_scale(prices.double().numpy(), cfg.vol_target)
-    env = MarketEnv(
-        train_prices,
-        cfg.num_envs,
-        device,
-        seed=cfg.seed,
-        episode_len=cfg.episode_len,
-        cost_bps=cfg.cost_bps,
-        graph_safe_rng=True,
-        sigma=return_std(train_prices),
-        n_actions=cfg.actions,
-        vol_scale=None if scale is None else scale[fold.train.start : fold.train.end],
-        turnover_bps=cfg.turnover_bps,  # the training reward's; validation and test score the P&L
-    )
-    rb = build_replay(cfg, padded_width(env.obs_dim), device)
+    sigma = return_std(train_prices)
+
+    def make_env(settings: Config, on: torch.device) -> MarketEnv:
+        return MarketEnv(
+            train_prices,
+            settings.num_envs,
+            on,
+            seed=settings.seed,
+            episode_len=settings.episode_len,
+            cost_bps=settings.cost_bps,
+            graph_safe_rng=True,
+            sigma=sigma,
+            n_actions=settings.actions,
+            vol_scale=None if scale is None else scale[fold.train.start : fold.train.end],
+            turnover_bps=settings.turnover_bps,  # the training reward's; validation and test score the P&L
+        )
+
     iterations = collect_iterations(cfg)
-    agent = Agent(cfg, env, rb, train_steps_before(cfg, iterations))
+    learner, env = _learner(cfg, device, make_env, train_steps_before(cfg, iterations))
     try:
-        val_env = window_env(prices, fold.val.start, fold.val.end, env, scale)
-        record, best, best_state, candidates = _train_and_validate(cfg, agent, val_env, iterations, progress)
+        val_env = window_env(prices, fold.val.start, fold.val.end, env, scale, copies=cfg.population)
+        record, best, best_state, candidates = _train_and_validate(cfg, learner, val_env, iterations, progress)
         # the chosen checkpoint's worth among every candidate the fold scored (reported, and a rule with
         # min_deflated_sharpe)
         chosen = dict(best or {})
@@ -200,26 +218,39 @@ def _run_fold(
             or (least is not None and chosen["deflated_sharpe"] < least)
         )
         chosen |= {"flat": flat, "metric": cfg.walk.select_metric}
+        if cfg.population > 1:
+            chosen["members"] = cfg.population
         test = None
         if score_test:
             # the baselines at the policy's volatility target, or the literature's 15% without one
             target = cfg.vol_target if cfg.vol_target is not None else VOL_TARGET
-            test = _test_walk(prices, bars.time_ns, fold, env, agent, best_state, flat, scale, target)
+            test = _test_walk(prices, bars.time_ns, fold, env, learner, best_state, flat, scale, target)
         return FoldRun(cfg, chosen, record, best_state, test, env.sigma)
     finally:
         env.close()
 
 
-def _train_and_validate(cfg: Config, agent: Agent, val_env: MarketEnv, iterations: int, progress):
+def _learner(cfg: Config, device: torch.device, make_env, total_train_steps: int):
+    """The fold's learner and its training environment (the first agent's, for a population): one
+    agent, or ``cfg.population`` of them trained at once (seeds ``seed + i``) whose mean position trades."""
+    if cfg.population == 1:
+        env = make_env(cfg, device)
+        rb = build_replay(cfg, padded_width(env.obs_dim), device)
+        return Agent(cfg, env, rb, total_train_steps), env
+    learner = PopulationAgent(agent_configs(cfg, cfg.population), device, total_train_steps, make_env=make_env)
+    return learner, learner.blocks[0].env
+
+
+def _train_and_validate(cfg: Config, learner, val_env: MarketEnv, iterations: int, progress):
     n = cfg.num_envs
     epoch_its = max(1, cfg.epoch_steps // n)
-    record: list[dict[str, float]] = []
-    candidates: list[np.ndarray] = []  # every validation's per-bar log P&L, in order
+    record: list[dict[str, Any]] = []
+    candidates: list[np.ndarray] = []  # every validation's per-bar log P&L (the ensemble's), in order
     best: dict[str, Any] | None = None
     best_state = None
     train_steps, done = 0, 0
     for it in range(iterations):
-        if step_iteration(cfg, agent, it, None, train_steps):
+        if step_iteration(cfg, learner, it, None, train_steps):
             train_steps += 1
         if (it + 1) % epoch_its and it + 1 < iterations:
             continue
@@ -228,22 +259,24 @@ def _train_and_validate(cfg: Config, agent: Agent, val_env: MarketEnv, iteration
             done = (it + 1) * n
         if train_steps == 0:  # still collecting: nothing learnt to score
             continue
-        pnl, traded = trade(agent.greedy, val_env)
+        pnl, traded, members = trade_ensemble(learner.greedy, val_env)
         candidates.append(pnl.detach().to("cpu", torch.float64).numpy())
         value = score(pnl, cfg.walk.select_metric)
         if not math.isfinite(value):
             raise ValueError(f"validation score {value} at env step {(it + 1) * n}: training diverged")
-        entry = {
+        entry: dict[str, Any] = {
             "env_step": (it + 1) * n,
             "epoch": len(record) + 1,
             "score": value,
             "log_pnl": float(pnl.sum()),
             "turnover": float(traded.sum()),
         }
+        if cfg.population > 1:  # each member's own score, as it would trade alone
+            entry["member_scores"] = [score(p, cfg.walk.select_metric) for p in members.pnl]
         record.append(entry)
         if best is None or value > best["score"]:
-            best = dict(entry)
-            best_state = {k: v.detach().to("cpu", copy=True) for k, v in agent.qnet.state_dict().items()}
+            best = {k: v for k, v in entry.items() if k != "member_scores"}
+            best_state = {k: v.detach().to("cpu", copy=True) for k, v in learner.qnet.state_dict().items()}
     return record, best, best_state, candidates
 
 
@@ -252,31 +285,29 @@ def _test_walk(
     time_ns,
     fold: Fold,
     env: MarketEnv,
-    agent: Agent,
+    learner,
     state,
     flat: bool,
     scale: np.ndarray | None,
     baseline_target: float,
-) -> dict[str, np.ndarray]:
-    test_env = window_env(prices, fold.test.start, fold.test.end, env, scale)
+) -> dict[str, Any]:
+    members = learner.cfg.population
+    test_env = window_env(prices, fold.test.start, fold.test.end, env, scale, copies=members)
     if flat:
 
         def policy(obs: torch.Tensor) -> torch.Tensor:
             return torch.full((obs.shape[0],), env.n_actions // 2, dtype=torch.int64, device=obs.device)
 
     else:
-        net = copy.deepcopy(agent.qnet)
-        net.load_state_dict(state)
+        # training is over: the learner's own network takes the chosen checkpoint's weights
+        learner.qnet.load_state_dict(state)
+        policy = learner.greedy
 
-        def policy(obs: torch.Tensor) -> torch.Tensor:
-            with torch.no_grad():
-                return net(agent.pad(obs)).argmax(dim=1)
-
-    pnl, traded = trade(policy, test_env)
+    pnl, traded, walk = trade_ensemble(policy, test_env)
     hold, hold_traded = buy_and_hold(test_env.returns[WARMUP + 1 :].cpu().numpy(), test_env.cost)
     # the classical baselines from the prices before each decision (the whole history: none after it)
     series = prices.detach().to("cpu", torch.float64).numpy()
-    return {
+    test: dict[str, Any] = {
         "time_ns": time_ns[fold.test.start : fold.test.end].numpy().copy(),
         "policy_pnl": pnl.cpu().numpy(),
         "policy_traded": traded.cpu().numpy(),
@@ -284,6 +315,9 @@ def _test_walk(
         "hold_traded": hold_traded,
         "baselines": baseline_walk(series, fold.test.start, fold.test.end, test_env.cost, baseline_target),
     }
+    if members > 1:
+        test["members"] = (walk.pnl.cpu().numpy(), walk.traded.cpu().numpy())
+    return test
 
 
 __all__ = ["FLAT_ACTION", "FoldRun", "fold_config", "fold_seed", "run_fold", "score", "window_env"]

@@ -74,6 +74,23 @@ def _array(name: str, values: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
+def _members(name: str, members: tuple[np.ndarray, np.ndarray], n: int) -> tuple[np.ndarray, np.ndarray]:
+    if not isinstance(members, (tuple, list)) or len(members) != 2:
+        raise ValueError(f"{name} must be a pair (log_pnl, traded) of [S, {n}] arrays")
+    pnl, traded = (np.asarray(a) for a in members)
+    if pnl.ndim != 2 or pnl.shape != traded.shape or pnl.shape[1] != n or pnl.shape[0] < 1:
+        raise ValueError(
+            f"{name} must be two [S, {n}] arrays (S >= 1), got shapes {list(pnl.shape)} and {list(traded.shape)}"
+        )
+    pnl, traded = (
+        np.stack([_array(f"{name} {what} of member {i}", row, n) for i, row in enumerate(a)])
+        for what, a in (("log P&L", pnl), ("traded", traded))
+    )
+    if (traded < 0).any():
+        raise ValueError(f"{name}: traded must be >= 0 (it is |p' - p|)")
+    return pnl, traded
+
+
 @dataclass
 class FoldOutcome:
     """One fold: its windows, the checkpoint it chose, and what its test bars earned.
@@ -91,6 +108,9 @@ class FoldOutcome:
         baselines: ``{name: (log_pnl, traded)}``, float64 ``[n]`` each, for the classical baselines
             of :data:`~gper.walkforward.baselines.BASELINES` (:func:`~gper.walkforward.baselines.baseline_walk`);
             empty for a fold recorded before they were reported.
+        members: for an ensemble (:mod:`gper.walkforward.ensemble`), each member's ``(log_pnl,
+            traded)`` as it would trade alone, float64 ``[S, n]`` each (the policy's arrays are
+            the ensemble's); None for a single policy.
     """
 
     index: int
@@ -104,6 +124,7 @@ class FoldOutcome:
     hold_pnl: np.ndarray
     hold_traded: np.ndarray = field(repr=False)
     baselines: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
+    members: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.index, bool) or not isinstance(self.index, (int, np.integer)):
@@ -136,6 +157,14 @@ class FoldOutcome:
                     raise ValueError(f"fold {self.index}: {name} traded must be >= 0 (it is |p' - p|)")
                 checked[name] = (_array(f"fold {self.index}: {name} log P&L", pnl, n), traded)
         self.baselines = checked
+        if self.members is not None:
+            self.members = _members(f"fold {self.index}: members", self.members, n)
+
+    def member_scores(self, bars_per_year: float | None) -> list[dict[str, float | int | None]]:
+        """:func:`pnl_scores` of each member of an ensemble on this fold's test bars (empty for a single policy)."""
+        if self.members is None:
+            return []
+        return [pnl_scores(p, t, bars_per_year) for p, t in zip(*self.members, strict=True)]
 
     def scores(self, bars_per_year: float | None) -> dict[str, dict[str, float | int | None]]:
         """:func:`pnl_scores` of the policy, buy-and-hold, flat and the baselines on this fold's test bars."""
@@ -154,6 +183,8 @@ class FoldOutcome:
         out["time_ns"] = self.time_ns.tolist()
         out.update({name: getattr(self, name).tolist() for name in ARRAYS})
         out["baselines"] = {name: {"pnl": p.tolist(), "traded": t.tolist()} for name, (p, t) in self.baselines.items()}
+        if self.members is not None:
+            out["members"] = {"pnl": self.members[0].tolist(), "traded": self.members[1].tolist()}
         return out
 
     @classmethod
@@ -164,9 +195,12 @@ class FoldOutcome:
         baselines = {
             name: (np.asarray(b["pnl"]), np.asarray(b["traded"])) for name, b in d.get("baselines", {}).items()
         }
+        members = d.get("members")
+        if members is not None:
+            members = (np.asarray(members["pnl"], dtype=np.float64), np.asarray(members["traded"], dtype=np.float64))
         return cls(
             d["index"], chosen=d["chosen"], time_ns=np.asarray(d["time_ns"], dtype=np.int64), **windows, **arrays,
-            baselines=baselines,
+            baselines=baselines, members=members,
         )  # fmt: skip
 
 

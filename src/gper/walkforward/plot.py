@@ -1,6 +1,6 @@
 """``equity.png`` of a walk-forward report: cumulative out-of-sample log P&L of the policy,
-buy-and-hold, flat and the classical baselines against the dates of the bars, a thin line where
-each fold's test starts.
+buy-and-hold, flat and the classical baselines (and an ensemble's members, each alone) against the
+dates of the bars, a thin line where each fold's test starts.
 
 matplotlib comes with gper's ``train`` extra and is imported only here, when a plot is drawn.
 """
@@ -42,8 +42,15 @@ def equity_figure(folds: list[FoldOutcome], title: str = "") -> Any:
     for name in BASELINES:  # where every fold holds it
         if all(name in f.baselines for f in ordered):
             lines.append((LABELS[name], COLORS[name], np.concatenate([f.baselines[name][0] for f in ordered])))
+    sizes = {None if f.members is None else f.members[0].shape[0] for f in ordered}
+    if len(sizes) == 1 and None not in sizes:  # an ensemble: each member alone, thin, beneath the rest
+        members = np.concatenate([f.members[0] for f in ordered], axis=1)
+        for i, pnl in enumerate(members):
+            label = f"members alone ({len(members)})" if i == 0 else None
+            ax.plot(dates, np.cumsum(pnl), lw=0.5, alpha=0.35, color="tab:cyan", label=label, zorder=1)
+        lines[0] = ("policy (the members' mean position)", "tab:blue", lines[0][2])
     for name, color, pnl in lines:
-        width = 1.2 if name in ("policy", "buy-and-hold", "flat") else 0.9
+        width = 0.9 if name in LABELS.values() else 1.2
         ax.plot(dates, np.cumsum(pnl), lw=width, color=color, label=name)
     for i, fold in enumerate(ordered):
         start = np.datetime64(int(fold.time_ns[0]), "ns")

@@ -25,6 +25,7 @@ from gper.walkforward.baselines import LABELS as BASELINE_LABELS
 from gper.walkforward.outcome import ARRAYS, FoldOutcome, Window, in_time_order
 from gper.walkforward.plot import write_equity_png
 from gper.walkforward.scores import bars_per_year, pnl_scores
+from gper.walkforward.stats import INSTALL, STATISTICS, performance
 
 #: the strategies every fold and the out-of-sample period are scored for, in table order (then the
 #: baselines of :func:`strategies`)
@@ -52,7 +53,10 @@ def build_report(folds: list[FoldOutcome], meta: dict[str, Any], per_year: float
         ``{"meta", "folds": [{"index", "train", "val", "test", "chosen", "policy", "buy_and_hold",
         "flat", and each baseline}], "out_of_sample": {"start", "end", "bars", "bars_per_year",
         "folds", "policy", "buy_and_hold", "flat", each baseline, "policy_vs_flat", "policy_vs_hold",
-        "folds_beating_flat", "folds_beating_hold"}}``, each strategy's entry its :func:`pnl_scores`.
+        "folds_beating_flat", "folds_beating_hold"}}``, each strategy's entry its :func:`pnl_scores`,
+        out of sample with ``empyrical``: :func:`gper.walkforward.stats.performance` (None without
+        empyrical-reloaded). An ensemble's folds add ``members`` (each member's scores) to each fold's
+        row, and ``members`` and ``members_beating_flat`` out of sample when every fold has the same members.
         A baseline is in the out-of-sample entry when every fold holds it (folds recorded before
         the baselines were reported hold none). ``bars_per_year``
         is estimated from the out-of-sample bars' times and annualises every Sharpe ratio, the
@@ -72,6 +76,8 @@ def build_report(folds: list[FoldOutcome], meta: dict[str, Any], per_year: float
         row.update({name: getattr(fold, name).to_dict() for name in ("train", "val", "test")})
         row["chosen"] = fold.chosen
         row.update(fold.scores(per_year))
+        if fold.members is not None:
+            row["members"] = fold.member_scores(per_year)
         fold_rows.append(row)
     joined = {name: np.concatenate([getattr(f, name) for f in ordered]) for name in ARRAYS}
     zeros = np.zeros(len(time_ns))
@@ -85,11 +91,37 @@ def build_report(folds: list[FoldOutcome], meta: dict[str, Any], per_year: float
         if all(name in f.baselines for f in ordered):
             pnl, traded = (np.concatenate([f.baselines[name][k] for f in ordered]) for k in (0, 1))
             oos[name] = pnl_scores(pnl, traded, per_year)
+    for name in strategies({"out_of_sample": oos}):  # empyrical's statistics; None without it
+        oos[name]["empyrical"] = performance(_joined_pnl(ordered, name), per_year)
+    members = _joined_members(ordered)
+    if members is not None:
+        oos["members"] = [pnl_scores(p, t, per_year) for p, t in zip(*members, strict=True)]
+        oos["members_beating_flat"] = sum(m["log_pnl"] > 0 for m in oos["members"])
     oos["policy_vs_flat"] = oos["policy"]["log_pnl"] - oos["flat"]["log_pnl"]
     oos["policy_vs_hold"] = oos["policy"]["log_pnl"] - oos["buy_and_hold"]["log_pnl"]
     oos["folds_beating_flat"] = sum(r["policy"]["log_pnl"] > r["flat"]["log_pnl"] for r in fold_rows)
     oos["folds_beating_hold"] = sum(r["policy"]["log_pnl"] > r["buy_and_hold"]["log_pnl"] for r in fold_rows)
     return {"meta": meta, "folds": fold_rows, "out_of_sample": oos}
+
+
+def _joined_pnl(ordered: list[FoldOutcome], name: str) -> np.ndarray:
+    """The out-of-sample per-bar log P&L of strategy ``name``, the folds' test bars joined."""
+    if name == "policy":
+        return np.concatenate([f.policy_pnl for f in ordered])
+    if name == "buy_and_hold":
+        return np.concatenate([f.hold_pnl for f in ordered])
+    if name == "flat":
+        return np.zeros(sum(len(f.time_ns) for f in ordered))
+    return np.concatenate([f.baselines[name][0] for f in ordered])
+
+
+def _joined_members(ordered: list[FoldOutcome]) -> tuple[np.ndarray, np.ndarray] | None:
+    """Each ensemble member's out-of-sample ``(log_pnl, traded)``, ``[S, bars]``: where every fold is an
+    ensemble of the same S members; else None."""
+    sizes = {None if f.members is None else f.members[0].shape[0] for f in ordered}
+    if len(sizes) != 1 or None in sizes:
+        return None
+    return tuple(np.concatenate([f.members[k] for f in ordered], axis=1) for k in (0, 1))  # type: ignore[index]
 
 
 def _plain(value: Any) -> Any:
@@ -210,9 +242,50 @@ def report_markdown(report: dict[str, Any], title: str, equity_png: str | None =
         [[LABELS[s]] + _score_cells(oos[s]) for s in strategies(report)],
     )
     lines += ["", comparison_sentence(report), ""]
+    lines += _empyrical_lines(report)
+    lines += _member_lines(report)
     if equity_png is not None:
         lines += [f"![cumulative out-of-sample log P&L]({equity_png})", ""]
     return "\n".join(lines)
+
+
+def _empyrical_lines(report: dict[str, Any]) -> list[str]:
+    oos = report["out_of_sample"]
+    names = strategies(report)
+    lines = ["## Out of sample, empyrical's statistics", ""]
+    if any(oos[s].get("empyrical") is None for s in names):
+        return lines + [f"Left out: they need empyrical-reloaded: {INSTALL}.", ""]
+    lines.append(
+        "From the simple returns exp(log P&L) - 1, by empyrical-reloaded: annual return compounded, "
+        "ratios from the sample standard deviation, max drawdown a fraction of the peak's equity."
+    )
+    lines.append("")
+
+    def cell(name: str, v: float | None) -> str:
+        if v is None:
+            return "n/a"
+        return f"{100 * v:+.2f}%" if name in ("annual_return", "annual_volatility", "max_drawdown") else f"{v:+.2f}"
+
+    rows = [[LABELS[s]] + [cell(k, oos[s]["empyrical"][k]) for k in STATISTICS] for s in names]
+    return lines + markdown_table(["strategy", *STATISTICS.values()], rows) + [""]
+
+
+def _member_lines(report: dict[str, Any]) -> list[str]:
+    oos = report["out_of_sample"]
+    members = oos.get("members")
+    if not members:
+        return []
+    pnl = [m["log_pnl"] for m in members]
+    lines = [f"## Ensemble members ({len(members)})", ""]
+    lines.append(
+        f"The policy is the ensemble: the mean of {len(members)} members' positions. Each member alone "
+        f"(the same checkpoint, trading its own positions) ended {fmt_pnl(float(np.mean(pnl)))} on average "
+        f"({fmt_pnl(min(pnl))} .. {fmt_pnl(max(pnl))}) against the ensemble's {fmt_pnl(oos['policy']['log_pnl'])}; "
+        f"{oos['members_beating_flat']} of {len(members)} beat flat."
+    )
+    lines.append("")
+    rows = [[str(i)] + _score_cells(m) for i, m in enumerate(members)]
+    return lines + markdown_table(["member", "log P&L", "Sharpe (annual)", "max DD", "turnover"], rows) + [""]
 
 
 def write_report(folder: Path, report: dict[str, Any], folds: list[FoldOutcome], title: str) -> dict[str, Path | None]:

@@ -159,6 +159,12 @@ def _check_walk(config: Config) -> WalkSpec:
         raise ValueError(
             "walk-forward folds do not re-sort ranks between steps: use --sampling proportional, stratified or uniform"
         )
+    if config.sweep:
+        raise ValueError(
+            "a walk-forward fold's population is an ensemble of seeds of one setting: --sweep is for plain runs"
+        )
+    if config.population > 1 and (config.n_step > 1 or config.replay == "trajectory"):
+        raise ValueError("an ensemble (--population > 1) trains on the flat replay: n_step 1, --replay flat or auto")
     return spec
 
 
@@ -243,8 +249,9 @@ def resume_config(path: str | Path) -> Config | None:
     if not isinstance(meta, dict) or "windows" not in meta or "config" not in meta:
         return None
     asked = dict(meta["config"])
-    if asked.get("hidden") is not None:
-        asked["hidden"] = tuple(asked["hidden"])
+    for name in ("hidden", "sweep"):  # tuples, which JSON wrote as lists
+        if asked.get(name) is not None:
+            asked[name] = tuple(asked[name])
     names = {f.name for f in dataclasses.fields(Config)} | set(WALK_FIELDS)  # flat: written before Config.walk
     return from_settings({k: v for k, v in asked.items() if k in names})
 
@@ -283,6 +290,8 @@ def _done_fold(folder: Path, fold: Fold, cfg: Config, score_test: bool) -> tuple
     if outcome is not None:
         names = ("time_ns", "policy_pnl", "policy_traded", "hold_pnl", "hold_traded", "baselines")
         test = {k: getattr(outcome, k) for k in names}
+        if outcome.members is not None:
+            test["members"] = outcome.members
     run = FoldRun(cfg, record["chosen"], record["validations"], state, test, record["sigma"])
     return run, (outcome if score_test else None)
 
@@ -353,6 +362,8 @@ def _fold_line(fold: Fold, n: int, run: FoldRun, outcome) -> str:
         else:
             why = f"its deflated Sharpe ratio is below {run.cfg.walk.min_deflated_sharpe}"
         pick = f"flat ({why})"
+    if c.get("members"):
+        pick = f"ensemble of {c['members']} members, {pick}"
     # numbered as folds/fold_<k>.json and the report's tables number it, from 0
     line = f"fold {fold.index} (of 0..{n - 1}): {pick}, validation {c.get('metric')} "
     line += f"{c.get('score', float('nan')):+.4f}"
@@ -365,6 +376,9 @@ def _fold_line(fold: Fold, n: int, run: FoldRun, outcome) -> str:
             + "".join(f", {LABELS[name]} {pnl.sum():+.4f}" for name, (pnl, _) in outcome.baselines.items())
             + ")"
         )
+        if outcome.members is not None:
+            alone = outcome.members[0].sum(axis=1)
+            line += f"; members alone {alone.mean():+.4f} on average ({alone.min():+.4f} .. {alone.max():+.4f})"
     return f"gper train: {line}"
 
 
