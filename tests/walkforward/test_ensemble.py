@@ -216,3 +216,32 @@ def test_fold_outcomes_keep_their_members_and_refuse_bad_ones():
         _outcome((np.zeros((2, 3)), -np.ones((2, 3))))
     with pytest.raises(ValueError, match="must be finite"):
         _outcome((np.full((2, 3), np.nan), np.zeros((2, 3))))
+
+
+def test_a_no_trade_band_skips_the_small_trades():
+    """Oracle: the position moves to the mean only where it is more than the band away; band 0 is
+    the plain mean's walk."""
+    from gper.walkforward.ensemble import banded
+
+    target = np.array([0.05, 0.3, 0.35, 0.1, -0.5, -0.45, 0.0])
+    assert banded(target, 0.2).tolist() == [0.0, 0.3, 0.3, 0.3, -0.5, -0.5, 0.0]
+    assert banded(target, 0.0).tolist() == target.tolist()
+    g = np.random.default_rng(1)
+    held, returns = torch.tensor(g.uniform(-1, 1, (3, 40))), torch.tensor(g.normal(0, 0.01, 40))
+    plain = ensemble_pnl(held, returns, 1e-4)
+    assert all(torch.equal(a, b) for a, b in zip(plain, ensemble_pnl(held, returns, 1e-4, band=0.0), strict=True))
+    pnl, traded = ensemble_pnl(held, returns, 1e-4, band=0.25)
+    assert traded.sum() < plain[1].sum() and (traded[traded > 0] > 0.25).all()
+    with pytest.raises(ValueError, match="band must be a finite number >= 0"):
+        ensemble_pnl(held, returns, 1e-4, band=-0.1)
+
+
+def test_a_fold_with_a_trade_band_trades_less_and_trains_the_same(fold_setup):
+    bars, fold = fold_setup
+    plain = _run(bars, fold, population=2, validations=1)
+    band = _run(bars, fold, population=2, validations=1, trade_band=0.3)
+    assert all(torch.equal(plain.state[k], band.state[k]) for k in plain.state)  # training is the same
+    assert band.test["policy_traded"].sum() < plain.test["policy_traded"].sum()
+    np.testing.assert_array_equal(band.test["members"][0], plain.test["members"][0])  # members trade alone
+    with pytest.raises(ValueError, match="trade_band must be a finite number >= 0"):
+        _run(bars, fold, trade_band=-1.0)

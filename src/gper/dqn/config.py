@@ -16,7 +16,7 @@ from gper.dqn.presets import PRESETS as PRESETS  # the per-environment defaults 
 from gper.dqn.walk_settings import WALK_ONLY, WalkForward, nest_walk
 from gper.envs import registry
 from gper.envs.folds import WalkSpec, spec_from
-from gper.envs.market import action_positions
+from gper.envs.market import action_positions, default_cost_bps
 from gper.training.environment import pick_device as pick_device  # gper.dqn.pick_device, as before
 from gper.training.tensorboard import installed as tensorboard_installed
 
@@ -168,8 +168,11 @@ class Config:
     """market, synthetic prices: bars to train on"""
     test_bars: int | None = None
     """market, synthetic prices: bars of the held-out test series the greedy policy is scored on"""
-    cost_bps: float = 1.0
-    """market: transaction cost in basis points of the traded position"""
+    cost_bps: float | None = None
+    """market: transaction cost in basis points of the traded position (per unit of position, or of the
+    asset held with vol_target); default 2 with --data (daily index futures: half a spread, fees and
+    slippage at the contract sizes of 2003-2018, with a margin), 1 on the synthetic prices (their
+    signal is sized for it)"""
     actions: int = 45
     """market: target positions to choose from, evenly spaced over [-1, 1] (odd, at least 3; 3 is
     short / flat / long)"""
@@ -334,6 +337,8 @@ def resolve(config: Config, device: torch.device, family: str | None = None) -> 
     }
     cfg = dataclasses.replace(config, **filled, walk=dataclasses.replace(config.walk, **walk))
     cfg.hidden = tuple(int(h) for h in cfg.hidden)
+    if cfg.cost_bps is None:
+        cfg.cost_bps = default_cost_bps(cfg.data)
     _check(cfg)
     return cfg
 
@@ -368,7 +373,8 @@ def _check(cfg: Config) -> None:
         raise ValueError(f"max_grad_norm must be a finite number >= 0 (0: no clipping), got {cfg.max_grad_norm}")
     if not (math.isfinite(cfg.learning_rate) and cfg.learning_rate > 0):
         raise ValueError(f"learning_rate must be a finite number > 0, got {cfg.learning_rate}")
-    if not (math.isfinite(cfg.cost_bps) and cfg.cost_bps >= 0):
+    cost = cfg.cost_bps
+    if isinstance(cost, bool) or not isinstance(cost, (int, float)) or not (math.isfinite(cost) and cost >= 0):
         raise ValueError(f"cost_bps must be a finite number >= 0, got {cfg.cost_bps}")
     action_positions(cfg.actions)  # an odd integer >= 3, or one line saying so
     if not (math.isfinite(cfg.turnover_bps) and cfg.turnover_bps >= 0):

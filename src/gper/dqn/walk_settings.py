@@ -57,6 +57,10 @@ class WalkForward:
     """market walk-forward: a fold also stays flat unless its chosen checkpoint's deflated Sharpe
     ratio (the probability that it beats the best of that many skill-free candidates, from every
     validation of the fold: gper.walkforward.selection) reaches this, e.g. 0.95; None: reported only"""
+    trade_band: float = 0.0
+    """market walk-forward: a no-trade band in units of the asset: the position traded in validation and
+    test (an ensemble's mean) moves to the policy's only where the two differ by more than this, which
+    skips the small trades of a changing volatility scale; 0: it follows the policy every bar"""
     steps_per_bar: int | None = None
     """market walk-forward: training env steps per bar of a fold's training window (total_steps, when
     not given, is this times the window's bars)"""
@@ -70,7 +74,7 @@ class WalkForward:
 WALK_FIELDS = tuple(f.name for f in dataclasses.fields(WalkForward))
 
 #: walk-forward settings that are not windows: only a walk-forward run reads them
-WALK_ONLY = ("steps_per_bar", "validations", "select_metric", "flat_fallback", "min_deflated_sharpe")
+WALK_ONLY = ("steps_per_bar", "validations", "select_metric", "flat_fallback", "min_deflated_sharpe", "trade_band")
 
 
 def nest_walk(settings: Mapping[str, Any]) -> dict[str, Any]:

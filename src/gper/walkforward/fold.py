@@ -78,6 +78,9 @@ def fold_config(config: Config, fold: Fold, device: torch.device) -> Config:
     least = walk.min_deflated_sharpe
     if least is not None and (isinstance(least, bool) or not isinstance(least, (int, float)) or not 0 < least < 1):
         raise ValueError(f"min_deflated_sharpe must be a probability in (0, 1) or None, got {least!r}")
+    band = walk.trade_band
+    if isinstance(band, bool) or not isinstance(band, (int, float)) or not (math.isfinite(band) and band >= 0):
+        raise ValueError(f"trade_band must be a finite number >= 0 (units of the asset), got {band!r}")
     total = config.total_steps if config.total_steps is not None else spb * fold.train.bars
     epoch = config.epoch_steps if config.epoch_steps is not None else max(1, total // walk.validations)
     walk = dataclasses.replace(walk, steps_per_bar=spb)
@@ -259,7 +262,7 @@ def _train_and_validate(cfg: Config, learner, val_env: MarketEnv, iterations: in
             done = (it + 1) * n
         if train_steps == 0:  # still collecting: nothing learnt to score
             continue
-        pnl, traded, members = trade_ensemble(learner.greedy, val_env)
+        pnl, traded, members = trade_ensemble(learner.greedy, val_env, cfg.walk.trade_band)
         candidates.append(pnl.detach().to("cpu", torch.float64).numpy())
         value = score(pnl, cfg.walk.select_metric)
         if not math.isfinite(value):
@@ -303,7 +306,7 @@ def _test_walk(
         learner.qnet.load_state_dict(state)
         policy = learner.greedy
 
-    pnl, traded, walk = trade_ensemble(policy, test_env)
+    pnl, traded, walk = trade_ensemble(policy, test_env, learner.cfg.walk.trade_band)
     hold, hold_traded = buy_and_hold(test_env.returns[WARMUP + 1 :].cpu().numpy(), test_env.cost)
     # the classical baselines from the prices before each decision (the whole history: none after it)
     series = prices.detach().to("cpu", torch.float64).numpy()
