@@ -245,3 +245,21 @@ def test_a_fold_with_a_trade_band_trades_less_and_trains_the_same(fold_setup):
     np.testing.assert_array_equal(band.test["members"][0], plain.test["members"][0])  # members trade alone
     with pytest.raises(ValueError, match="trade_band must be a finite number >= 0"):
         _run(bars, fold, trade_band=-1.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("vol_target", [None, 0.15])
+def test_a_fold_of_a_population_trains_and_trades_on_cuda(fold_setup, vol_target):
+    """On CUDA the population is batched (one environment of every member's copies, batched matmuls,
+    CUDA graphs): the fold trains, validates and tests the ensemble, and averaging positions never
+    trades more than the members do on average (|mean(a) - mean(b)| <= mean |a - b|)."""
+    bars, fold = fold_setup
+    cuda = torch.device("cuda")
+    settings = TINY | dict(device="cuda", backend="auto", population=3, validations=2, vol_target=vol_target)
+    run = run_fold(from_settings(settings), bars, fold, cuda)
+    assert run.chosen["members"] == 3 and len(run.validations) == 2
+    assert all(len(v["member_scores"]) == 3 for v in run.validations)
+    pnl, traded = run.test["members"]
+    assert pnl.shape == (3, len(run.test["policy_pnl"])) and np.isfinite(pnl).all()
+    assert run.test["policy_traded"].sum() <= traded.sum(axis=1).mean() + 1e-9
+    assert all(v.shape[0] == 3 and v.device.type == "cpu" for v in run.state.values())
