@@ -18,12 +18,14 @@ and prints the tables.
 
     python benchmarks/market_ensemble.py dev --parallel 16 --candidates "population=16 actions=3" ...
     python benchmarks/market_ensemble.py final --parallel 6 --settings "population=16 actions=3 ..."
+    python benchmarks/market_ensemble.py report --runs <work>/runs --out <folder>   # each run, 2011 on
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -35,7 +37,7 @@ import torch
 from gper.bench.report import ResultFiles, environment, format_markdown, header_line, print_table
 from gper.envs.packaged import read_bars
 from gper.walkforward.outcome import FoldOutcome
-from gper.walkforward.report import build_report
+from gper.walkforward.report import build_report, write_report
 
 sys.path.insert(0, str(Path(__file__).parent))
 from market_walk import WINDOWS, run_all  # noqa: E402 (the sibling benchmark's process runner)
@@ -45,17 +47,25 @@ BASELINE_COLUMNS = ("long_only", "tsmom", "macd")
 
 
 def parse_settings(text: str) -> dict:
-    """``"population=16 actions=3 vol_target=0.15"`` -> settings (ints, floats, ``hidden=64,64`` a tuple)."""
+    """``"population=16 actions=3 vol_target=0.15"`` -> settings: ints, floats, ``True``/``False``/``None``,
+    ``hidden=64,64`` a tuple, anything else a string (``select_metric=log_pnl``); a name given again
+    replaces its earlier value (a candidate's own setting after the common ones)."""
     out: dict = {}
     for item in text.split():
         key, _, value = item.partition("=")
         if key == "hidden":
             out[key] = tuple(int(h) for h in value.split(","))
             continue
-        try:
-            out[key] = int(value)
-        except ValueError:
-            out[key] = float(value)
+        named = {"True": True, "False": False, "None": None}
+        if value in named:
+            out[key] = named[value]
+            continue
+        for kind in (int, float, str):
+            try:
+                out[key] = kind(value)
+                break
+            except ValueError:
+                continue
     return out
 
 
@@ -72,15 +82,34 @@ def cut_series(name: str, until: int, folder: Path) -> Path:
     return path
 
 
-def period_report(folder: Path, first_year: int | None = None, last_year: int | None = None) -> dict:
-    """The report of a run's folds whose test window starts in ``[first_year, last_year]``."""
+def period_outcomes(folder: Path, first_year: int | None = None, last_year: int | None = None) -> list[FoldOutcome]:
+    """A run's folds whose test window starts in ``[first_year, last_year]``."""
     outcomes = []
     for path in sorted((folder / "folds").glob("fold_*.json")):
         outcome = FoldOutcome.from_dict(json.loads(path.read_text())["outcome"])
         year = int(outcome.test.start[:4])
         if (first_year is None or year >= first_year) and (last_year is None or year <= last_year):
             outcomes.append(outcome)
-    return build_report(outcomes, {"folder": str(folder)})
+    return outcomes
+
+
+def period_report(folder: Path, first_year: int | None = None, last_year: int | None = None) -> dict:
+    """The report of a run's folds whose test window starts in ``[first_year, last_year]``."""
+    return build_report(period_outcomes(folder, first_year, last_year), {"folder": str(folder)})
+
+
+def held_out_reports(runs: Path, first_year: int, out: Path) -> None:
+    """Each run folder's report (``report.md``, ``.json``, ``equity.png``) of the folds whose test starts
+    in ``first_year`` or later, written to ``out/<run>/``, beside a copy of the whole run's report."""
+    for folder in sorted(p for p in runs.iterdir() if (p / "report.json").exists()):
+        outcomes = period_outcomes(folder, first_year)
+        meta = json.loads((folder / "config.json").read_text())
+        report = build_report(outcomes, {"run": folder.name, "settings": meta["settings"]})
+        title = f"{folder.name}: walk-forward ensemble out of sample, tests from {first_year}"
+        write_report(out / folder.name / f"from{first_year}", report, outcomes, title)
+        for name in ("report.md", "report.json", "equity.png"):
+            shutil.copyfile(folder / name, out / folder.name / name)
+        print(f"report: {out / folder.name}")
 
 
 def row_of(series: str, seed: int, report: dict, wall: float) -> dict:
@@ -192,7 +221,8 @@ def _write(args, env: dict, stage: str, cols: list[str], rows: list[dict], note:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("stage", choices=["dev", "final"])
+    p.add_argument("stage", choices=["dev", "final", "report"])
+    p.add_argument("--runs", type=Path, default=None, help="report: a final stage's runs folder")
     p.add_argument("--candidates", nargs="+", default=[], help="dev: settings strings, one per candidate")
     p.add_argument("--settings", default="", help="final: the chosen settings string")
     p.add_argument("--series", nargs="+", default=list(SERIES), choices=list(SERIES))
@@ -208,6 +238,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error("dev needs --candidates")
     if args.stage == "final" and not args.settings:
         p.error("final needs --settings")
+    if args.stage == "report":
+        if args.runs is None:
+            p.error("report needs --runs")
+        held_out_reports(args.runs, args.dev_until + 1, Path(args.out))
+        return 0
     work = Path(args.work or tempfile.mkdtemp(prefix="market-ensemble-"))
     work.mkdir(parents=True, exist_ok=True)
     env = environment(torch.device(args.device))

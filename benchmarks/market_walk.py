@@ -35,6 +35,9 @@ from gper.bench.report import ResultFiles, environment, format_markdown, header_
 from gper.dqn.walk_settings import nest_walk
 
 WINDOWS = dict(train_months=36, val_months=12, test_months=12, step_months=12)
+#: the cost its committed results used (the market's default on real bars is now 2 bp); a candidate's or
+#: --settings' cost_bps overrides it
+COST_BPS = 1.0
 SERIES = {"synthetic": None, "sp500": "arch:sp500", "nasdaq": "arch:nasdaq"}
 COLUMNS = [
     "series",
@@ -122,6 +125,7 @@ def select(args, folder: Path, env: dict) -> dict:
                 WINDOWS
                 | settings
                 | dict(data=SERIES[series], seed=args.select_seed, device=args.device, score_test=False)
+                | ({} if "cost_bps" in settings else dict(cost_bps=COST_BPS))
                 | dict(run_dir=str(folder / "select"), run_name=f"c{c}-{series}")
             )
     print(f"select: {len(candidates)} candidates x {len(args.select_series)} series, validation only", flush=True)
@@ -201,6 +205,7 @@ def final(args, folder: Path, settings_text: str) -> list[dict]:
                     WINDOWS
                     | settings
                     | dict(data=SERIES[series], seed=seed, device=args.device, sampling=sampling, score_test=True)
+                    | ({} if "cost_bps" in settings else dict(cost_bps=COST_BPS))
                     | dict(run_dir=str(folder / "final"), run_name=f"{series}-{replay}-s{seed}")
                 )
     print(f"final: {len(specs)} runs ({settings_text})", flush=True)

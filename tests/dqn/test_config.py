@@ -18,6 +18,18 @@ def test_presets_fill_every_optional_field():
     assert resolve(Config(env="market"), CPU).batch_size < PRESETS["market"]["cuda"]["batch_size"]
 
 
+def test_the_market_cost_defaults_to_2_bp_on_real_bars_and_1_on_synthetic_prices():
+    from gper.envs.market import REAL_COST_BPS, SYNTHETIC_COST_BPS, MarketEnv
+
+    assert (REAL_COST_BPS, SYNTHETIC_COST_BPS) == (2.0, 1.0)
+    assert resolve(Config(env="market"), CPU).cost_bps == 1.0
+    assert resolve(Config(env="market", data="bars.csv"), CPU).cost_bps == 2.0
+    assert resolve(Config(env="market", data="bars.csv", cost_bps=0.5), CPU).cost_bps == 0.5
+    assert Config().cost_bps is None  # a resume compares what was asked: None stays None there
+    synthetic = MarketEnv.from_source(1, CPU, n_bars=300, test_bars=200, split="test")
+    assert synthetic.cost_bps == 1.0
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [

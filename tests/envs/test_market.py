@@ -207,7 +207,9 @@ def test_csv_splits(tmp_path):
     assert torch.equal(test.prices[WARMUP:], closes[399:])
     test.reset()
     test.step(torch.tensor([44]))
-    assert test.last_log_pnl.item() == pytest.approx(math.log(closes[400] / closes[399]) - 1e-4)
+    # a bar file is real bars: 2 bp a unit traded by default
+    assert test.cost_bps == 2.0
+    assert test.last_log_pnl.item() == pytest.approx(math.log(closes[400] / closes[399]) - 2e-4)
 
 
 def test_synthetic_splits_are_held_out():

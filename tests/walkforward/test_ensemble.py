@@ -101,12 +101,31 @@ def _run(bars, fold, **kw):
     return run_fold(from_settings(TINY | kw), bars, fold, CPU)
 
 
-def test_a_fold_of_a_population_trades_the_mean_of_its_members(fold_setup):
+def test_a_fold_of_a_population_trades_the_mean_of_its_members(fold_setup, monkeypatch):
     """population 3: member 0 is the single run (the same seed, the same checkpoint: one validation,
     at the end); the policy's P&L is the mean position's; validation scores the ensemble."""
+    import gper.walkforward.fold as fold_module
+
     bars, fold = fold_setup
     single = _run(bars, fold, validations=1)
+    walks = []
+
+    def kept(policy, env, band=0.0):
+        out = trade_ensemble(policy, env, band)
+        walks.append((out, env.returns[WARMUP + 1 :].clone(), env.cost))
+        return out
+
+    monkeypatch.setattr(fold_module, "trade_ensemble", kept)
     ens = _run(bars, fold, validations=1, population=3)
+    # the validation walk, then the test walk: the test's policy P&L and trades are the mean
+    # position's, from the members' units held
+    (val, _, _), ((pnl_t, traded_t, walk), returns, cost) = walks
+    assert walk.held.shape == (3, len(ens.test["policy_pnl"]))
+    mean_pnl, mean_traded = ensemble_pnl(walk.held, returns, cost)
+    np.testing.assert_array_equal(ens.test["policy_pnl"], mean_pnl.numpy())
+    np.testing.assert_array_equal(ens.test["policy_traded"], mean_traded.numpy())
+    assert not np.allclose(ens.test["policy_pnl"], walk.pnl.mean(dim=0).numpy())  # not the members' mean P&L
+    assert ens.validations[0]["score"] == pytest.approx(float(val[0].mean() / val[0].std(correction=0)))
     assert ens.chosen["members"] == 3 and "members" not in single.chosen
     pnl, traded = ens.test["members"]
     assert pnl.shape == traded.shape == (3, len(ens.test["policy_pnl"]))
@@ -157,7 +176,10 @@ def test_a_walk_forward_run_of_ensembles_reports_every_member_and_resumes(tmp_pa
     report = json.loads((tmp_path / "whole" / "report.json").read_text())
     oos = report["out_of_sample"]
     assert len(oos["members"]) == 2 and all(len(f["members"]) == 2 for f in report["folds"])
-    assert 0 <= oos["members_beating_flat"] <= 2
+    assert oos["members_beating_flat"] == sum(m["log_pnl"] > 0 for m in oos["members"])
+    assert [m["log_pnl"] for m in oos["members"]] == pytest.approx(
+        [sum(f["members"][i]["log_pnl"] for f in report["folds"]) for i in range(2)]
+    )
     md = (tmp_path / "whole" / "report.md").read_text()
     assert "## Ensemble members (2)" in md and "| 1 |" in md
     # stopped inside fold 2, resumed: the finished folds' members are read back
@@ -263,3 +285,39 @@ def test_a_fold_of_a_population_trains_and_trades_on_cuda(fold_setup, vol_target
     assert pnl.shape == (3, len(run.test["policy_pnl"])) and np.isfinite(pnl).all()
     assert run.test["policy_traded"].sum() <= traded.sum(axis=1).mean() + 1e-9
     assert all(v.shape[0] == 3 and v.device.type == "cpu" for v in run.state.values())
+
+
+def test_a_resume_is_refused_where_its_folds_ran_otherwise(tmp_path, monkeypatch, capsys):
+    """A resume checks what the run resolved: a cost that a changed default would move, and folds of
+    one agent (a gper that ignored --population in walk-forward) under a population."""
+    import gper.walkforward.run as run_module
+
+    torch.set_num_threads(1)
+    real, calls = run_module.run_fold, []
+
+    def stop_in_the_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(run_module, "run_fold", stop_in_the_second)
+    assert main(["train", *SMALL, "--population", "2", "--run-dir", str(tmp_path), "--run-name", "cut"]) == 130
+    monkeypatch.setattr(run_module, "run_fold", real)
+    folder = tmp_path / "cut"
+    config = folder / "config.json"
+    meta = json.loads(config.read_text())
+    assert meta["config"]["cost_bps"] is None and meta["settings"]["cost_bps"] == 1.0  # synthetic prices
+    meta["settings"]["cost_bps"] = 3.0
+    config.write_text(json.dumps(meta))
+    capsys.readouterr()
+    assert main(["train", "--resume", str(folder), "--progress", "False"]) == 2
+    assert "its folds ran at cost_bps 3.0" in capsys.readouterr().err
+    meta["settings"]["cost_bps"] = 1.0
+    config.write_text(json.dumps(meta))
+    fold0 = folder / "folds" / "fold_000.json"
+    record = json.loads(fold0.read_text())
+    del record["chosen"]["members"]
+    fold0.write_text(json.dumps(record))
+    assert main(["train", "--resume", str(folder), "--progress", "False"]) == 2
+    assert "fold 0 trained one agent" in capsys.readouterr().err

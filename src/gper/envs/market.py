@@ -65,6 +65,8 @@ from gper.envs.market_series import (  # noqa: F401
     N_RETURNS,
     OBS_DIM,
     POSITIONS,
+    REAL_COST_BPS,
+    SYNTHETIC_COST_BPS,
     WARMUP,
     WINDOWS,
     _check_prices,
@@ -192,6 +194,7 @@ class MarketEnv(VecEnv):
         test_bars: int = 20_000,
         test_fraction: float = 0.2,
         vol_target: float | None = None,
+        cost_bps: float | None = None,
         **kwargs: Any,
     ) -> MarketEnv:
         """The ``split`` ("train" or "test") of a synthetic market or of a CSV bar file.
@@ -204,7 +207,8 @@ class MarketEnv(VecEnv):
         as history, so its first decision earns the first held-out return. Both splits are scaled
         by the train series' ``sigma``. With ``vol_target`` each split's positions are scaled to it
         (:func:`gper._volatility.volatility_scale`), from the returns up to each bar: of the
-        whole file for a CSV's test split, whose bars follow the training ones. ``kwargs`` go to
+        whole file for a CSV's test split, whose bars follow the training ones. ``cost_bps``: None
+        is :func:`default_cost_bps` (2 bp on real bars, 1 on synthetic prices). ``kwargs`` go to
         the constructor.
         """
         if split not in ("train", "test"):
@@ -233,7 +237,8 @@ class MarketEnv(VecEnv):
         if vol_target is not None:
             scale = volatility_scale(history[: first + len(prices)].double().numpy(), vol_target)
             kwargs["vol_scale"] = scale[first:]
-        return cls(prices, num_envs, device, seed=seed, sigma=return_std(train), **kwargs)
+        cost = default_cost_bps(data) if cost_bps is None else cost_bps
+        return cls(prices, num_envs, device, seed=seed, sigma=return_std(train), cost_bps=cost, **kwargs)
 
     @property
     def generator(self) -> torch.Generator | None:

@@ -253,18 +253,23 @@ def _empyrical_lines(report: dict[str, Any]) -> list[str]:
     oos = report["out_of_sample"]
     names = strategies(report)
     lines = ["## Out of sample, empyrical's statistics", ""]
+    if oos["bars_per_year"] is None:
+        return lines + ["Left out: one out-of-sample bar gives no year to annualise with.", ""]
     if any(oos[s].get("empyrical") is None for s in names):
         return lines + [f"Left out: they need empyrical-reloaded: {INSTALL}.", ""]
     lines.append(
         "From the simple returns exp(log P&L) - 1, by empyrical-reloaded: annual return compounded, "
-        "ratios from the sample standard deviation, max drawdown a fraction of the peak's equity."
+        "the Sharpe ratio from the sample standard deviation, the Sortino ratio from the downside deviation "
+        "over every bar, max drawdown a fraction of the peak's equity."
     )
     lines.append("")
 
     def cell(name: str, v: float | None) -> str:
         if v is None:
             return "n/a"
-        return f"{100 * v:+.2f}%" if name in ("annual_return", "annual_volatility", "max_drawdown") else f"{v:+.2f}"
+        if name == "max_drawdown":  # a fall: negative or 0, no sign to add
+            return f"{100 * v:.2f}%"
+        return f"{100 * v:+.2f}%" if name in ("annual_return", "annual_volatility") else f"{v:+.2f}"
 
     rows = [[LABELS[s]] + [cell(k, oos[s]["empyrical"][k]) for k in STATISTICS] for s in names]
     return lines + markdown_table(["strategy", *STATISTICS.values()], rows) + [""]
@@ -278,8 +283,9 @@ def _member_lines(report: dict[str, Any]) -> list[str]:
     pnl = [m["log_pnl"] for m in members]
     lines = [f"## Ensemble members ({len(members)})", ""]
     lines.append(
-        f"The policy is the ensemble: the mean of {len(members)} members' positions. Each member alone "
-        f"(the same checkpoint, trading its own positions) ended {fmt_pnl(float(np.mean(pnl)))} on average "
+        f"The policy is the ensemble: the mean of {len(members)} members' positions. Each member alone (the "
+        f"same checkpoint, trading its own positions; flat in the folds kept flat) ended "
+        f"{fmt_pnl(float(np.mean(pnl)))} on average "
         f"({fmt_pnl(min(pnl))} .. {fmt_pnl(max(pnl))}) against the ensemble's {fmt_pnl(oos['policy']['log_pnl'])}; "
         f"{oos['members_beating_flat']} of {len(members)} beat flat."
     )

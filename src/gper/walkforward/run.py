@@ -93,6 +93,13 @@ def walk_forward(config: Config, log: Callable[[str], None] = print, score_test:
     if device.type == "cpu":  # as a plain run: one thread for a small network (cpu_threads), put back at the end
         threads = cpu_threads(cfgs[0], padded_width(OBS_DIM), cfgs[0].actions)
     stored = _resumed(config) if config.resume is not None else None
+    if stored is not None:  # what the run resolved, where a default may have moved since it started
+        before = stored.get("settings", {}).get("cost_bps")
+        if before is not None and before != cfgs[0].cost_bps:
+            raise ValueError(
+                f"--resume {config.resume}: its folds ran at cost_bps {before}, the settings resolve to "
+                f"{cfgs[0].cost_bps} now (a changed default): finish it with the gper that started it"
+            )
     folder = Path(config.resume) if config.resume is not None else _folder(config, series)
     t = bars.time_ns
     meta = _meta(config, series, spec, device, threads, t, folds, cfgs)
@@ -113,6 +120,11 @@ def walk_forward(config: Config, log: Callable[[str], None] = print, score_test:
             done = _done_fold(folder, fold, cfg, score_test)
             if done is not None:  # a resumed run: this fold finished before
                 run, outcome = done
+                if cfg.population > 1 and "members" not in run.chosen:
+                    raise ValueError(
+                        f"--resume {folder}: fold {fold.index} trained one agent (a gper before walk-forward "
+                        f"ensembles ignored --population): start the run again for an ensemble of {cfg.population}"
+                    )
                 if bar is not None:
                     bar.update(cfg.total_steps)
             else:

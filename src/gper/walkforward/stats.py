@@ -5,8 +5,9 @@ ratios and the maximum drawdown, of each strategy of a walk-forward report.
 gper's own scores (:func:`gper.walkforward.scores.pnl_scores`) are in log units: summed log P&L, a
 Sharpe ratio of the per-bar log P&L, a drawdown of the cumulative log P&L. empyrical reads simple
 returns, so each bar's log P&L ``l`` enters as ``exp(l) - 1``; its annual return compounds them
-(``(prod(1 + r)) ^ (bars_per_year / n) - 1``), its volatility, Sharpe and Sortino ratios use the
-sample standard deviation, and its drawdown is a fraction of the peak's equity.
+(``(prod(1 + r)) ^ (bars_per_year / n) - 1``), its volatility and Sharpe ratio use the sample
+standard deviation, its Sortino ratio the downside deviation ``sqrt(mean(min(r, 0)^2))`` over every
+bar, and its drawdown is a fraction of the peak's equity.
 
 empyrical-reloaded comes with gper's ``data`` extra (``pip install "gper[data]"``, Python 3.11 or
 later); without it :func:`performance` returns None and the report says how to get the statistics.
