@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -34,13 +33,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gper.bench import workers
 from gper.bench.report import ResultFiles, environment, format_markdown, header_line, print_table
 from gper.envs.packaged import read_bars
 from gper.walkforward.outcome import FoldOutcome
 from gper.walkforward.report import build_report, write_report
 
-sys.path.insert(0, str(Path(__file__).parent))
-from market_walk import WINDOWS, run_all  # noqa: E402 (the sibling benchmark's process runner)
+#: the worker each run is a process of (it trains one walk-forward run and prints its report)
+WORKER = Path(__file__).with_name("market_walk.py")
+#: the windows of every run, those of benchmarks/market_walk.py
+WINDOWS = dict(train_months=36, val_months=12, test_months=12, step_months=12)
 
 SERIES = {"sp500": "arch:sp500", "nasdaq": "arch:nasdaq"}
 BASELINE_COLUMNS = ("long_only", "tsmom", "macd")
@@ -160,7 +162,7 @@ def dev(args, work: Path, env: dict) -> None:
             spec = WINDOWS | parse_settings(text) | dict(data=str(data[name]), seed=args.dev_seed, device=args.device)
             specs.append(spec | dict(run_dir=str(work / "runs"), run_name=f"c{c}-{name}", score_test=True))
     print(f"dev: {len(args.candidates)} candidates x {len(args.series)} series, bars up to {args.dev_until}")
-    results = run_all(specs, args.parallel, work)
+    results = workers.run_all(WORKER, specs, args.parallel, work)
     rows, by_candidate = [], {}
     for spec, out, wall, status in results:
         c, name = spec["run_name"].split("-", 1)
@@ -191,7 +193,7 @@ def final(args, work: Path, env: dict) -> None:
             spec = WINDOWS | settings | dict(data=SERIES[name], seed=seed, device=args.device, score_test=True)
             specs.append(spec | dict(run_dir=str(work / "runs"), run_name=f"{name}-s{seed}"))
     print(f"final: {args.settings} on {', '.join(args.series)} x seeds {args.seeds}")
-    results = run_all(specs, args.parallel, work)
+    results = workers.run_all(WORKER, specs, args.parallel, work)
     rows = []
     for spec, out, wall, status in results:
         name = spec["run_name"].split("-s")[0]

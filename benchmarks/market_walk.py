@@ -22,15 +22,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import textwrap
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
+from gper.bench import workers
 from gper.bench.report import ResultFiles, environment, format_markdown, header_line, print_table
 from gper.dqn.walk_settings import nest_walk
 
@@ -94,26 +93,9 @@ def worker(spec: dict) -> int:
     return 0
 
 
-def launch(spec: dict, log_path: Path) -> tuple[dict | None, float, str]:
-    t0 = time.perf_counter()
-    cmd = [sys.executable, __file__, "--worker", json.dumps(spec)]
-    with log_path.open("w") as log:
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        return None, wall, f"exit {proc.returncode} (see {log_path})"
-    return json.loads(proc.stdout.strip().splitlines()[-1]), wall, "ok"
-
-
 def run_all(specs: list[dict], parallel: int, logs: Path) -> list[tuple[dict, dict | None, float, str]]:
-    def job(i_spec):
-        i, spec = i_spec
-        out, wall, status = launch(dict(spec), logs / f"run{i:03d}.log")
-        print(f"  [{i + 1}/{len(specs)}] {spec.get('run_name')}: {status} in {wall:.0f} s", flush=True)
-        return spec, out, wall, status
-
-    with ThreadPoolExecutor(parallel) as pool:
-        return list(pool.map(job, enumerate(specs)))
+    """Every run of ``specs`` as a process of this script's ``--worker`` (:func:`gper.bench.workers.run_all`)."""
+    return workers.run_all(Path(__file__), specs, parallel, logs)
 
 
 def select(args, folder: Path, env: dict) -> dict:

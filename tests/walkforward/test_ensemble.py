@@ -165,8 +165,26 @@ def test_a_flat_ensemble_holds_nothing(fold_setup):
     assert not flat.test["members"][0].any()
 
 
-def test_a_walk_forward_run_of_ensembles_reports_every_member_and_resumes(tmp_path, monkeypatch, capsys):
+def _stopped_in_fold(k: int, monkeypatch, argv: list[str]) -> int:
+    """``gper train argv`` with Ctrl-C inside fold ``k`` (counted from 0): its exit code."""
     import gper.walkforward.run as run_module
+
+    real, calls = run_module.run_fold, []
+
+    def stop(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == k + 1:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(run_module, "run_fold", stop)
+    try:
+        return main(argv)
+    finally:
+        monkeypatch.setattr(run_module, "run_fold", real)
+
+
+def test_a_walk_forward_run_of_ensembles_reports_every_member_and_resumes(tmp_path, monkeypatch, capsys):
 
     torch.set_num_threads(1)
     flags = [*SMALL, "--population", "2", "--run-dir", str(tmp_path)]
@@ -183,17 +201,7 @@ def test_a_walk_forward_run_of_ensembles_reports_every_member_and_resumes(tmp_pa
     md = (tmp_path / "whole" / "report.md").read_text()
     assert "## Ensemble members (2)" in md and "| 1 |" in md
     # stopped inside fold 2, resumed: the finished folds' members are read back
-    real, calls = run_module.run_fold, []
-
-    def stop_in_the_third(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(run_module, "run_fold", stop_in_the_third)
-    assert main(["train", *flags, "--run-name", "cut"]) == 130
-    monkeypatch.setattr(run_module, "run_fold", real)
+    assert _stopped_in_fold(2, monkeypatch, ["train", *flags, "--run-name", "cut"]) == 130
     assert main(["train", "--resume", str(tmp_path / "cut"), "--progress", "False"]) == 0
     cut = json.loads((tmp_path / "cut" / "report.json").read_text())
     assert cut["folds"] == report["folds"] and cut["out_of_sample"] == report["out_of_sample"]
@@ -290,20 +298,9 @@ def test_a_fold_of_a_population_trains_and_trades_on_cuda(fold_setup, vol_target
 def test_a_resume_is_refused_where_its_folds_ran_otherwise(tmp_path, monkeypatch, capsys):
     """A resume checks what the run resolved: a cost that a changed default would move, and folds of
     one agent (a gper that ignored --population in walk-forward) under a population."""
-    import gper.walkforward.run as run_module
-
     torch.set_num_threads(1)
-    real, calls = run_module.run_fold, []
-
-    def stop_in_the_second(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(run_module, "run_fold", stop_in_the_second)
-    assert main(["train", *SMALL, "--population", "2", "--run-dir", str(tmp_path), "--run-name", "cut"]) == 130
-    monkeypatch.setattr(run_module, "run_fold", real)
+    argv = ["train", *SMALL, "--population", "2", "--run-dir", str(tmp_path), "--run-name", "cut"]
+    assert _stopped_in_fold(1, monkeypatch, argv) == 130
     folder = tmp_path / "cut"
     config = folder / "config.json"
     meta = json.loads(config.read_text())

@@ -14,7 +14,7 @@ from gper.walkforward import stats
 from gper.walkforward.report import build_report, report_json, report_markdown
 
 needs_empyrical = pytest.mark.skipif(
-    stats.empyrical() is None, reason="empyrical-reloaded comes with gper[data] on Python 3.11+"
+    stats.empyrical() is None, reason="empyrical-reloaded comes with the data extra on Python 3.11+"
 )
 
 
@@ -55,4 +55,4 @@ def test_without_empyrical_the_report_says_how_to_get_the_statistics(monkeypatch
     monkeypatch.setattr(stats, "empyrical", lambda: None)
     report = build_report(_two_folds(), {"series": "x"})
     assert report["out_of_sample"]["policy"]["empyrical"] is None
-    assert 'Left out: they need empyrical-reloaded: pip install "gper[data]"' in report_markdown(report, "t")
+    assert 'Left out: they need empyrical-reloaded: pip install ".[data]"' in report_markdown(report, "t")

@@ -9,7 +9,7 @@ returns, so each bar's log P&L ``l`` enters as ``exp(l) - 1``; its annual return
 standard deviation, its Sortino ratio the downside deviation ``sqrt(mean(min(r, 0)^2))`` over every
 bar, and its drawdown is a fraction of the peak's equity.
 
-empyrical-reloaded comes with gper's ``data`` extra (``pip install "gper[data]"``, Python 3.11 or
+empyrical-reloaded comes with gper's ``data`` extra (``pip install ".[data]"``, Python 3.11 or
 later); without it :func:`performance` returns None and the report says how to get the statistics.
 """
 
@@ -36,7 +36,7 @@ STATISTICS = {
 ANNUALISED = ("annual_return", "annual_volatility", "sharpe_ratio", "sortino_ratio", "calmar_ratio")
 
 #: what to install when empyrical-reloaded is missing
-INSTALL = 'pip install "gper[data]" (empyrical-reloaded, Python 3.11 or later)'
+INSTALL = 'pip install ".[data]" in a checkout of gper (empyrical-reloaded, Python 3.11 or later)'
 
 
 def empyrical() -> Any | None:
