@@ -474,6 +474,8 @@ __all__ = [
     "N_ACTIONS",
     "action_positions",
     "default_cost_bps",
+    "REAL_COST_BPS",
+    "SYNTHETIC_COST_BPS",
     "OBS_DIM",
     "POSITIONS",
     "WARMUP",
