@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from test_no_peeking import TINY, with_closes
+from test_no_peeking import TINY, same_selection, shuffled_test_bars
 from test_walk_command import SMALL
 
 from gper._volatility import volatility_scale
@@ -18,7 +18,7 @@ from gper.envs.folds import WalkSpec, walk_forward_folds
 from gper.envs.market import WARMUP, MarketEnv, synthetic_prices, trade
 from gper.envs.market_data import synthetic_bars
 from gper.walkforward.ensemble import ensemble_pnl, trade_ensemble, walk_members
-from gper.walkforward.fold import run_fold
+from gper.walkforward.fold import run_fold, score
 from gper.walkforward.outcome import FoldOutcome
 from gper.walkforward.report import build_report, report_markdown
 
@@ -134,6 +134,7 @@ def test_a_fold_of_a_population_trades_the_mean_of_its_members(fold_setup, monke
     assert not np.array_equal(pnl[0], pnl[1])  # seeds differ
     (entry,) = ens.validations
     assert len(entry["member_scores"]) == 3 and entry["score"] not in entry["member_scores"]
+    assert entry["member_scores"] == pytest.approx([score(p, "sharpe") for p in val[2].pnl], rel=1e-12, abs=1e-15)
     # averaging positions trades less than the members do on average
     assert ens.test["policy_traded"].sum() <= traded.sum(axis=1).mean()
     # the stacked state holds every member
@@ -145,14 +146,8 @@ def test_an_ensemble_never_reads_its_test_bars(fold_setup):
     population's training, every validation and the chosen weights bit-identical."""
     bars, fold = fold_setup
     base = _run(bars, fold, population=2)
-    close = bars.close.clone()
-    g = torch.Generator().manual_seed(0)
-    window = close[fold.test.start : fold.test.end]
-    close[fold.test.start : fold.test.end] = window[torch.randperm(len(window), generator=g)]
-    close[fold.test.end :] *= 1.07
-    shuffled = _run(with_closes(bars, close), fold, population=2)
-    assert base.validations == shuffled.validations and base.chosen == shuffled.chosen
-    assert all(torch.equal(base.state[k], shuffled.state[k]) for k in base.state)
+    shuffled = _run(shuffled_test_bars(bars, fold, 0, 1.07), fold, population=2)
+    assert same_selection(base, shuffled)
     assert (base.test["hold_pnl"] != shuffled.test["hold_pnl"]).any()
 
 

@@ -50,6 +50,16 @@ def run(bars, fold, **kw):
     return run_fold(from_settings(TINY | kw), bars, fold, torch.device("cpu"))
 
 
+def shuffled_test_bars(bars: Bars, fold, seed: int, later: float) -> Bars:
+    """``bars`` with the fold's test bars in a random order (``seed``) and every bar after them times ``later``."""
+    close = bars.close.clone()
+    g = torch.Generator().manual_seed(seed)
+    window = close[fold.test.start : fold.test.end]
+    close[fold.test.start : fold.test.end] = window[torch.randperm(len(window), generator=g)]
+    close[fold.test.end :] *= later
+    return with_closes(bars, close)
+
+
 def same_selection(a, b) -> bool:
     return (
         a.validations == b.validations
@@ -167,12 +177,7 @@ def test_with_volatility_targeting_the_test_bars_are_still_unseen(setup):
     holds scaled positions (its turnover is not in whole position units any more)."""
     bars, fold = setup
     base = run(bars, fold, vol_target=0.15)
-    close = bars.close.clone()
-    g = torch.Generator().manual_seed(1)
-    window = close[fold.test.start : fold.test.end]
-    close[fold.test.start : fold.test.end] = window[torch.randperm(len(window), generator=g)]
-    close[fold.test.end :] *= 1.1
-    shuffled = run(with_closes(bars, close), fold, vol_target=0.15)
+    shuffled = run(shuffled_test_bars(bars, fold, 1, 1.1), fold, vol_target=0.15)
     assert same_selection(base, shuffled)
     plain = run(bars, fold)
     assert not torch.equal(torch.as_tensor(base.test["policy_pnl"]), torch.as_tensor(plain.test["policy_pnl"]))

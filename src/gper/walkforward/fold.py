@@ -132,6 +132,14 @@ def score(pnl: torch.Tensor, metric: str) -> float:
     return float(pnl.mean()) / std if std > 0 else 0.0
 
 
+def member_scores(pnl: torch.Tensor, metric: str) -> list[float]:
+    """:func:`score` of each row of ``pnl`` (``[S, T]``: an ensemble's members), read back at once."""
+    if metric == "log_pnl":
+        return pnl.sum(dim=1).tolist()
+    std = pnl.std(dim=1, correction=0)
+    return torch.where(std > 0, pnl.mean(dim=1) / std, 0.0).tolist()
+
+
 @dataclasses.dataclass
 class FoldRun:
     """What :func:`run_fold` returns: the chosen network, the validation record, the test walk."""
@@ -275,7 +283,7 @@ def _train_and_validate(cfg: Config, learner, val_env: MarketEnv, iterations: in
             "turnover": float(traded.sum()),
         }
         if cfg.population > 1:  # each member's own score, as it would trade alone
-            entry["member_scores"] = [score(p, cfg.walk.select_metric) for p in members.pnl]
+            entry["member_scores"] = member_scores(members.pnl, cfg.walk.select_metric)
         record.append(entry)
         if best is None or value > best["score"]:
             best = {k: v for k, v in entry.items() if k != "member_scores"}
