@@ -41,12 +41,8 @@ SETTINGS = {
 
 #: learn steps in each timed graph
 GRAPH_CALLS = 20
-#: (a program an agent, gradient in a scratch row, rows, warps) variants of the learn kernel; the others
-#: are checked against the first
-KERNEL_VARIANTS = (
-    (False, False, 32, 8), (False, False, 64, 8), (False, False, 64, 4),
-    (True, False, 32, 8), (True, False, 64, 8), (True, True, 32, 8), (True, True, 64, 8), (True, True, 64, 16),
-)  # fmt: skip
+#: (rows, warps) variants of the learn kernel's gradient programs; the others are checked against the first
+KERNEL_VARIANTS = ((32, 8), (32, 4), (64, 4), (64, 8), (128, 4), (128, 8), (128, 16))
 
 
 def kernel_sweep(device: torch.device, agents: list[int], out: Path) -> None:
@@ -72,7 +68,7 @@ def kernel_sweep(device: torch.device, agents: list[int], out: Path) -> None:
             reward, done = torch.randn(n, batch, device=device, generator=g), torch.zeros(n, batch, device=device)
             weights = torch.rand(n, batch, device=device, generator=g) + 0.5
             reference = None
-            for per_agent, scratch, block, warps in KERNEL_VARIANTS:
+            for block, warps in KERNEL_VARIANTS:
                 torch.manual_seed(0)
                 online = stacked_init(list(range(n)), 4, 2, hidden, device=device)
                 target = online.detached_copy()
@@ -84,13 +80,12 @@ def kernel_sweep(device: torch.device, agents: list[int], out: Path) -> None:
                     list(online.parameters()), list(target.parameters()), adam.exp_avgs, adam.exp_avg_sqs,
                     adam.steps, adam.device_lr, x, nx, action, reward, done, weights, sums, td,
                     gamma=0.99, double_q=double_q, max_grad_norm=clip, soft_tau=None, precision="tf32", loss=loss,
-                    rows=block, num_warps=warps, per_agent=per_agent, scratch=scratch,
+                    rows=block, num_warps=warps,
                 )  # fmt: skip
-                layout = ("an agent" + (", scratch" if scratch else "")) if per_agent else "a chunk"
                 try:
                     step()
                 except Exception as exc:  # a variant that does not compile (shared memory, say)
-                    rows.append([name, str(n), layout, str(block), str(warps), type(exc).__name__, "-"])
+                    rows.append([name, str(n), str(block), str(warps), type(exc).__name__, "-"])
                     print(*rows[-1], flush=True)
                     continue
                 state = [td.clone(), *[p.detach().clone() for p in online.parameters()]]
@@ -101,25 +96,21 @@ def kernel_sweep(device: torch.device, agents: list[int], out: Path) -> None:
                 # a graph of GRAPH_CALLS calls: its launch is a share of each call's time, not all of it
                 timing = time_graph(lambda step=step: [step() for _ in range(GRAPH_CALLS)], repeats=9)
                 us = timing.median_us / GRAPH_CALLS
-                rows.append([name, str(n), layout, str(block), str(warps), f"{us:,.1f}", f"{diff:.1e}"])
+                rows.append([name, str(n), str(block), str(warps), f"{us:,.1f}", f"{diff:.1e}"])
                 print(*rows[-1], flush=True)
     env = environment(device)
     md = [f"# The fused learn kernel alone: {env['device']}", "", header_line(env, "population_settings --kernel"), ""]
     md += [
         "population_learn_step replayed from a CUDA graph of 20 calls (gper.bench.timing.time_graph), µs a call, "
         "median of 9 repeats; "
-        "program: a program a chunk of rows (then the Adam kernel), or a program an agent (its gradient "
-        "summed in registers or in a scratch row); "
         f"max abs diff: the largest difference of the first step's TD errors and parameters from the "
-        f"first variant's ({default[2]} rows, {default[3]} warps, a program a chunk), from the same state; "
-        f"the rules in gper: a program an agent from {fl.AGENT_PROGRAMS_PER_SM} agent(s) a multiprocessor "
-        f"(population_fused_learn.agent_programs; scratch row: {fl.AGENT_SCRATCH}, {fl.BLOCK_B_WIDE} rows), "
-        f"else a program a chunk of {fl.BLOCK_B} rows, or {fl.BLOCK_B_WIDE} once that grid fills every "
-        "multiprocessor (block_rows)",
+        f"{default[0]}-row, {default[1]}-warp variant's, from the same state; the rule in gper "
+        f"(population_fused_learn.block_rows) picks {fl.BLOCK_B} rows, or {fl.BLOCK_B_WIDE} once "
+        "that grid fills every multiprocessor",
         "",
     ]
-    headers = ["settings", "agents", "program", "rows", "warps", "µs", "max abs diff"]
-    md += [format_markdown(headers, rows, [False, True, False, True, True, True, True])]
+    headers = ["settings", "agents", "rows", "warps", "µs", "max abs diff"]
+    md += [format_markdown(headers, rows, [False, True, True, True, True, True])]
     files = ResultFiles(out, env, None, prefix="fused-learn-kernel")
     files.write_markdown("\n".join(md) + "\n")
     print(f"wrote {files.md_path}")

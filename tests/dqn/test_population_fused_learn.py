@@ -77,17 +77,12 @@ def _reference(online, target, adam, batch, *, gamma, double_q, max_norm, tau, l
     ],
 )
 @pytest.mark.parametrize("rows", [32, 64], ids=["32-rows", "64-rows"])
-@pytest.mark.parametrize("per_agent", [False, True], ids=["a-program-a-chunk", "a-program-an-agent"])
-def test_the_kernel_is_the_torch_step(
-    device, n_in, hidden, n_act, double_q, max_norm, tau, gamma, loss, rows, per_agent
-):  # fmt: skip
+def test_the_kernel_is_the_torch_step(device, n_in, hidden, n_act, double_q, max_norm, tau, gamma, loss, rows):
     _runs_on(device)
-    _check_against_torch(device, n_in, hidden, n_act, double_q, max_norm, tau, gamma, loss, rows, per_agent)
+    _check_against_torch(device, n_in, hidden, n_act, double_q, max_norm, tau, gamma, loss, rows)
 
 
-def _check_against_torch(
-    device, n_in, hidden, n_act, double_q, max_norm, tau, gamma, loss="huber", rows=None, per_agent=None
-):  # fmt: skip
+def _check_against_torch(device, n_in, hidden, n_act, double_q, max_norm, tau, gamma, loss="huber", rows=None):
     assert fused_learn_supported(n_in, hidden, n_act)
     online, target = _population(n_in, hidden, n_act, device)
     ref_online, ref_target = online.detached_copy().requires_grad_(True), target.detached_copy()
@@ -105,7 +100,6 @@ def _check_against_torch(
             list(online.parameters()), list(target.parameters()), adam.exp_avgs, adam.exp_avg_sqs, adam.steps,
             adam.device_lr, *batch, sums, td,
             gamma=discount, double_q=double_q, max_grad_norm=max_norm, soft_tau=rate, loss=loss, rows=rows,
-            per_agent=per_agent,
         )  # fmt: skip
         ref_td, step_sums = _reference(
             ref_online, ref_target, ref_adam, batch,
@@ -167,62 +161,6 @@ def test_what_the_kernel_does_not_hold():
             adam.lr, *_batch(4, 2, seed=0), torch.zeros(N, 3, dtype=torch.float64), torch.zeros(N, B),
             gamma=0.99, double_q=True, max_grad_norm=10.0, soft_tau=None,
         )  # fmt: skip
-
-
-@pytest.mark.parametrize(
-    "double_q, max_norm, tau, gamma, loss",
-    [
-        (True, 0.05, "per agent", "per agent", "huber"),
-        (False, 0.0, 0.05, 0.9, "mse"),
-        (True, 10.0, None, 0.99, "huber"),
-    ],
-    ids=["clipped-per-agent-rates", "mse-soft", "hard-target"],
-)
-@pytest.mark.parametrize("scratch", [False, True], ids=["sum-in-registers", "sum-in-a-scratch-row"])
-def test_a_program_an_agent_computes_what_a_program_a_chunk_does(device, double_q, max_norm, tau, gamma, loss, scratch):
-    """The two layouts run the same chunks and add their gradients in the same order: on the CPU
-    (interpreter) bit for bit, TD errors, sums, step counts, parameters, targets and moments; on the
-    GPU to rounding (the compiler may fold a chunk's product into the running sum)."""
-    _runs_on(device)
-    n_in, hidden, n_act = 12, (40, 17), 5
-    states = []
-    for per_agent in (False, True):
-        online, target = _population(n_in, hidden, n_act, device)
-        adam = PopulationAdam(list(online.parameters()), lr=[1e-3, 3e-3, 1e-2], capturable=True, backend="triton")
-        rate = torch.tensor([0.01, 0.2, 0.7], device=device) if tau == "per agent" else tau
-        discount = torch.tensor([0.9, 0.95, 0.99], device=device) if gamma == "per agent" else gamma
-        sums = torch.zeros(N, 3, dtype=torch.float64, device=device)
-        tds = []
-        for step in range(2):
-            td = torch.full((N, B), float("nan"), device=device)
-            population_learn_step(
-                list(online.parameters()), list(target.parameters()), adam.exp_avgs, adam.exp_avg_sqs, adam.steps,
-                adam.device_lr, *_batch(n_in, n_act, seed=step, device=device), sums, td, gamma=discount,
-                double_q=double_q, max_grad_norm=max_norm, soft_tau=rate, loss=loss, rows=16, per_agent=per_agent,
-                scratch=scratch,
-            )  # fmt: skip
-            tds.append(td)
-        states.append([*tds, sums, adam.steps, *online.parameters(), *target.parameters(), *adam.exp_avgs,
-                       *adam.exp_avg_sqs])  # fmt: skip
-    assert states[1][3].tolist() == [2.0] * N  # B = 45 rows in three chunks of 16, one step count each
-    for i, (a, b) in enumerate(zip(*states, strict=True)):
-        # with clipping, the norm adds the squares in another order (per tile, not per block of 1,024):
-        # the first step's TD errors and the step counts stay exact, what the scale touches is rounding
-        if device.type == "cpu" and (max_norm == 0.0 or i in (0, 3)):
-            assert torch.equal(a, b), i
-        else:
-            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
-
-
-def test_a_program_an_agent_serves_populations_that_fill_the_gpu(device):
-    """One program an agent once the agents alone are at least one a multiprocessor; never on the CPU."""
-    rule = fused_learn.agent_programs
-    if device.type == "cpu":
-        assert not rule(4096, device)
-        return
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    per_sm = fused_learn.AGENT_PROGRAMS_PER_SM
-    assert rule(per_sm * sms, device) and not rule(per_sm * sms - 1, device) and not rule(1, device)
 
 
 def test_the_wide_chunk_serves_grids_that_fill_the_gpu(device):

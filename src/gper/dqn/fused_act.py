@@ -48,7 +48,7 @@ def _padded(n: int) -> int:
 
 
 if HAS_TRITON:
-    from gper.dqn.mlp_tiles import load_bias, load_weight_t
+    from gper.dqn.population_fused_learn import load_bias, load_weight_t
 
     @triton.jit
     def _act_kernel(

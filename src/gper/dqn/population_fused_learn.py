@@ -1,4 +1,4 @@
-"""A population's whole learn step (forwards, loss, backward, clipping, Adam, soft target) in one to three kernels.
+"""A population's whole learn step (forwards, loss, backward, clipping, Adam, soft target) in two or three kernels.
 
 Why: a small DQN step is a chain of short kernels, each bound by its launch, not its work. The
 population's torch learn step of the cartpole network runs some 80 launches (forwards, the loss's
@@ -23,10 +23,6 @@ the agents' arithmetic. Here two launches run all of it, three with gradient cli
    and the population's Adam kernels' arithmetic) with the agent's learning rate and step count, and
    the soft target update (tau < 1) in the same pass; each agent's first program adds the running
    sums (loss, mean Q, mean |TD|).
-
-Where the agents alone fill the GPU (:func:`agent_programs`), one launch runs it all instead, one
-program an agent (:mod:`gper.dqn.population_agent_learn`): the same chunks, their gradients added on
-chip in the same order, then the norm and Adam where the gradient already is.
 
 It computes what :func:`gper.dqn.population_loss.population_loss`, ``clip_scales`` and
 :class:`gper.dqn.population_adam.PopulationAdam` compute, to rounding: the sums run in another
@@ -59,10 +55,6 @@ BLOCK_B = 32
 BLOCK_B_WIDE = 64
 #: warps a gradient program runs on
 NUM_WARPS = 8
-#: agents a multiprocessor from which the learn step runs one program an agent (:func:`agent_programs`)
-AGENT_PROGRAMS_PER_SM = 1
-#: one program an agent sums its gradient in a scratch row rather than in registers
-AGENT_SCRATCH = True
 #: parameters a reduce or adam program handles
 BLOCK_P = 1024
 
@@ -82,16 +74,6 @@ def block_rows(n_agents: int, batch: int, device: torch.device) -> int:
     return BLOCK_B_WIDE if n_agents * triton.cdiv(batch, BLOCK_B_WIDE) >= sms else BLOCK_B
 
 
-def agent_programs(n_agents: int, device: torch.device) -> bool:
-    """Whether the learn step runs one program an agent (one launch, no gradient round trip through
-    memory): where the agents alone fill the GPU, at least :data:`AGENT_PROGRAMS_PER_SM` programs a
-    multiprocessor. Below that a program a chunk spreads each agent's batch over more of the GPU."""
-    if device.type != "cuda":
-        return False
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return n_agents >= AGENT_PROGRAMS_PER_SM * sms
-
-
 def _padded(n: int) -> int:
     # tl.dot needs every dimension a power of two of at least 16
     return max(16, 1 << (n - 1).bit_length())
@@ -99,8 +81,32 @@ def _padded(n: int) -> int:
 
 if HAS_TRITON:
     from gper.dqn.fused_adam import adam_update
-    from gper.dqn.mlp_tiles import store_tile, td_gradients
-    from gper.dqn.population_agent_learn import agent_learn_kernel
+
+    @triton.jit
+    def load_weight_t(w_ptr, agent, n_in, n_out, IN: tl.constexpr, OUT: tl.constexpr):
+        """Agent ``agent``'s weight ``[n_out, n_in]`` (of ``[N, n_out, n_in]``) as ``W^T [IN, OUT]``, zero padded."""
+        i = tl.arange(0, IN)[:, None]
+        o = tl.arange(0, OUT)[None, :]
+        return tl.load(w_ptr + agent * n_out * n_in + o * n_in + i, mask=(i < n_in) & (o < n_out), other=0.0)
+
+    @triton.jit
+    def load_bias(b_ptr, agent, n_out, OUT: tl.constexpr):
+        o = tl.arange(0, OUT)
+        return tl.load(b_ptr + agent * n_out + o, mask=o < n_out, other=0.0)
+
+    @triton.jit
+    def _mlp(x, w1t, b1, w2t, b2, w3t, b3, PRECISION: tl.constexpr):
+        """A network (its weights transposed, ``W^T [in, out]``, biases ``[out]``) on ``x [rows, in]``:
+        both hidden activations and the Q-values (padded columns 0)."""
+        a1 = tl.maximum(tl.dot(x, w1t, input_precision=PRECISION) + b1[None, :], 0.0)
+        a2 = tl.maximum(tl.dot(a1, w2t, input_precision=PRECISION) + b2[None, :], 0.0)
+        return a1, a2, tl.dot(a2, w3t, input_precision=PRECISION) + b3[None, :]
+
+    @triton.jit
+    def _store_tile(ptr, g, n_rows, n_cols, ROWS: tl.constexpr, COLS: tl.constexpr):
+        r = tl.arange(0, ROWS)[:, None]
+        c = tl.arange(0, COLS)[None, :]
+        tl.store(ptr + r * n_cols + c, g, mask=(r < n_rows) & (c < n_cols))
 
     @triton.jit
     def _grad_kernel(
@@ -124,36 +130,83 @@ if HAS_TRITON:
         agent = tl.program_id(0).to(tl.int64)
         chunk = tl.program_id(1)
         n_chunks = tl.num_programs(1)
+        r = chunk * BLOCK_B + tl.arange(0, BLOCK_B)
+        live = r < B
+        cols_in = tl.arange(0, IN)
+        cols_a = tl.arange(0, A)
+        real = cols_a[None, :] < n_act
+        m_in = live[:, None] & (cols_in[None, :] < n_in)
+        at_x = agent * x_agent_stride + r[:, None] * x_row_stride + cols_in[None, :]
         if GAMMA_PER_AGENT:
             g = tl.load(gamma_ptr + agent)
         else:
             g = gamma
-        gw1, gb1, gw2, gb2, gw3, gb3, loss_sum, q_sum, td_sum = td_gradients(
-            x_ptr, nx_ptr, x_agent_stride, x_row_stride, act_ptr, act_agent_stride, act_row_stride,
-            rew_ptr, rew_agent_stride, rew_row_stride, done_ptr, done_agent_stride, done_row_stride, wt_ptr, g,
-            w1, b1, w2, b2, w3, b3, tw1, tb1, tw2, tb2, tw3, tb3, td_ptr, agent, chunk, B, n_in, h1, h2, n_act,
-            IN, H1, H2, A, BLOCK_B, DOUBLE_Q, PRECISION, MSE,
+        # the TD targets: the target network (and, double-Q, the online one) on next_x
+        nx = tl.load(nx_ptr + at_x, mask=m_in, other=0.0)
+        _, _, qt = _mlp(
+            nx, load_weight_t(tw1, agent, n_in, h1, IN, H1), load_bias(tb1, agent, h1, H1),
+            load_weight_t(tw2, agent, h1, h2, H1, H2), load_bias(tb2, agent, h2, H2),
+            load_weight_t(tw3, agent, h2, n_act, H2, A), load_bias(tb3, agent, n_act, A), PRECISION,
         )  # fmt: skip
+        w1t = load_weight_t(w1, agent, n_in, h1, IN, H1)
+        w2t = load_weight_t(w2, agent, h1, h2, H1, H2)
+        w3t = load_weight_t(w3, agent, h2, n_act, H2, A)
+        c1, c2, c3 = load_bias(b1, agent, h1, H1), load_bias(b2, agent, h2, H2), load_bias(b3, agent, n_act, A)
+        if DOUBLE_Q:  # a' = the online network's argmax (the first of equal maxima), valued by the target
+            _, _, qo = _mlp(nx, w1t, c1, w2t, c2, w3t, c3, PRECISION)
+            best = tl.argmax(tl.where(real, qo, float("-inf")), axis=1)
+            next_q = tl.sum(tl.where(cols_a[None, :] == best[:, None], qt, 0.0), axis=1)
+        else:
+            next_q = tl.max(tl.where(real, qt, float("-inf")), axis=1)
+        reward = tl.load(rew_ptr + agent * rew_agent_stride + r * rew_row_stride, mask=live, other=0.0)
+        done = tl.load(done_ptr + agent * done_agent_stride + r * done_row_stride, mask=live, other=0.0)
+        y = reward + (g * (1.0 - done)) * next_q
+        # the online network on x, the loss, and the backward in transposed form (d a^T = W^T d z^T),
+        # so every product reads the weights as loaded, W^T [in, out]
+        x = tl.load(x_ptr + at_x, mask=m_in, other=0.0)
+        a1, a2, q = _mlp(x, w1t, c1, w2t, c2, w3t, c3, PRECISION)
+        action = tl.load(act_ptr + agent * act_agent_stride + r * act_row_stride, mask=live, other=0)
+        taken = cols_a[None, :] == action.to(tl.int32)[:, None]
+        q_a = tl.sum(tl.where(taken, q, 0.0), axis=1)
+        weight = tl.load(wt_ptr + agent * B + r, mask=live, other=0.0)
+        td = q_a - y
+        abs_td = tl.abs(td)
+        if MSE:
+            row_loss = td * td
+        else:
+            row_loss = tl.where(abs_td < 1.0, 0.5 * td * td, abs_td - 0.5)
+        tl.store(td_ptr + agent * B + r, td, mask=live)
         psum = psum_ptr + (agent * n_chunks + chunk) * 3
-        tl.store(psum, loss_sum)
-        tl.store(psum + 1, q_sum)
-        tl.store(psum + 2, td_sum)
+        tl.store(psum, tl.sum(tl.where(live, row_loss * weight, 0.0), axis=0))
+        tl.store(psum + 1, tl.sum(tl.where(live, q_a, 0.0), axis=0))
+        tl.store(psum + 2, tl.sum(tl.where(live, abs_td, 0.0), axis=0))
+        # d loss / d q[a] = w clamp(td, -1, 1) / B (the mean of the weighted Huber loss), 2 w td / B
+        # for the squared error
+        if MSE:
+            slope = 2.0 * td
+        else:
+            slope = tl.minimum(tl.maximum(td, -1.0), 1.0)
+        d_qa = tl.where(live, weight * slope / B, 0.0)
+        d_qt = tl.trans(tl.where(taken, d_qa[:, None], 0.0))  # [A, BLOCK_B]
+        d_a2t = tl.dot(w3t, d_qt, input_precision=PRECISION)  # [H2, BLOCK_B]
+        d_a2t = tl.where(tl.trans(a2) > 0.0, d_a2t, 0.0)
+        d_a1t = tl.dot(w2t, d_a2t, input_precision=PRECISION)  # [H1, BLOCK_B]
+        d_a1t = tl.where(tl.trans(a1) > 0.0, d_a1t, 0.0)
         # this chunk's gradient, flat in the parameters' order: W1, b1, W2, b2, W3, b3
         part = part_ptr + (agent * n_chunks + chunk) * P
-        store_tile(part, gw1, h1, n_in, H1, IN)
+        _store_tile(part, tl.dot(d_a1t, x, input_precision=PRECISION), h1, n_in, H1, IN)
         part += h1 * n_in
         o1 = tl.arange(0, H1)
-        tl.store(part + o1, gb1, mask=o1 < h1)
+        tl.store(part + o1, tl.sum(d_a1t, axis=1), mask=o1 < h1)
         part += h1
-        store_tile(part, gw2, h2, h1, H2, H1)
+        _store_tile(part, tl.dot(d_a2t, a1, input_precision=PRECISION), h2, h1, H2, H1)
         part += h2 * h1
         o2 = tl.arange(0, H2)
-        tl.store(part + o2, gb2, mask=o2 < h2)
+        tl.store(part + o2, tl.sum(d_a2t, axis=1), mask=o2 < h2)
         part += h2
-        store_tile(part, gw3, n_act, h2, A, H2)
+        _store_tile(part, tl.dot(d_qt, a2, input_precision=PRECISION), n_act, h2, A, H2)
         part += n_act * h2
-        cols_a = tl.arange(0, A)
-        tl.store(part + cols_a, gb3, mask=cols_a < n_act)
+        tl.store(part + cols_a, tl.sum(d_qt, axis=1), mask=cols_a < n_act)
         if chunk == 0:  # no program of this kernel reads the count: the adam kernel, after it, does
             tl.store(steps_ptr + agent, tl.load(steps_ptr + agent) + 1.0)
 
@@ -290,11 +343,9 @@ def population_learn_step(
     loss: str = "huber",
     rows: int | None = None,
     num_warps: int | None = None,
-    per_agent: bool | None = None,
-    scratch: bool = AGENT_SCRATCH,
 ) -> None:
-    """One learn step of N agents in one launch (one program an agent) or two (a program a chunk of
-    rows, then Adam; three with clipping): loss, gradients, clipping, Adam and soft target update.
+    """One learn step of N agents in two launches (three with clipping): loss, gradients, clipping, Adam
+    and soft target update.
 
     Args:
         params: the online networks' stacked parameters in :class:`~gper.dqn.population_net.StackedQNetwork`'s
@@ -321,11 +372,6 @@ def population_learn_step(
         rows: batch rows a gradient program holds, a power of two of at least 16; None:
             :func:`block_rows`'s choice.
         num_warps: warps a gradient program runs on; None: :data:`NUM_WARPS`.
-        per_agent: one program an agent, walking its chunks of ``rows`` (default :data:`BLOCK_B_WIDE`)
-            and running Adam on the sum it holds; False: a program a chunk; None:
-            :func:`agent_programs`'s choice.
-        scratch: one program an agent adds its chunks' gradients up in a scratch row in memory
-            (cached) rather than in registers; the same sums either way.
     """
     if not HAS_TRITON:
         raise RuntimeError("population_learn_step needs Triton (pip install triton)")
@@ -359,31 +405,12 @@ def population_learn_step(
         raise ValueError(f"sums must be a contiguous [{n}, 3] float64 tensor, got {tuple(sums.shape)} {sums.dtype}")
     gamma_t = gamma if isinstance(gamma, torch.Tensor) else None
     tau_t = soft_tau if isinstance(soft_tau, torch.Tensor) else None
-    unread = torch.empty(1, device=x.device)  # the pointer of an input a kernel's flags leave unread
-    if per_agent is None:
-        per_agent = agent_programs(n, x.device)
-    if per_agent:  # the whole step in one launch, one program an agent
-        agent_learn_kernel[(n,)](
-            x, next_x, x.stride(0), x.stride(1), action, *action.stride(), reward, *reward.stride(),
-            done, *done.stride(), weights, gamma_t.reshape(-1) if gamma_t is not None else unread,
-            *params, *targets, *exp_avgs, *exp_avg_sqs, td, sums,
-            torch.empty(n, sum(p[0].numel() for p in params), device=x.device) if scratch else unread,
-            steps, lr, tau_t if tau_t is not None else unread,
-            b, n_in, h1, h2, n_act, 0.0 if gamma_t is not None else float(gamma), float(max_grad_norm),
-            beta1, beta2, math.log2(beta1), math.log2(beta2), eps,
-            float(soft_tau) if soft_tau is not None and tau_t is None else 0.0,
-            IN=_padded(n_in), H1=_padded(h1), H2=_padded(h2), A=_padded(n_act),
-            BLOCK_B=rows if rows is not None else BLOCK_B_WIDE, DOUBLE_Q=double_q,
-            GAMMA_PER_AGENT=gamma_t is not None, PRECISION=precision, MSE=loss == "mse", CLIP=max_grad_norm > 0,
-            SOFT=soft_tau is not None, TAU_PER_AGENT=tau_t is not None, SCRATCH=scratch,
-            num_warps=NUM_WARPS if num_warps is None else num_warps,
-        )  # fmt: skip
-        return
     total = sum(p[0].numel() for p in params)  # an agent's parameters
     block_b = rows if rows is not None else block_rows(n, b, x.device)
     chunks = triton.cdiv(b, block_b)
     part = torch.empty(n, chunks, total, device=x.device)
     psum = torch.empty(n, chunks, 3, device=x.device)
+    unread = torch.empty(1, device=x.device)  # the pointer of an input a kernel's flags leave unread
     _grad_kernel[(n, chunks)](
         x, next_x, x.stride(0), x.stride(1), action, *action.stride(), reward, *reward.stride(),
         done, *done.stride(), weights, gamma_t.reshape(-1) if gamma_t is not None else unread,
