@@ -14,9 +14,7 @@ from test_walk_command import SMALL
 from gper._volatility import volatility_scale
 from gper.cli import main
 from gper.dqn.config import from_settings
-from gper.envs.folds import WalkSpec, walk_forward_folds
 from gper.envs.market import WARMUP, MarketEnv, synthetic_prices, trade
-from gper.envs.market_data import synthetic_bars
 from gper.walkforward.ensemble import ensemble_pnl, trade_ensemble, walk_members
 from gper.walkforward.fold import run_fold, score
 from gper.walkforward.outcome import FoldOutcome
@@ -87,14 +85,6 @@ def test_the_ensemble_holds_the_mean_position():
     assert not flat[0].any() and not flat[1].any()
     with pytest.raises(ValueError, match=r"held must be \[S, T\]"):
         ensemble_pnl(torch.tensor(held[0]), torch.tensor(returns), cost)
-
-
-@pytest.fixture(scope="module")
-def fold_setup():
-    torch.set_num_threads(1)
-    bars = synthetic_bars(500, 4)
-    fold = walk_forward_folds(bars.time_ns.numpy(), WalkSpec("bars", 200, 60, 60, 60))[1]
-    return bars, fold
 
 
 def _run(bars, fold, **kw):

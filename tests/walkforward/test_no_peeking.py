@@ -12,8 +12,7 @@ import pytest
 import torch
 
 from gper.dqn.config import from_settings
-from gper.envs.folds import WalkSpec, walk_forward_folds
-from gper.envs.market_data import Bars, synthetic_bars
+from gper.envs.market_data import Bars
 from gper.walkforward.fold import run_fold
 
 TINY = dict(
@@ -32,14 +31,6 @@ TINY = dict(
     tensorboard=False,
     flat_fallback=False,  # the chosen network is scored even where it loses on validation
 )
-
-
-@pytest.fixture(scope="module")
-def setup():
-    torch.set_num_threads(1)
-    bars = synthetic_bars(500, 4)
-    fold = walk_forward_folds(bars.time_ns.numpy(), WalkSpec("bars", 200, 60, 60, 60))[1]
-    return bars, fold
 
 
 def with_closes(bars: Bars, close: torch.Tensor) -> Bars:
@@ -69,8 +60,8 @@ def same_selection(a, b) -> bool:
     )
 
 
-def test_shuffled_test_bars_change_the_test_score_only(setup):
-    bars, fold = setup
+def test_shuffled_test_bars_change_the_test_score_only(fold_setup):
+    bars, fold = fold_setup
     base = run(bars, fold)
     assert base.validations and not base.chosen["flat"]
     close = bars.close.clone()
@@ -89,10 +80,10 @@ def test_shuffled_test_bars_change_the_test_score_only(setup):
         assert (pnl != shuffled.test["baselines"][name][0]).any(), name
 
 
-def test_the_baselines_read_no_bar_after_their_decisions(setup):
+def test_the_baselines_read_no_bar_after_their_decisions(fold_setup):
     """A baseline's position at a test bar reads the bars up to it: changing every bar from some
     test bar on leaves its trades before that bar, and its P&L before the bar before it, as they were."""
-    bars, fold = setup
+    bars, fold = fold_setup
     base = run(bars, fold)
     cut = fold.test.start + 20
     close = bars.close.clone()
@@ -106,8 +97,8 @@ def test_the_baselines_read_no_bar_after_their_decisions(setup):
         assert (pnl[k:] != again_pnl[k:]).any(), name
 
 
-def test_a_changed_validation_bar_changes_the_selection_record(setup):
-    bars, fold = setup
+def test_a_changed_validation_bar_changes_the_selection_record(fold_setup):
+    bars, fold = fold_setup
     base = run(bars, fold)
     close = bars.close.clone()
     close[fold.val.start + 10 :] *= 1.03  # one bar's return in the validation window moves by +3%
@@ -117,18 +108,18 @@ def test_a_changed_validation_bar_changes_the_selection_record(setup):
     assert [v["env_step"] for v in base.validations] == [v["env_step"] for v in moved.validations]
 
 
-def test_a_fold_is_deterministic_and_seeded_per_fold(setup):
-    bars, fold = setup
+def test_a_fold_is_deterministic_and_seeded_per_fold(fold_setup):
+    bars, fold = fold_setup
     a, b = run(bars, fold), run(bars, fold)
     assert same_selection(a, b)
     other = run(bars, dataclasses.replace(fold, index=fold.index + 1))
     assert other.cfg.seed != a.cfg.seed
 
 
-def test_training_never_reads_the_validation_bars(setup):
+def test_training_never_reads_the_validation_bars(fold_setup):
     """One validation, at the end of training: the network it scores is the trained one, and it is
     bit-identical with every validation and later bar changed (only the score moves)."""
-    bars, fold = setup
+    bars, fold = fold_setup
     base = run(bars, fold, validations=1)
     close = bars.close.clone()
     g = torch.Generator().manual_seed(1)
@@ -140,10 +131,10 @@ def test_training_never_reads_the_validation_bars(setup):
     assert base.validations[0]["score"] != moved.validations[0]["score"]
 
 
-def test_the_selection_is_deflated_and_a_rule_can_keep_the_fold_flat(setup):
+def test_the_selection_is_deflated_and_a_rule_can_keep_the_fold_flat(fold_setup):
     """Every fold reports its chosen checkpoint's deflated Sharpe ratio over its validations; with
     min_deflated_sharpe above it, the fold stays flat on its test bars (the same checkpoint chosen)."""
-    bars, fold = setup
+    bars, fold = fold_setup
     base = run(bars, fold)
     c = base.chosen
     assert c["trials"] == len(base.validations) and 0.0 <= c["deflated_sharpe"] <= 1.0 and not c["flat"]
@@ -159,10 +150,10 @@ def test_the_selection_is_deflated_and_a_rule_can_keep_the_fold_flat(setup):
         run(bars, fold, min_deflated_sharpe=1.5)
 
 
-def test_a_fold_of_three_actions_trades_and_stays_flat_with_them(setup):
+def test_a_fold_of_three_actions_trades_and_stays_flat_with_them(fold_setup):
     """actions=3 in a fold: the network has three outputs and trades; a fold kept flat walks the
     middle action (no trade, no P&L)."""
-    bars, fold = setup
+    bars, fold = fold_setup
     three = run(bars, fold, actions=3)
     weights = [v for k, v in three.state.items() if k.endswith("weight")]
     assert weights[-1].shape[0] == 3 and three.test["policy_traded"].any()
@@ -171,11 +162,11 @@ def test_a_fold_of_three_actions_trades_and_stays_flat_with_them(setup):
     assert flat.chosen["flat"] and not flat.test["policy_traded"].any() and not flat.test["policy_pnl"].any()
 
 
-def test_with_volatility_targeting_the_test_bars_are_still_unseen(setup):
+def test_with_volatility_targeting_the_test_bars_are_still_unseen(fold_setup):
     """vol_target: each bar's scale reads the returns up to it, so shuffling the test bars (and
     changing every later one) leaves training and selection bit-identical; the policy's test walk
     holds scaled positions (its turnover is not in whole position units any more)."""
-    bars, fold = setup
+    bars, fold = fold_setup
     base = run(bars, fold, vol_target=0.15)
     shuffled = run(shuffled_test_bars(bars, fold, 1, 1.1), fold, vol_target=0.15)
     assert same_selection(base, shuffled)
@@ -189,10 +180,10 @@ def test_with_volatility_targeting_the_test_bars_are_still_unseen(setup):
         np.testing.assert_allclose(pnl, plain.test["baselines"][name][0] * 10 / 15, rtol=1e-12, atol=1e-15)
 
 
-def test_a_turnover_penalty_trains_the_fold_and_leaves_its_scores_in_pnl(setup):
+def test_a_turnover_penalty_trains_the_fold_and_leaves_its_scores_in_pnl(fold_setup):
     """turnover_bps shapes the training reward: the fold trains another policy (that its walks count
     the log P&L without the penalty is the environment's test)."""
-    bars, fold = setup
+    bars, fold = fold_setup
     taxed = run(bars, fold, turnover_bps=20.0)
     plain = run(bars, fold)
     assert taxed.validations != plain.validations  # trained on another reward
