@@ -14,7 +14,7 @@ from gper.replay.streams import STEP_FLAGS, StepPacker, StreamLayout
 
 class StreamState:
     """The streams of a trajectory buffer beside its :class:`ReplayCore`: where each stands, the
-    step it holds back, its counts, and the kernels that add steps and gather sequences.
+    step it holds back, its counts, and the kernels that add steps, gather sequences and stack frames.
 
     Args:
         layout: the rows' and steps' layout.
@@ -100,4 +100,19 @@ class StreamState:
             idx=indices,
             out_rows=out_rows,
             out_mask=out_mask,
+        )
+
+    def stack_frames(self, rows: torch.Tensor, n_step: int, parts: Mapping[str, torch.Tensor]) -> None:
+        """The frame stacks of the n-step transitions drawn into ``parts`` (their ``indices``), into
+        its ``obs_stack`` and ``next_stack``."""
+        self.kernels.stack_frames(
+            rows=rows,
+            streams=self.streams,
+            rows_per_env=self.rows_per_env,
+            n_step=n_step,
+            flags_col=self.layout.flags_col,
+            col0=self.layout.stack_span()[0],
+            idx=parts["indices"],
+            out_obs=parts["obs_stack"],
+            out_next=parts["next_stack"],
         )

@@ -48,6 +48,17 @@ def check_streams(capacity: int, num_envs: object, window: object, autoreset: ob
         )
 
 
+def check_frame_stack(frame_stack: object, layout: StreamLayout, her: object) -> int:
+    """``frame_stack``, checked against the row layout and hindsight relabelling, or a ValueError."""
+    if not _is_int(frame_stack) or frame_stack < 1:
+        raise ValueError(f"frame_stack must be an int >= 1, got {frame_stack!r}")
+    if frame_stack > 1:
+        if her is not None:
+            raise ValueError("frame_stack > 1 does not combine with her: relabelling rewrites goals, not stacks")
+        layout.stack_span()  # observation fields of whole words
+    return frame_stack
+
+
 def next_name(key: str) -> str:
     """The name of an observation field's next observation: ``obs`` -> ``next_obs``."""
     return f"next_{key}"
@@ -115,6 +126,30 @@ class StreamLayout:
     @property
     def reward_col(self) -> int:
         return self._field("reward").offset // 4
+
+    def stack_span(self) -> tuple[int, int]:
+        """``(col0, words)``: the words of a row that frame stacks copy, from the first
+        observation field's first word to the last one's last.
+
+        Raises:
+            ValueError: an observation field that is not whole int32 words (a stack copies words).
+        """
+        fields = [self._field(k) for k in self.obs_keys]
+        bad = [f.name for f in fields if f.offset % 4 or f.nbytes % 4]
+        if bad:
+            raise ValueError(
+                f"frame_stack stacks whole 4-byte words: the observation fields {bad} are not a multiple of 4 bytes"
+            )
+        lo, hi = min(f.offset for f in fields), max(f.offset + f.nbytes for f in fields)
+        return lo // 4, (hi - lo) // 4
+
+    def stacked_view(self, stack: torch.Tensor, key: str, col0: int) -> torch.Tensor:
+        """View ``[..., S, *shape]`` of observation field ``key`` in stacked words ``[..., S, words]``
+        (:meth:`stack_span`'s words from ``col0`` on)."""
+        f = self._field(key)
+        at = f.offset - 4 * col0
+        col = stack.view(torch.uint8)[..., at : at + f.nbytes].view(f.dtype)
+        return col.unflatten(-1, f.shape) if f.shape else col[..., 0]
 
     def obs_mask(self, device: torch.device) -> torch.Tensor:
         """[W] int32: the bits of each word of the row that belong to an observation field (a

@@ -29,7 +29,7 @@ from gper.replay.graphs import BufferGraphs, capturing
 from gper.replay.her import HindsightRelabeling, Relabeler
 from gper.replay.instances import Member
 from gper.replay.stream_state import StreamState
-from gper.replay.streams import StreamLayout, check_streams
+from gper.replay.streams import StreamLayout, check_frame_stack, check_streams
 from gper.replay.trajectory_batch import SampleArgs, SequenceBatch, TransitionBatch, TransitionSample
 from gper.replay.trajectory_checkpoint import TrajectoryCheckpoint
 
@@ -69,6 +69,12 @@ class TrajectoryReplayBuffer(BufferSettings, SampleArgs, TrajectoryCheckpoint):
         her: a :class:`~gper.HindsightRelabeling` to relabel goals when sampling (the goal fields
             among ``obs_keys``; ``docs/trajectory.md``, *Hindsight relabelling*), or None. With it,
             ``add`` also keeps an episode index (about 12 bytes a slot) and batches have ``relabelled``.
+        frame_stack: S >= 1. With S > 1, :meth:`sample` returns every observation key and its
+            ``next_<key>`` as ``[B, S, *shape]`` stacks of the last S observations, assembled at
+            sample time from the rows (each frame is still stored once): the oldest first, zeros
+            where a frame is from before the episode's first (``docs/trajectory.md``, *Frame
+            stacks*). Observation fields must be whole 4-byte words (an 84 x 84 uint8 frame is);
+            not with ``her``. Sequences keep one observation a step.
         **settings: every setting of :class:`~gper.replay.config.ReplaySettings` (``alpha``,
             ``beta``, ``eps``, ``sampling``, ``weight_norm``, ``device``, ``backend``, ``seed``,
             ``strict``, ``arity``, ``cuda_graphs``, ``cpu_fallback``, ``rank_refresh_interval``),
@@ -95,12 +101,12 @@ class TrajectoryReplayBuffer(BufferSettings, SampleArgs, TrajectoryCheckpoint):
         obs_keys: tuple[str, ...] = ("obs",),
         autoreset: str = "auto",
         her: HindsightRelabeling | None = None,
+        frame_stack: int = 1,
         **settings: Unpack[ReplaySettings],
     ) -> None:
         given = with_defaults("TrajectoryReplayBuffer", settings)
-        self._build(
-            capacity, num_envs, spec, dict(window=window, obs_keys=obs_keys, autoreset=autoreset, her=her), given
-        )
+        streams = dict(window=window, obs_keys=obs_keys, autoreset=autoreset, her=her, frame_stack=frame_stack)
+        self._build(capacity, num_envs, spec, streams, given)
 
     # ``help()`` and ``inspect.signature`` show the settings ``__init__`` takes, not ``__new__``'s catch-all
     __new__.__signature__ = __init__.__signature__  # type: ignore[attr-defined]
@@ -120,12 +126,13 @@ class TrajectoryReplayBuffer(BufferSettings, SampleArgs, TrajectoryCheckpoint):
         nbytes = self.nbytes_estimate
         self._core = ReplayCore.build(cfg, self.layout.row, given, _SAMPLE_SLOTS, nbytes, self._allocate, member)
         self._gamma = ExponentInput(self._gamma_scalar, "gamma")
-        self._out = TransitionSample(self.layout, relabelled=self._her is not None)
+        self._out = TransitionSample(self.layout, relabelled=self._her is not None, frame_stack=self.frame_stack)
 
     def _settle(self, capacity: int, num_envs: int, spec: Mapping, streams: dict, given: dict) -> ReplayConfig:
         """Check the settings and set what the buffer holds beside its core (a buffer of several
         instances too, from its first instance's settings); return the checked config."""
         window, obs_keys, autoreset, her = (streams[k] for k in ("window", "obs_keys", "autoreset", "her"))
+        frame_stack = streams.get("frame_stack", 1)
         if not isinstance(given["backend"], str):
             raise TypeError(f"backend must be 'auto', 'triton' or 'torch', got {given['backend']!r}")
         cfg = ReplayConfig.check(capacity, given)
@@ -140,6 +147,7 @@ class TrajectoryReplayBuffer(BufferSettings, SampleArgs, TrajectoryCheckpoint):
         if her is not None:
             her.check_layout(self.layout)
         self._her = her
+        self.frame_stack = check_frame_stack(frame_stack, self.layout, her)
         #: bytes of memory the buffer holds (an upper bound, before its CUDA graphs' outputs)
         self.nbytes_estimate = cfg.estimate_bytes(self.layout.row.row_bytes)
         if her is not None:
@@ -196,6 +204,7 @@ class TrajectoryReplayBuffer(BufferSettings, SampleArgs, TrajectoryCheckpoint):
             f"steps={self._steps}, sampling={self.sampling!r}, device={str(self.device)!r}, "
             f"backend={self.backend!r}, fields={list(self.spec)}"
             + (f", her={self._her.strategy!r}" if self._her is not None else "")
+            + (f", frame_stack={self.frame_stack}" if self.frame_stack > 1 else "")
             + ")"
         )
 
@@ -321,6 +330,8 @@ class TrajectoryReplayBuffer(BufferSettings, SampleArgs, TrajectoryCheckpoint):
             out_discount=parts["discount"],
         )
         self.policy.normalise(parts, tree, beta)
+        if "obs_stack" in parts:  # the stacks read the drawn starts and the stream counts
+            self._streams.stack_frames(self.rows.words, n, parts)
         if relabel:  # on the drawn rows, in the same graph: the goal is drawn given the transition
             try:
                 self._relabeler.relabel(parts, self.rows.words, self.streams, n, gamma, self.seed)
@@ -480,6 +491,7 @@ class TrajectoryReplayBuffer(BufferSettings, SampleArgs, TrajectoryCheckpoint):
             "obs_keys": self.obs_keys,
             "autoreset": self.autoreset,
             "her": self.her,
+            "frame_stack": self.frame_stack,
         }
 
     def __reduce__(self) -> tuple:

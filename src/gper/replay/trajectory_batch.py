@@ -71,7 +71,9 @@ class TransitionBatch(SampledBatch):
     of each start row (``reward`` holds the n-step return), ``next_<key>`` for each observation
     key, ``terminated``, ``truncated`` (bool) and ``discount`` (float32 ``gamma ** m``, 0 where
     the episode terminated within the m steps); from a buffer built with ``her``, also
-    ``relabelled`` (bool: the draw's goal was relabelled, ``docs/trajectory.md``).
+    ``relabelled`` (bool: the draw's goal was relabelled, ``docs/trajectory.md``). From a buffer
+    built with ``frame_stack=S``, each observation key and its ``next_<key>`` are stacks
+    ``[B, S, *shape]``, the oldest frame first, zeros before the episode's first.
 
     Attributes:
         indices, weights, generations, source: as :class:`~gper.replay.batch.SampledBatch`.
@@ -97,6 +99,9 @@ class TransitionBatch(SampledBatch):
         self.discount = parts["discount"]
         self.relabelled = parts.get("relabelled")
         self.n_step = n_step
+        #: [B, S, F] int32 stacked observation words of the starts and of their next observations, or None
+        self.obs_stack, self.next_stack = parts.get("obs_stack"), parts.get("next_stack")
+        self._col0 = layout.stack_span()[0] if self.obs_stack is not None else 0
         self._names = (
             tuple(f.name for f in layout.visible.fields)
             + tuple(next_name(k) for k in layout.obs_keys)
@@ -112,7 +117,13 @@ class TransitionBatch(SampledBatch):
             return self.discount
         if name == "relabelled" and self.relabelled is not None:
             return self.relabelled
+        if self.obs_stack is not None and name in self._stream.obs_keys:
+            view = self._fields[name] = self._stream.stacked_view(self.obs_stack, name, self._col0)
+            return view
         key = next((k for k in self._stream.obs_keys if next_name(k) == name), None)
+        if key is not None and self.obs_stack is not None:
+            view = self._fields[name] = self._stream.stacked_view(self.next_stack, key, self._col0)
+            return view
         if key is not None:
             view = self._fields[name] = self._stream.row.view(self.next_rows, key)
             return view
@@ -125,14 +136,20 @@ class TransitionBatch(SampledBatch):
 class TransitionSample:
     """Where one ``sample`` call's outputs sit in a single flat int32 tensor of ``B * (2W + 5)``
     words: start rows [B, W], next rows [B, W], indices [B] int64, generations, weights, discount;
-    with ``relabelled``, one more word a draw, whose first B bytes are the bool flags."""
+    with ``relabelled``, one more word a draw, whose first B bytes are the bool flags; with frame
+    stacks of ``S`` frames, the stacks of the start and of its next observation, [B, S, F] words each."""
 
-    def __init__(self, layout: StreamLayout, relabelled: bool = False, kind: type | None = None) -> None:
+    def __init__(
+        self, layout: StreamLayout, relabelled: bool = False, kind: type | None = None, frame_stack: int = 1
+    ) -> None:
         self.layout = layout
         self.relabelled = relabelled
         #: the batch class it builds (a buffer of several instances builds its own kind)
         self.kind = TransitionBatch if kind is None else kind
-        self._per_draw = 2 * layout.words + 5 + relabelled
+        self.frame_stack = frame_stack
+        #: the stacked observation words of a frame (:meth:`StreamLayout.stack_span`), 0 without stacks
+        self.stack_words = layout.stack_span()[1] if frame_stack > 1 else 0
+        self._per_draw = 2 * layout.words + 5 + relabelled + 2 * frame_stack * self.stack_words
 
     def empty(self, b: int, device: torch.device, lead: tuple[int, ...] = ()) -> torch.Tensor:
         """A new flat output of ``b`` draws (``lead``: a buffer of several instances' (N,), whose
@@ -154,8 +171,15 @@ class TransitionSample:
             "weights": flat[..., at + 3 * b : at + 4 * b].view(torch.float32),
             "discount": flat[..., at + 4 * b : at + 5 * b].view(torch.float32),
         }
+        at += 5 * b
         if self.relabelled:
-            parts["relabelled"] = flat[..., at + 5 * b :].view(torch.uint8)[..., :b].view(torch.bool)
+            parts["relabelled"] = flat[..., at : at + b].view(torch.uint8)[..., :b].view(torch.bool)
+            at += b
+        if self.stack_words:
+            n = self.frame_stack * self.stack_words
+            shape = (*lead, b, self.frame_stack, self.stack_words)
+            parts["obs_stack"] = flat[..., at : at + b * n].view(shape)
+            parts["next_stack"] = flat[..., at + b * n : at + 2 * b * n].view(shape)
         return parts
 
     def with_fields(self, flat: torch.Tensor) -> dict:

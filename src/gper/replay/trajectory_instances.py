@@ -77,7 +77,9 @@ class TrajectoryReplayInstances(InstanceCalls, TrajectoryReplayBuffer):
         self.members, self._stack = self._build_members(given, capacity, self.layout.row.row_bytes, own, make)
         self._core = self.members[0]._core  # the device, back end and kernels every instance shares
         self._graphs = BufferGraphs(bool(given["cuda_graphs"]) and self.device.type == "cuda", _SAMPLE_SLOTS)
-        self._out = TransitionSample(self.layout, relabelled=self._her is not None, kind=TransitionInstanceBatch)
+        self._out = TransitionSample(
+            self.layout, relabelled=self._her is not None, kind=TransitionInstanceBatch, frame_stack=self.frame_stack
+        )
         self._epoch = object()
 
     # ---------------------------------------------------------------- reads

@@ -5,4 +5,4 @@ functions with the same signatures (:data:`CONTRACT`); the tree-touching ones ta
 from __future__ import annotations
 
 #: the functions every back end of this family provides
-CONTRACT = ("stream_add", "sample_transitions", "gather_sequences")
+CONTRACT = ("stream_add", "sample_transitions", "gather_sequences", "stack_frames")

@@ -281,6 +281,72 @@ def complete_transitions(
     out_discount.copy_(torch.where((flags & TERMINATED) != 0, 0.0, power))
 
 
+def steps_taken(
+    *, rows: torch.Tensor, idx: torch.Tensor, rows_per_env: int, n_step: int, flags_col: int
+) -> torch.Tensor:
+    """[B] int64: the steps ``m`` of each drawn start's n-step transition (up to ``n_step``, fewer
+    where its episode ended first): the row ``m`` steps on holds its next observation, as in
+    :func:`complete_transitions`."""
+    t = rows_per_env
+    base = idx - torch.remainder(idx, t)
+    pos = idx - base
+    alive = (rows[idx, flags_col] & ENDED) == 0
+    m = torch.ones_like(idx)
+    for i in range(1, n_step):
+        m = m + alive.long()
+        alive = alive & ((rows[base + torch.remainder(pos + i, t), flags_col] & ENDED) == 0)
+    return m
+
+
+def stack_frames(
+    *,
+    rows: torch.Tensor,
+    streams: torch.Tensor,
+    rows_per_env: int,
+    n_step: int,
+    flags_col: int,
+    col0: int,
+    idx: torch.Tensor,
+    out_obs: torch.Tensor,
+    out_next: torch.Tensor,
+) -> None:
+    """The frame stacks of drawn n-step transitions: each start's last ``S`` observations and
+    those of the row ``m`` steps on (``docs/trajectory.md``, *Frame stacks*).
+
+    Position ``j`` of a stack holds the observation ``S - 1 - j`` rows before its anchor (the start
+    row ``k``; for ``out_next`` the row ``k + m``, :func:`steps_taken`), or zeros where that row is
+    not a step of the start's episode: before the stream's first row, overwritten by the ring, an
+    end row (the previous episode's final observation) or behind one. The rows from ``k`` to
+    ``k + m`` are the episode's by construction.
+
+    Args:
+        rows: [E * T, W] int32 storage.
+        streams: [E, 2] int64 stream counts.
+        col0: the first word of the stacked observation words in a row (``out_obs.shape[-1]`` of them).
+        idx: [B] int64 drawn start slots.
+        out_obs: [B, S, F] int32 out: the start's stack, the oldest frame first.
+        out_next: [B, S, F] int32 out: the stack of its next observation.
+    """
+    t, s_n, f = rows_per_env, out_obs.shape[1], out_obs.shape[2]
+    base = idx - torch.remainder(idx, t)
+    count = streams[torch.div(idx, t, rounding_mode="floor"), 0]
+    k = count - 1 - torch.remainder(count - 1 - (idx - base), t)  # the start's row number
+    m = steps_taken(rows=rows, idx=idx, rows_per_env=t, n_step=n_step, flags_col=flags_col)
+    back = torch.arange(1, s_n, device=idx.device, dtype=torch.int64)
+    q = k[:, None] - back[None, :]  # the rows 1 .. S - 1 before the start
+    stored = (q >= 0) & (q >= (count - t)[:, None])
+    own = stored & ((rows[base[:, None] + torch.remainder(q, t), flags_col] & END_ROW) == 0)
+    # ok[:, d]: the row d before the start is the episode's (it and every row between are)
+    ok = torch.cat((torch.ones_like(k[:, None], dtype=torch.bool), torch.cumprod(own, dim=1).bool()), dim=1)
+    d = torch.arange(s_n - 1, -1, -1, device=idx.device, dtype=torch.int64)  # position j: d = S - 1 - j
+    for anchor, shift, out in ((k, torch.zeros_like(m), out_obs), (k + m, m, out_next)):
+        back_of_start = (d[None, :] - shift[:, None]).clamp_min(0)  # the rows up to the start are the episode's
+        valid = torch.gather(ok, 1, back_of_start)
+        slot = base[:, None] + torch.remainder(anchor[:, None] - d[None, :], t)
+        frames = rows[slot.reshape(-1), col0 : col0 + f].view(-1, s_n, f)
+        out.copy_(torch.where(valid[..., None], frames, 0))
+
+
 def gather_sequences(
     *,
     rows: torch.Tensor,

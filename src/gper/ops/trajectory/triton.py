@@ -14,7 +14,8 @@
   the row m steps on. Compiled without floating-point contraction, so its multiply-then-add rounds
   as the torch reference's does (bit-identical returns).
 
-Sequences have no kernel of their own: :func:`gather_sequences` is the torch reference's.
+Sequences have no kernel of their own: :func:`gather_sequences` is the torch reference's. Frame
+stacks have theirs in :mod:`gper.ops.trajectory.triton_stack`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from gper._triton import tl, triton
 from gper.ops.state import TreeState
 from gper.ops.trajectory import reference
 from gper.ops.trajectory.reference import gather_sequences, rep_count  # noqa: F401 (gather_sequences: the contract's)
+from gper.ops.trajectory.triton_stack import stack_frames  # noqa: F401 (the contract's)
 from gper.ops.tree.triton import LAUNCH, _draw_args, _draw_inputs, _level_offsets, _shape, levels
 from gper.ops.tree.triton_sample import _advance_rng, _draw_rows
 from gper.ops.triton_lanes import lanes
