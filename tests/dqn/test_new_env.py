@@ -100,7 +100,7 @@ def test_a_registered_environment_is_made_by_name(coin):
     env = make_env("coin:3", 2, "cpu", seed=1)
     assert isinstance(env, Coin) and env.tosses == 3 and env.num_envs == 2
     assert envs.ENV_NAMES == (*ENV_NAMES, "coin:<K>") and PRESETS["coin"] is coin.presets
-    with pytest.raises(ValueError, match=r"unknown environment 'coin:x': expected one of .*gym:<ID>, coin:<K>"):
+    with pytest.raises(ValueError, match=r"unknown environment 'coin:x': expected one of .*gym:<ID>, atari:<Game>, coin:<K>"):
         make_env("coin:x", 1, "cpu")
     with pytest.raises(ValueError, match="coin:3 resets in the same step only: next-step autoreset is for gym:<ID>"):
         make_env("coin:3", 1, "cpu", autoreset="next-step")
@@ -128,6 +128,6 @@ def test_help_shows_its_line_and_presets(coin, capsys):
         main(["train", "--env", "coin:4", "--device", "cpu", "--help"])
     out = " ".join(capsys.readouterr().out.replace("│", " ").split())
     env = re.split(r" --(?!env )", out.split(" --env ")[1])[0]
-    assert "gym:<ID> (a Gymnasium id with discrete actions, stepped on the CPU), or coin:<K> (name the side" in env
+    assert "84x84 frames stacked by 4), or coin:<K> (name the side" in env
     assert "(default for --env coin:4 on the CPU: 400)" in out and "(default for --env coin:4 on the CPU: 16)" in out
     assert "coin:<K> 4000 / 400" in out and "coin:<K> 3.0" in out  # the presets table: CUDA / CPU

@@ -50,6 +50,7 @@ ADDED = {
     "actions": 45,
     "vol_target": None,
     "turnover_bps": 0.0,
+    "dueling": False,
 }
 
 

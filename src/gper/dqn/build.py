@@ -16,6 +16,7 @@ from gper.dqn.agent import Agent
 from gper.dqn.config import (
     Config,
     cpu_threads,
+    env_family,
     is_goal_env_name,
     pick_device,
     replay_kind,
@@ -23,6 +24,7 @@ from gper.dqn.config import (
     trajectory_capacity,
 )
 from gper.dqn.network import GOAL_OBS_KEYS, goal_trajectory_spec, padded_width, replay_spec, trajectory_spec
+from gper.dqn.pixel_agent import PixelAgent, pixel_replay
 from gper.dqn.population_agent import PopulationAgent
 from gper.dqn.sweep import agent_configs, parse_sweeps
 from gper.envs import GoalEnv, VecEnv, is_goal_env
@@ -104,6 +106,8 @@ def setup(config: Config, log: Any = print, launch: Launch | None = None) -> tup
     rank = 0 if launch is None else launch.rank
     if launch is not None:
         parallel.check_settings(cfg, launch.world_size)
+    if env_family(cfg.env) == "atari":
+        return setup_pixels(cfg, device, launch, notes, log)
     if cfg.population > 1 or cfg.sweep:
         return setup_population(cfg, device, launch, notes, log)
     torch.manual_seed(cfg.seed + rank)
@@ -197,3 +201,39 @@ def setup_population(
     for note in notes:
         log(f"gper train: {note}")
     return dataclasses.replace(cfg, seed=agents[0].seed), agent, notes
+
+
+def setup_pixels(
+    cfg: Config, device: torch.device, launch: Launch | None, notes: list[str], log: Any
+) -> tuple[Config, PixelAgent, list[str]]:
+    """The part of :func:`setup` for pixels (``atari:<Game>``): the games, the frame-stack replay
+    and a :class:`~gper.dqn.pixel_agent.PixelAgent`.
+
+    Raises:
+        ValueError: what pixel training does not do yet (one line each): several processes, a
+            population or sweep, hindsight relabelling, the flat replay.
+    """
+    if launch is not None:
+        raise ValueError("pixel training runs in one process: run it without torchrun")
+    if cfg.population > 1 or cfg.sweep:
+        raise ValueError("pixel training trains one agent a run: --population 1 and no --sweep (run seeds one by one)")
+    if cfg.her != "none" or cfg.replay == "flat":
+        raise ValueError("pixel training learns from the trajectory replay's frame stacks: --replay auto, no --her")
+    torch.manual_seed(cfg.seed)
+    if device.type == "cuda":
+        torch.cuda.manual_seed(cfg.seed)
+    cfg = dataclasses.replace(cfg, replay="trajectory")
+    env = build_env(cfg, device)
+    try:
+        rb = pixel_replay(cfg, env, device)
+    except BaseException:
+        env.close()
+        raise
+    notes.append(
+        f"{rb.capacity:,} transitions of {env.num_envs} streams, each frame stored once and stacked by "
+        f"{env.frame_stack} at sample time: {rb.nbytes_estimate / 2**30:.2f} GiB"
+    )
+    for note in notes:
+        log(f"gper train: {note}")
+    total_train = train_steps_before(cfg, collect_iterations(cfg))
+    return cfg, PixelAgent(cfg, env, rb, total_train), notes

@@ -71,9 +71,10 @@ class Config:
     """clip the gradient's global norm to this before each Adam step (0: no clipping)"""
     gamma: float = 0.99
     """discount factor"""
-    n_step: int = 1
+    n_step: int | None = None
     """steps of reward in each learning target, 1 to 64: y = r_t + gamma r_(t+1) + ... + gamma^(n-1) r_(t+n-1)
-    + gamma^n Q(s_(t+n)), cut short where the episode ends; above 1 it needs the trajectory replay"""
+    + gamma^n Q(s_(t+n)), cut short where the episode ends; above 1 it needs the trajectory replay.
+    Default: the environment's preset (3 for atari:<Game>, 1 for the others)"""
     replay: Literal["auto", "flat", "trajectory"] = "auto"
     """replay buffer: flat (PrioritizedReplayBuffer: one row per transition), trajectory
     (TrajectoryReplayBuffer: each environment's steps in time order, n-step returns, Gymnasium's
@@ -94,6 +95,8 @@ class Config:
     """training steps between hard target updates (tau = 1)"""
     double_q: bool = True
     """double-Q targets: the online network picks the next action, the target network values it"""
+    dueling: bool = False
+    """a dueling head on the pixel network (atari:<Game>): value and advantage streams, V + A - mean(A)"""
     loss: Literal["huber", "mse"] = "huber"
     """the TD loss, times each transition's IS weight: huber (delta 1: DQN's, SB3's, CleanRL's) or
     mse, the squared error (PureJaxRL's: larger steps where TD errors are large)"""
@@ -259,7 +262,7 @@ def replay_kind(cfg: Config, autoreset: str) -> str:
     if cfg.replay != "auto":
         return cfg.replay
     goal = is_goal_env_name(cfg.env)  # the episode index and the goal fields live in the trajectory replay
-    return "trajectory" if cfg.n_step > 1 or autoreset == "next-step" or goal else "flat"
+    return "trajectory" if (cfg.n_step or 1) > 1 or autoreset == "next-step" or goal else "flat"
 
 
 def from_settings(settings: dict[str, Any]) -> Config:
@@ -321,7 +324,9 @@ def env_family(env: str) -> str:
 def resolve(config: Config, device: torch.device, family: str | None = None) -> Config:
     """``config`` with every ``None`` replaced by the preset of its environment on ``device`` (or of
     the preset ``family``: ``market-walk`` for walk-forward training on a few thousand bars)."""
-    preset = registry.preset(family or env_family(config.env), device.type)
+    # a family's name alone (``gym``, ``atari``) is no environment: its pattern wants the part after the colon
+    known = family is not None or registry.lookup(config.env) is not None
+    preset = registry.preset(family or env_family(config.env), device.type) if known else None
     if preset is None:
         *names, last = registry.env_names()
         raise ValueError(f"unknown environment {config.env!r}: expected {', '.join(names)} or {last}")
@@ -337,6 +342,8 @@ def resolve(config: Config, device: torch.device, family: str | None = None) -> 
     }
     cfg = dataclasses.replace(config, **filled, walk=dataclasses.replace(config.walk, **walk))
     cfg.hidden = tuple(int(h) for h in cfg.hidden)
+    if cfg.n_step is None:  # presets that do not name it learn from 1-step targets
+        cfg.n_step = 1
     if cfg.cost_bps is None:
         cfg.cost_bps = default_cost_bps(cfg.data)
     _check(cfg)

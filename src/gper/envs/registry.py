@@ -132,7 +132,7 @@ def specs() -> tuple[EnvSpec, ...]:
 
 
 def env_names() -> tuple[str, ...]:
-    """The registered names and patterns: ``("cartpole", "market", "bitflip:<N>", "gym:<ID>")`` built in."""
+    """The registered names and patterns: ``("cartpole", "market", "bitflip:<N>", "gym:<ID>", "atari:<Game>")`` built in."""
     return tuple(spec.name for spec in _SPECS.values())
 
 

@@ -175,7 +175,7 @@ def _check_walk(config: Config) -> WalkSpec:
         raise ValueError(
             "a walk-forward fold's population is an ensemble of seeds of one setting: --sweep is for plain runs"
         )
-    if config.population > 1 and (config.n_step > 1 or config.replay == "trajectory"):
+    if config.population > 1 and ((config.n_step or 1) > 1 or config.replay == "trajectory"):
         raise ValueError("an ensemble (--population > 1) trains on the flat replay: n_step 1, --replay flat or auto")
     return spec
 

@@ -1,0 +1,239 @@
+"""Atari 2600 games on ale-py's C++ vector environment, as a :class:`~gper.envs.base.VecEnv` of frame stacks.
+
+The protocol is CleanRL's ``dqn_atari.py`` (the ``NoFrameskip-v4`` games with the usual
+wrappers), so scores compare with its published ones: no sticky actions (repeat probability 0),
+the minimal action set, up to 30 no-op actions at a reset, FIRE at a reset where the game has it,
+each action repeated for 4 frames with the last two max-pooled, 84 x 84 grayscale frames, episodes
+cut at 108,000 frames. Sticky actions (Machado et al. 2018) are a keyword away
+(``repeat_action_probability=0.25``). ale-py does the emulation and the preprocessing on C++
+threads, one frame per environment a step; the stacks are built here, on the device.
+
+What a step returns: ``obs`` and ``next_obs`` are ``[N, S, 84, 84]`` uint8 stacks of the last
+``S`` frames (the oldest first; zeros before the episode's first frame, as
+:class:`gper.TrajectoryReplayBuffer` with ``frame_stack=S`` builds them at sample time: the
+policy acts on the stacks it learns from); ``reward`` is the game's own (unclipped: a learner
+clips it for learning, and reports these). Resets happen in the step that ended the episode
+(``same-step``: ``next_obs`` holds the final frame).
+
+With ``life_loss_terminal`` (training, CleanRL's ``EpisodicLifeEnv``) a lost life ends the
+episode as the learner sees it: ``terminated`` is true and the next stack starts afresh from the
+same frame, while the game goes on. :attr:`AtariVecEnv.game_over` says which copies' games ended
+in the last step: the returns a trainer reports are whole games'. Evaluation plays without it.
+
+All of a step's host arrays go to the device as one copy from pinned memory. :meth:`step_async`
+sends the actions and returns at once, so the game steps on the C++ threads while the caller
+launches GPU work; :meth:`step_wait` collects the step.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+
+from gper.envs.base import Step, VecEnv, canonical_device
+from gper.envs.registry import EnvSpec, UnknownEnvironment
+
+FRAME = (84, 84)
+#: frames a stack holds by default (DQN's 4)
+STACK = 4
+_FRAME_BYTES = FRAME[0] * FRAME[1]
+
+
+def _ale():
+    try:
+        import ale_py
+        from ale_py.vector_env import AtariVectorEnv
+    except ImportError as e:
+        raise ImportError('atari:<Game> needs ale-py (which ships the ROMs): pip install ".[atari]"') from e
+    return ale_py, AtariVectorEnv
+
+
+def rom_name(game: str) -> str:
+    """ale-py's ROM name of ``game``: ``Pong`` -> ``pong``, ``MsPacman`` -> ``ms_pacman`` (snake case stays)."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", game).lower()
+
+
+class AtariVecEnv(VecEnv):
+    """``num_envs`` copies of an Atari game (see the module docstring).
+
+    Args:
+        game: the game, as Gymnasium names it (``Pong``, ``Breakout``, ``MsPacman``) or as ale-py
+            does (``ms_pacman``).
+        num_envs: copies stepped together.
+        device: where stacks, rewards and flags are returned.
+        seed: copy ``i`` is seeded ``seed + i`` at construction (and at ``reset(seed)``).
+        frame_stack: frames a stack holds.
+        life_loss_terminal: a lost life ends the learner's episode (training; see the module docstring).
+        threads: ale-py's C++ threads; 0: one per copy up to the machine's cores.
+        repeat_action_probability: sticky actions (0: CleanRL's protocol; 0.25: Machado et al.'s).
+        max_frames: frames after which an episode is truncated (108,000: 30 minutes of play).
+    """
+
+    graph_safe = False
+    autoreset = "same-step"
+
+    def __init__(
+        self,
+        game: str,
+        num_envs: int,
+        device: torch.device | str = "cpu",
+        seed: int = 0,
+        *,
+        frame_stack: int = STACK,
+        life_loss_terminal: bool = True,
+        threads: int = 0,
+        repeat_action_probability: float = 0.0,
+        max_frames: int = 108_000,
+    ) -> None:
+        ale_py, vector_env = _ale()
+        rom = rom_name(game)
+        with warnings.catch_warnings():  # ale-py warns of an unknown ROM: the error below says it
+            warnings.simplefilter("ignore", UserWarning)
+            known = ale_py.roms.get_rom_path(rom) is not None
+        if not known:
+            raise UnknownEnvironment(f"atari:{game}")
+        if not isinstance(frame_stack, int) or frame_stack < 1:
+            raise ValueError(f"frame_stack must be an int >= 1, got {frame_stack!r}")
+        self.name, self.num_envs, self.device = f"atari:{game}", num_envs, canonical_device(device)
+        self.frame_stack, self.life_loss_terminal = frame_stack, bool(life_loss_terminal)
+        self._env = vector_env(
+            rom,
+            num_envs,
+            num_threads=threads,
+            stack_num=1,
+            reward_clipping=False,
+            episodic_life=False,
+            autoreset_mode="SameStep",
+            repeat_action_probability=repeat_action_probability,
+            max_num_frames_per_episode=max_frames,
+        )
+        self.n_actions = int(self._env.single_action_space.n)
+        self.obs_shape = (frame_stack, *FRAME)
+        self.obs_dim = frame_stack * _FRAME_BYTES
+        cuda = self.device.type == "cuda"
+        # one step's host arrays, packed: this step's frames, the final frames, the reward (float32
+        # bytes), terminated, truncated, game over; one copy to the device a step
+        n = num_envs
+        self._layout = {"obs": 0, "final": n * _FRAME_BYTES, "reward": 2 * n * _FRAME_BYTES}
+        self._layout |= {"flags": self._layout["reward"] + 4 * n}
+        self._host = torch.empty(self._layout["flags"] + 3 * n, dtype=torch.uint8, pin_memory=cuda)
+        self._dev = torch.empty_like(self._host, device=self.device)
+        # the host buffer is written again only once its last copy to the device is done
+        self._copied = torch.cuda.Event() if cuda else None
+        self.game_over = torch.zeros(n, dtype=torch.bool, device=self.device)
+        self._stack = torch.zeros(n, *self.obs_shape, dtype=torch.uint8, device=self.device)
+        self._lives = np.zeros(n, dtype=np.int64)
+        self._pending = False
+        self.reset(seed)
+
+    def _view(self, t: torch.Tensor, name: str) -> torch.Tensor:
+        n, at = self.num_envs, self._layout[name]
+        if name in ("obs", "final"):
+            return t[at : at + n * _FRAME_BYTES].view(n, *FRAME)
+        if name == "reward":
+            return t[at : at + 4 * n].view(torch.float32)
+        return t[at : at + 3 * n].view(3, n).view(torch.bool)
+
+    def reset(self, seed: int | None = None) -> torch.Tensor:
+        if self._pending:
+            self._env.recv()
+            self._pending = False
+        obs, info = self._env.reset(seed=seed)
+        self._lives = np.asarray(info["lives"], dtype=np.int64).copy()
+        self._view(self._host, "obs").numpy()[:] = obs[:, 0]
+        frames = self._view(self._host, "obs").to(self.device)
+        self._stack.zero_()
+        self._stack[:, -1] = frames
+        self.game_over.zero_()
+        return self._stack.clone()
+
+    def step_async(self, actions: torch.Tensor) -> None:
+        """Send ``actions`` ([N] int64, read to the host: the one synchronisation of a step) and return."""
+        if actions.shape != (self.num_envs,):
+            raise ValueError(f"actions must be [{self.num_envs}], got {list(actions.shape)}")
+        if self._pending:
+            raise RuntimeError("step_async(): the previous step's results were not collected (step_wait)")
+        self._env.send(actions.detach().to("cpu", torch.int64).numpy())
+        self._pending = True
+
+    def step_wait(self) -> Step:
+        """The step :meth:`step_async` sent (see the module docstring for what it holds)."""
+        if not self._pending:
+            raise RuntimeError("step_wait(): no step was sent (step_async)")
+        obs, reward, terminated, truncated, info = self._env.recv()
+        self._pending = False
+        over = np.logical_or(terminated, truncated)
+        lives = np.asarray(info["lives"], dtype=np.int64)
+        lost = (lives < self._lives) & ~over if self.life_loss_terminal else np.zeros_like(over)
+        self._lives = lives.copy()
+        host = self._host
+        if self._copied is not None:
+            self._copied.synchronize()
+        self._view(host, "obs").numpy()[:] = obs[:, 0]
+        final = self._view(host, "final").numpy()
+        final[:] = obs[:, 0]
+        if over.any():
+            final[over] = info["final_obs"][over, 0]
+        self._view(host, "reward").numpy()[:] = reward
+        flags = self._view(host, "flags").numpy()
+        flags[0], flags[1], flags[2] = terminated | lost, truncated, over
+        dev = self._dev
+        dev.copy_(host, non_blocking=True)
+        if self._copied is not None:
+            self._copied.record()
+        frames, last = self._view(dev, "obs"), self._view(dev, "final")
+        term, trunc, game_over = self._view(dev, "flags")
+        next_stack = torch.cat((self._stack[:, 1:], last[:, None]), dim=1)
+        ended = (term | trunc)[:, None, None, None]
+        fresh = torch.zeros_like(self._stack)
+        fresh[:, -1] = frames
+        self._stack = torch.where(ended, fresh, next_stack)
+        self.game_over.copy_(game_over)
+        return Step(next_stack, self._view(dev, "reward").clone(), term.clone(), trunc.clone(), self._stack)
+
+    def step(self, actions: torch.Tensor) -> Step:
+        self.step_async(actions)
+        return self.step_wait()
+
+    def close(self) -> None:
+        self._env.close()
+
+
+def make_atari(game: str, num_envs: int, device: torch.device | str, seed: int = 0, **kwargs: Any) -> AtariVecEnv:
+    """``atari:<Game>``: an :class:`AtariVecEnv` of ``game`` (``kwargs`` go to it)."""
+    if not game:
+        raise UnknownEnvironment("atari:")
+    return AtariVecEnv(game, num_envs, device, seed=seed, **kwargs)
+
+
+def _settings(run: Any, split: str) -> dict[str, Any]:
+    # training loses an episode with each life (CleanRL's EpisodicLifeEnv); evaluation plays whole games
+    return {"life_loss_terminal": split == "train"}
+
+
+# The trainer's presets (gper.envs.registry.PRESETS): prioritized double DQN with 3-step returns
+# (Rainbow's replay settings without its distributional head or noisy nets), CleanRL's network and
+# schedule otherwise. The CPU's are for a smoke run only.
+# fmt: off
+SPEC = EnvSpec(
+    "atari:<Game>",
+    make_atari,
+    help="an Atari game on ale-py (Pong, Breakout, ...), 84x84 frames stacked by 4",
+    graph_safe_rng=False,
+    settings=_settings,
+    eval_split="test",
+    presets={
+        "cuda": dict(
+            total_steps=2_000_000, num_envs=8, hidden=(512,), n_step=3, buffer_size=1_000_000, batch_size=64,
+            learning_rate=1e-4, max_grad_norm=10.0, tau=1.0, target_every=1_000, eps_end=0.01,
+            exploration_fraction=0.1, learning_starts=20_000, epoch_steps=20_000, solve_return=None,
+            weight_norm="global",
+        ),
+        "cpu": dict(total_steps=20_000, num_envs=4, buffer_size=20_000, learning_starts=2_000, epoch_steps=2_000),
+    },
+)
+# fmt: on

@@ -1,0 +1,101 @@
+"""DQN on pixels (``atari:<Game>``): the learner's targets against a hand computation, the dueling
+head, and short CPU runs of ``gper train --env atari:Pong`` with a checkpoint and its resume."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("ale_py")
+
+from gper.dqn import Config  # noqa: E402
+from gper.dqn.algorithm import train  # noqa: E402
+from gper.dqn.build import setup  # noqa: E402
+from gper.dqn.pixel_net import NatureQNetwork  # noqa: E402
+
+TINY = dict(
+    env="atari:Pong", device="cpu", num_envs=2, total_steps=240, learning_starts=64, buffer_size=512, batch_size=8,
+    epoch_steps=80, hidden=(32,), eval_every=0, progress=False, tensorboard=False, checkpoint_every=1,
+)  # fmt: skip
+
+
+def test_the_dueling_head_is_value_plus_centred_advantage():
+    torch.manual_seed(0)
+    net = NatureQNetwork(4, 6, hidden=16, dueling=True)
+    x = torch.randint(0, 256, (5, 4, 84, 84), dtype=torch.uint8)
+    h = net.features(x.float() / 255)
+    a = net.head(h)
+    want = net.value(h) + a - a.mean(dim=1, keepdim=True)
+    torch.testing.assert_close(net(x), want)
+    assert NatureQNetwork(4, 6, hidden=16)(x).shape == (5, 6)
+
+
+def test_the_learn_step_computes_double_q_n_step_targets(tmp_path):
+    cfg, agent, _ = setup(Config(**TINY, run_dir=str(tmp_path)), print, None)
+    try:
+        assert cfg.n_step == 3 and agent.rb.frame_stack == 4  # the atari preset's n-step, stacks of 4
+        for _ in range(40):
+            agent.collect_step(None)
+        agent._sample()
+        agent._fwd_bwd()
+        b = agent.learn_state.batch
+        with torch.no_grad():
+            q = agent.qnet(b["obs"]).gather(1, b["action"][:, None])[:, 0]
+            best = agent.qnet(b["next_obs"]).argmax(dim=1, keepdim=True)
+            y = b["reward"] + b["discount"] * agent.target(b["next_obs"]).gather(1, best)[:, 0]
+        torch.testing.assert_close(agent.learn_state.td, q - y)
+        assert b["obs"].shape == (8, 4, 84, 84) and b["obs"].dtype == torch.uint8
+        assert (b["discount"] <= cfg.gamma).all()
+    finally:
+        agent.env.close()
+
+
+def test_a_short_run_checkpoints_and_resumes(tmp_path):
+    first = train(Config(**TINY, run_dir=str(tmp_path), run_name="pong"))
+    assert first.env_steps == 240 and first.train_steps > 0
+    run = tmp_path / "pong"
+    assert (run / "metrics.jsonl").exists()
+    last = sorted((run / "checkpoints").iterdir())[-1]
+    again = train(Config(**TINY | {"total_steps": 400}, run_dir=str(tmp_path), run_name="pong", resume=str(last)))
+    assert again.env_steps == 400 and again.train_steps > first.train_steps
+    config = json.loads((run / "config.json").read_text())
+    assert config["env"] == "atari:Pong" and config["n_step"] == 3
+
+
+def test_pixel_runs_refuse_what_they_do_not_do(tmp_path):
+    for change, match in (
+        (dict(population=2), "one agent a run"),
+        (dict(replay="flat"), "trajectory replay"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            setup(dataclasses.replace(Config(**TINY, run_dir=str(tmp_path)), **change), print, None)
+
+
+@pytest.mark.gpu
+def test_a_short_run_on_cuda_learns_from_its_graphs(tmp_path):
+    """The learn step replays from CUDA graphs (the draw and its stacks among them) and its TD
+    errors are the double-Q n-step ones of the network it started from."""
+    cfg = Config(**TINY | {"device": "cuda", "total_steps": 1600, "learning_starts": 200}, run_dir=str(tmp_path))
+    cfg, agent, _ = setup(cfg, print, None)
+    try:
+        for it in range(300):
+            agent.collect_step(None)
+            if it >= 100:
+                agent.learn_step(it - 99, None)
+        assert agent.learn.captured
+        before = copy.deepcopy(agent.qnet)
+        agent.collect_step(None)
+        agent.learn_step(201, None)  # replays the captured step: a fresh draw into the same tensors
+        b = agent.learn_state.batch
+        with torch.no_grad():
+            q = before(b["obs"]).gather(1, b["action"][:, None])[:, 0]
+            best = before(b["next_obs"]).argmax(dim=1, keepdim=True)
+            y = b["reward"] + b["discount"] * agent.target(b["next_obs"]).gather(1, best)[:, 0]
+        torch.testing.assert_close(agent.learn_state.td, q - y, rtol=1e-3, atol=1e-3)  # TF32 convolutions
+        assert torch.isfinite(agent.sums).all() and agent.counters[1].item() == 201
+    finally:
+        agent.env.close()

@@ -1,0 +1,123 @@
+"""``atari:<Game>`` on ale-py: the stacks a policy acts on, lives, resets, errors, and that the
+stacks the trajectory replay builds at sample time are the ones the policy acted on."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gper
+from gper.envs import UnknownEnvironment, make_env
+
+pytest.importorskip("ale_py")
+
+from gper.envs.atari import AtariVecEnv, rom_name  # noqa: E402
+
+
+def random_actions(env: AtariVecEnv, g: torch.Generator) -> torch.Tensor:
+    return torch.randint(0, env.n_actions, (env.num_envs,), generator=g)
+
+
+def test_steps_are_stacks_of_the_last_four_frames():
+    env = make_env("atari:Pong", 3, "cpu", seed=3)
+    try:
+        assert (env.n_actions, env.obs_shape, env.obs_dim) == (6, (4, 84, 84), 4 * 84 * 84)
+        obs = env.reset(seed=3)
+        assert obs.dtype == torch.uint8 and obs.shape == (3, 4, 84, 84)
+        assert (obs[:, :3] == 0).all() and (obs[:, 3] != 0).any()  # a fresh game: one frame, zeros before it
+        g = torch.Generator().manual_seed(0)
+        ends, score = 0, torch.zeros(3)
+        for _ in range(1000):
+            step = env.step(random_actions(env, g))
+            ended = step.terminated | step.truncated
+            assert torch.equal(step.next_obs[:, :3], obs[:, 1:])  # the stack moves on by one frame
+            assert torch.equal(step.obs[~ended], step.next_obs[~ended])
+            assert (step.obs[ended, :3] == 0).all()  # a new game's stack starts afresh
+            assert torch.equal(env.game_over, ended)  # Pong has no lives: every end is a game's
+            score += step.reward
+            assert set(step.reward.tolist()) <= {-1.0, 0.0, 1.0}
+            ends += int(ended.sum())
+            score[ended] = 0
+            obs = step.obs
+        assert ends >= 1  # random play loses a game of Pong in about 900 steps
+    finally:
+        env.close()
+
+
+def test_a_lost_life_ends_the_training_episode_only():
+    g = torch.Generator().manual_seed(1)
+    train = make_env("atari:Breakout", 2, "cpu", seed=1)
+    play = AtariVecEnv("Breakout", 2, "cpu", seed=1, life_loss_terminal=False)
+    try:
+        lost = 0
+        for _ in range(300):
+            a = random_actions(train, g)
+            s, p = train.step(a), play.step(a)
+            life = s.terminated & ~train.game_over
+            lost += int(life.sum())
+            # the game goes on from the same frame; the learner's stack starts afresh there
+            assert torch.equal(s.obs[life, -1], s.next_obs[life, -1])
+            assert (s.obs[life, :3] == 0).all()
+            assert not (p.terminated & ~play.game_over).any()  # evaluation plays whole games
+            assert torch.equal(s.reward, p.reward)  # the same game, step for step
+        assert lost >= 2
+    finally:
+        train.close()
+        play.close()
+
+
+def test_bad_names_and_calls_are_refused():
+    assert rom_name("MsPacman") == "ms_pacman" and rom_name("pong") == "pong" and rom_name("Pong") == "pong"
+    with pytest.raises(UnknownEnvironment, match="atari:NoSuchGame"):
+        make_env("atari:NoSuchGame", 1, "cpu")
+    with pytest.raises(UnknownEnvironment):
+        make_env("atari:", 1, "cpu")
+    env = make_env("atari:Pong", 2, "cpu")
+    try:
+        with pytest.raises(ValueError, match=r"actions must be \[2\]"):
+            env.step(torch.zeros(3, dtype=torch.int64))
+        with pytest.raises(RuntimeError, match="no step was sent"):
+            env.step_wait()
+        env.step_async(torch.zeros(2, dtype=torch.int64))
+        with pytest.raises(RuntimeError, match="were not collected"):
+            env.step_async(torch.zeros(2, dtype=torch.int64))
+        env.step_wait()
+    finally:
+        env.close()
+
+
+def test_the_replay_stacks_the_frames_the_policy_acted_on(backend):
+    """A trajectory replay of frame_stack=4 fed each stream's newest frame (as the pixel learner
+    feeds it) draws every transition with the stacks the environment gave the policy."""
+    e, steps = 2, 400
+    env = make_env("atari:Breakout", e, "cpu", seed=5)  # lives: episodes end often, inside games too
+    spec = {"obs": ((84, 84), torch.uint8), "action": ((), torch.int64), "reward": ((), torch.float32)}
+    rb = gper.TrajectoryReplayBuffer(
+        e * 512, e, spec, window=1, frame_stack=4, autoreset="same-step", backend=backend, seed=0
+    )
+    rows: list[list] = [[] for _ in range(e)]  # per stream, per row: (obs stack, next_obs stack) or None
+    ended = torch.zeros(e, dtype=torch.bool)
+    g = torch.Generator().manual_seed(2)
+    try:
+        obs = env.reset(seed=5)
+        for _ in range(steps):
+            a = random_actions(env, g)
+            s = env.step(a)
+            rb.add(
+                {"obs": obs[:, -1], "action": a, "reward": s.reward, "next_obs": s.next_obs[:, -1],
+                 "terminated": s.terminated, "truncated": s.truncated}
+            )  # fmt: skip
+            for i in range(e):
+                if ended[i]:
+                    rows[i].append(None)  # the end row of the episode before
+                rows[i].append((obs[i], s.next_obs[i]))
+            ended = s.terminated | s.truncated
+            obs = s.obs
+    finally:
+        env.close()
+    batch = rb.sample(256, n_step=1)
+    for j, idx in enumerate(batch.indices.tolist()):
+        want = rows[idx // 512][idx % 512]
+        assert want is not None
+        assert torch.equal(batch["obs"][j], want[0]), f"draw {j}: the obs stack"
+        assert torch.equal(batch["next_obs"][j], want[1]), f"draw {j}: the next_obs stack"
