@@ -132,7 +132,8 @@ def specs() -> tuple[EnvSpec, ...]:
 
 
 def env_names() -> tuple[str, ...]:
-    """The registered names and patterns: ``("cartpole", "market", "bitflip:<N>", "gym:<ID>", "atari:<Game>")`` built in."""
+    """The registered names and patterns; built in: ``("cartpole", "market", "bitflip:<N>", "gym:<ID>",
+    "atari:<Game>")``."""
     return tuple(spec.name for spec in _SPECS.values())
 
 
