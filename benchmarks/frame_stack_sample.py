@@ -14,7 +14,9 @@ Each ``sample(B, n_step=n, gamma=0.99)`` is timed as a captured CUDA graph
 (``gper.bench.timing.time_graph``: replays timed with CUDA events, the median of the repeats).
 The flat buffer has no n-step sampling: its rows are for ``n_step`` 1. ``bytes/transition`` is
 the buffer's ``nbytes_estimate`` over its capacity (rows, tree and indices); ``x_flat`` is a
-row's median over the flat buffer's at the same batch.
+row's median over the flat buffer's at the same batch. ``--sample-words`` sets how many row words
+a sampling program holds (``LaunchConfig.sample_words`` of ``gper.ops.tree.triton``: rows as wide
+as a frame take fewer draws a program; a large value gives every program 16 draws).
 
     python benchmarks/frame_stack_sample.py                       # 10^6 transitions, B = 256 and 4096
     python benchmarks/frame_stack_sample.py --device cpu --capacity 4096 --batches 32 --flat-capacity 4096
@@ -116,9 +118,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--p-end", type=float, default=0.002, help="probability an episode ends at a step")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--target-ms", type=float, default=20.0, help="length of one timed repeat")
+    p.add_argument("--sample-words", type=int, default=None, help="LAUNCH.sample_words for the draws (default: gper's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="benchmarks/results")
     args = p.parse_args(argv)
+    if args.sample_words is not None:  # graphs keep the launch shapes they were captured with
+        from gper.ops.tree.triton import LAUNCH
+
+        LAUNCH.sample_words = args.sample_words
     device = torch.device(args.device)
     if device.type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)

@@ -27,7 +27,7 @@ from gper.ops.state import TreeState
 from gper.ops.trajectory import reference
 from gper.ops.trajectory.reference import gather_sequences, rep_count  # noqa: F401 (gather_sequences: the contract's)
 from gper.ops.trajectory.triton_stack import stack_frames  # noqa: F401 (the contract's)
-from gper.ops.tree.triton import LAUNCH, _draw_args, _draw_inputs, _level_offsets, _shape, levels
+from gper.ops.tree.triton import LAUNCH, _draw_args, _draw_inputs, _level_offsets, _shape, levels, sample_block
 from gper.ops.tree.triton_sample import _advance_rng, _draw_rows
 from gper.ops.triton_lanes import lanes
 from gper.ops.triton_slots import S_MAXP
@@ -395,7 +395,8 @@ def sample_transitions(
     out_discount: torch.Tensor,
 ) -> None:
     b, w = out_rows.shape
-    _sample_transitions[(triton.cdiv(b, LAUNCH.sample_block),)](
+    block = sample_block(w)
+    _sample_transitions[(triton.cdiv(b, block),)](
         *_draw_inputs(state, rows, beta),
         gamma,
         out_rows,
@@ -411,7 +412,7 @@ def sample_transitions(
         RC=reward_col,
         FC=flags_col,
         N=n_step,
-        BLOCK=LAUNCH.sample_block,
+        BLOCK=block,
         num_warps=LAUNCH.sample_warps,
         enable_fp_fusion=False,
     )

@@ -71,6 +71,9 @@ class LaunchConfig:
     climb_warps: int = 4
     add_block: int = 16
     add_warps: int = 4
+    #: the most row words a sampling program holds: rows wider than ``sample_words // sample_block``
+    #: (frames) take fewer draws a program, so its rows stay in registers (:func:`sample_block`)
+    sample_words: int = 8192
 
 
 #: the launch shapes in force (read at every launch)
@@ -413,15 +416,24 @@ def add_rows(
     return pos
 
 
+def sample_block(words: int) -> int:
+    """Draws a sampling program takes for rows of ``words`` words: ``LAUNCH.sample_block``, or the
+    largest power of two whose rows fit in ``LAUNCH.sample_words`` (at least 1). The draws do not
+    depend on it: each draw's random numbers come from its own index."""
+    fit = max(1, LAUNCH.sample_words // triton.next_power_of_2(words))
+    return min(LAUNCH.sample_block, 1 << (fit.bit_length() - 1))
+
+
 def sample(*, state: TreeState, rows: torch.Tensor, seed: int, mode: int, beta: torch.Tensor, out: SampleOut) -> None:
     b = out.idx.numel()
-    _sample_kernel[_grid(b, LAUNCH.sample_block)](
+    block = sample_block(rows.shape[1])
+    _sample_kernel[_grid(b, block)](
         *_draw_inputs(state, rows, beta),
         *out,  # rows, idx, gen, w
         seed,
         b,
         **_draw_args(state.layout, mode, rows.shape[1]),
-        BLOCK=LAUNCH.sample_block,
+        BLOCK=block,
         num_warps=LAUNCH.sample_warps,
     )
 

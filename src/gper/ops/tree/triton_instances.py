@@ -30,6 +30,7 @@ from gper.ops.tree.triton import (
     _level_offsets,
     _shape,
     arrive_counters,
+    sample_block,
 )
 from gper.ops.tree.triton_climb import _add_repair, _add_write, _update_apply
 from gper.ops.tree.triton_sample import _sample_kernel
@@ -79,7 +80,8 @@ def sample_instances(
     """
     n, b = out.idx.shape
     beta_t, st_beta = beta_pointer(beta, n)
-    _sample_kernel[_grid(b, LAUNCH.sample_block, n)](
+    block = sample_block(rows.shape[2])
+    _sample_kernel[_grid(b, block, n)](
         state.tree,
         state.mintree,
         _level_offsets(state.layout, state.tree.device),
@@ -91,7 +93,7 @@ def sample_instances(
         seed,
         b,
         **_draw_args(state.layout, mode, rows.shape[2]),
-        BLOCK=LAUNCH.sample_block,
+        BLOCK=block,
         num_warps=LAUNCH.sample_warps,
         **_tree_strides(state),
         st_gen=_st(state.gen),
