@@ -248,3 +248,25 @@ def test_stacks_past_two_to_the_31_words_on_cuda():
     )  # fmt: skip
     assert torch.equal(b.obs_stack, want[0]) and torch.equal(b.next_stack, want[1])
     assert (b["obs"][:, -1] == buf.layout.row.view(b.rows, "obs")).all()
+
+
+def test_wide_rows_take_fewer_draws_a_program_and_draw_the_same():
+    """Rows as wide as a frame run fewer draws a sampling program (``sample_block``); what is drawn
+    does not change with it."""
+    from helpers import TRITON_ON_CPU
+
+    if not (gper._triton.HAS_TRITON and TRITON_ON_CPU):  # noqa: SLF001
+        pytest.skip("Triton on CPU tensors needs TRITON_INTERPRET=1")
+    from gper.ops.tree.triton import launch_config, sample_block
+
+    assert sample_block(56) == 16 and sample_block(512) == 16 and sample_block(1768) == 4
+    assert sample_block(14_122) == 1 and sample_block(10**6) == 1
+    draws = []
+    for block in (16, 2, 1):
+        buf = gper.TrajectoryReplayBuffer(40, 2, SPEC, window=2, frame_stack=4, backend="triton", seed=3)
+        feed(buf, StackOracle(2, 20), 30, 0.1, seed=0, autoreset="same-step")
+        with launch_config(sample_block=block):
+            b = buf.sample(37, n_step=2, gamma=0.9)
+        draws.append((b.indices, b.rows, b.weights, b["obs"], b["next_obs"]))
+    for other in draws[1:]:
+        assert all(torch.equal(x, y) for x, y in zip(draws[0], other, strict=True))
