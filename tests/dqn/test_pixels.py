@@ -99,3 +99,42 @@ def test_a_short_run_on_cuda_learns_from_its_graphs(tmp_path):
         assert torch.isfinite(agent.sums).all() and agent.counters[1].item() == 201
     finally:
         agent.env.close()
+
+
+def test_sigkill_then_resume_finishes_the_run(tmp_path):
+    """``gper train --env atari:Pong`` killed (SIGKILL) once a checkpoint is written, then resumed
+    from its run folder: the run ends at its planned steps, its record has no step twice, and the
+    replay came back whole (the games start afresh: their emulator state is not kept)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import gper
+    from gper.training.checkpoints import list_checkpoints
+    from gper.training.runlog import read_metrics
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(gper.__file__).parents[1]))
+    args = ["--env", "atari:Pong", "--device", "cpu", "--num-envs", "2", "--total-steps", "480"]
+    args += ["--learning-starts", "64", "--buffer-size", "512", "--batch-size", "8", "--epoch-steps", "80"]
+    args += ["--hidden", "32", "--eval-every", "0", "--progress", "False", "--tensorboard", "False"]
+    args += ["--checkpoint-every", "1", "--run-dir", str(tmp_path), "--run-name", "pong"]
+    proc = subprocess.Popen([sys.executable, "-m", "gper", "train", *args], env=env, stdout=subprocess.DEVNULL)
+    folder = tmp_path / "pong"
+    deadline = time.monotonic() + 120
+    while not (folder / "checkpoints").exists() or not list_checkpoints(folder / "checkpoints"):
+        assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = subprocess.run(
+        [sys.executable, "-m", "gper", "train", "--resume", str(folder)], env=env, capture_output=True, text=True,
+        timeout=180,
+    )  # fmt: skip
+    assert done.returncode == 0 and "gper train: done" in done.stdout, done.stdout + done.stderr
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["env_steps"] == 480
+    steps = [r["global_step"] for r in read_metrics(folder / "metrics.jsonl") if "losses/td_loss" in r]
+    assert steps == sorted(set(steps)) and steps[-1] == 480
