@@ -68,7 +68,7 @@ def test_a_short_run_checkpoints_and_resumes(tmp_path):
 
 def test_pixel_runs_refuse_what_they_do_not_do(tmp_path):
     for change, match in (
-        (dict(population=2), "one agent a run"),
+        (dict(sweep=("learning_rate=1e-4,3e-4",)), "no --sweep"),
         (dict(replay="flat"), "trajectory replay"),
     ):
         with pytest.raises(ValueError, match=match):
@@ -138,3 +138,33 @@ def test_sigkill_then_resume_finishes_the_run(tmp_path):
     assert summary["env_steps"] == 480
     steps = [r["global_step"] for r in read_metrics(folder / "metrics.jsonl") if "losses/td_loss" in r]
     assert steps == sorted(set(steps)) and steps[-1] == 480
+
+
+def test_a_population_of_pixel_agents_trains_and_resumes(tmp_path):
+    """``--population 2``: one environment of both agents' games, a replay of two instances, two
+    networks; reported as a population, and resumed from its checkpoint."""
+    settings = TINY | {"population": 2}
+    cfg, agent, _ = setup(Config(**settings, run_dir=str(tmp_path)), print, None)
+    try:
+        assert agent.agents == 2 and agent.env.num_envs == 4 and agent.rb.instances == 2
+        assert agent.sums.shape == (2, 3) and agent.episodes.agents == 2
+        for _ in range(40):
+            agent.collect_step(None)
+        agent._sample()
+        agent._fwd_bwd()
+        b = agent.learn_state.batch
+        assert b["obs"].shape == (2, 8, 4, 84, 84)
+        for i in range(2):  # each agent's TD errors from its own networks and its own draws
+            with torch.no_grad():
+                q = agent.qnets[i](b["obs"][i]).gather(1, b["action"][i][:, None])[:, 0]
+                best = agent.qnets[i](b["next_obs"][i]).argmax(dim=1, keepdim=True)
+                y = b["reward"][i] + b["discount"][i] * agent.targets[i](b["next_obs"][i]).gather(1, best)[:, 0]
+            torch.testing.assert_close(agent.learn_state.td[i], q - y)
+        assert not torch.equal(agent.qnets[0].head[2].weight, agent.qnets[1].head[2].weight)  # seeds 1 and 2
+    finally:
+        agent.env.close()
+    first = train(Config(**settings, run_dir=str(tmp_path), run_name="pop"))
+    assert first.env_steps == 240 and first.population is not None
+    last = sorted((tmp_path / "pop" / "checkpoints").iterdir())[-1]
+    again = train(Config(**settings | {"total_steps": 320}, run_dir=str(tmp_path), run_name="pop", resume=str(last)))
+    assert again.env_steps == 320

@@ -210,30 +210,32 @@ def setup_pixels(
     and a :class:`~gper.dqn.pixel_agent.PixelAgent`.
 
     Raises:
-        ValueError: what pixel training does not do yet (one line each): several processes, a
-            population or sweep, hindsight relabelling, the flat replay.
+        ValueError: what pixel training does not do (one line each): several processes, a sweep,
+            hindsight relabelling, the flat replay.
     """
     if launch is not None:
         raise ValueError("pixel training runs in one process: run it without torchrun")
-    if cfg.population > 1 or cfg.sweep:
-        raise ValueError("pixel training trains one agent a run: --population 1 and no --sweep (run seeds one by one)")
+    if cfg.sweep:
+        raise ValueError("pixel training takes no --sweep: a population of seeds (--population N) or one run a setting")
     if cfg.her != "none" or cfg.replay == "flat":
         raise ValueError("pixel training learns from the trajectory replay's frame stacks: --replay auto, no --her")
     torch.manual_seed(cfg.seed)
     if device.type == "cuda":
         torch.cuda.manual_seed(cfg.seed)
     cfg = dataclasses.replace(cfg, replay="trajectory")
-    env = build_env(cfg, device)
+    n = cfg.population
+    env = build_env(dataclasses.replace(cfg, num_envs=cfg.num_envs * n), device)  # agent i: games [i E, (i + 1) E)
     try:
-        rb = pixel_replay(cfg, env, device)
+        rb = pixel_replay(cfg, env, device, agents=n)
     except BaseException:
         env.close()
         raise
+    each = f"{n} agents (seeds {cfg.seed}..{cfg.seed + n - 1}), each with " if n > 1 else ""
     notes.append(
-        f"{rb.capacity:,} transitions of {env.num_envs} streams, each frame stored once and stacked by "
-        f"{env.frame_stack} at sample time: {rb.nbytes_estimate / 2**30:.2f} GiB"
+        f"{each}{rb.capacity:,} transitions of {cfg.num_envs} streams, each frame stored once and stacked by "
+        f"{env.frame_stack} at sample time: {rb.nbytes_estimate / 2**30:.2f} GiB in all"
     )
     for note in notes:
         log(f"gper train: {note}")
     total_train = train_steps_before(cfg, collect_iterations(cfg))
-    return cfg, PixelAgent(cfg, env, rb, total_train), notes
+    return cfg, PixelAgent(cfg, env, rb, total_train, agents=n), notes

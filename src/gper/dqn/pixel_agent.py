@@ -18,6 +18,12 @@ stacks, the uint8-to-float conversion, both forwards, the loss, backward, clippi
 priority update replay as one graph. The episodes reported are whole games with their raw
 scores (:attr:`~gper.envs.atari.AtariVecEnv.game_over`), while learning ends an episode at each
 lost life.
+
+A population (``agents`` = N > 1, ``--population N``) trains N agents of seeds ``seed .. seed + N - 1``
+at once: one environment of ``N * num_envs`` games (agent ``i`` plays games ``[i E, (i + 1) E)``),
+one replay of N instances (``instances=N``: each agent draws from its own exact prioritized
+buffer), N networks with one Adam over them all (Adam is per parameter: N independent ones),
+each agent's gradient clipped on its own, and one learn step graph for all.
 """
 
 from __future__ import annotations
@@ -45,14 +51,16 @@ from gper.training.timing import PhaseTimer
 ADAM_EPS = 1.5e-4
 
 
-def pixel_replay(cfg: Config, env: AtariVecEnv, device: torch.device) -> gper.TrajectoryReplayBuffer:
-    """The replay of ``cfg`` for ``env``: its streams' frames stored once, stacks of ``env.frame_stack``."""
+def pixel_replay(cfg: Config, env: AtariVecEnv, device: torch.device, agents: int = 1) -> gper.TrajectoryReplayBuffer:
+    """The replay of ``cfg`` for ``env``: its streams' frames stored once, stacks of ``env.frame_stack``;
+    for ``agents`` > 1, an instance each (``env.num_envs // agents`` streams, ``buffer_size`` transitions)."""
     spec = {"obs": (FRAME, torch.uint8), "action": ((), torch.int64), "reward": ((), torch.float32)}
-    capacity = max(cfg.buffer_size // env.num_envs, cfg.n_step + 2) * env.num_envs
+    streams = env.num_envs // agents
+    capacity = max(cfg.buffer_size // streams, cfg.n_step + 2) * streams
     return gper.TrajectoryReplayBuffer(
-        capacity, env.num_envs, spec, window=cfg.n_step, frame_stack=env.frame_stack, autoreset="same-step",
+        capacity, streams, spec, window=cfg.n_step, frame_stack=env.frame_stack, autoreset="same-step",
         sampling=cfg.sampling, alpha=cfg.alpha, beta=cfg.beta, weight_norm=cfg.weight_norm, device=device,
-        backend=cfg.backend, seed=cfg.seed, cuda_graphs=cfg.cuda_graphs,
+        backend=cfg.backend, seed=cfg.seed, cuda_graphs=cfg.cuda_graphs, instances=agents if agents > 1 else None,
     )  # fmt: skip
 
 
@@ -61,25 +69,34 @@ class PixelAgent:
 
     Args:
         cfg: resolved settings (``hidden[0]``: the fully connected layer's units; ``dueling``).
-        env: the games (an :class:`~gper.envs.atari.AtariVecEnv`).
-        rb: its replay (:func:`pixel_replay`).
+        env: the games (an :class:`~gper.envs.atari.AtariVecEnv`), ``agents * cfg.num_envs`` of them.
+        rb: its replay (:func:`pixel_replay`, of ``agents`` instances).
         total_train_steps: training steps of the run; beta reaches 1 at the last one.
+        agents: N agents trained together (see the module docstring); agent ``i``'s network is
+            seeded ``cfg.seed + i``.
     """
 
-    def __init__(self, cfg: Config, env: AtariVecEnv, rb: gper.TrajectoryReplayBuffer, total_train_steps: int) -> None:
-        self.cfg, self.env, self.rb = cfg, env, rb
+    def __init__(
+        self, cfg: Config, env: AtariVecEnv, rb: gper.TrajectoryReplayBuffer, total_train_steps: int, agents: int = 1
+    ) -> None:
+        self.cfg, self.env, self.rb, self.agents = cfg, env, rb, agents
         device = self.device = env.device
         cuda = device.type == "cuda"
         self.n_actions, self.obs_width = env.n_actions, env.obs_dim
-        self.qnet = NatureQNetwork(env.frame_stack, env.n_actions, cfg.hidden[0], cfg.dueling).to(device)
-        self.target = copy.deepcopy(self.qnet).requires_grad_(False)
+        nets = []
+        for i in range(agents):
+            torch.manual_seed(cfg.seed + i)
+            nets.append(NatureQNetwork(env.frame_stack, env.n_actions, cfg.hidden[0], cfg.dueling).to(device))
+        self.qnets = nn.ModuleList(nets)
+        self.targets = copy.deepcopy(self.qnets).requires_grad_(False)
+        self.qnet, self.target = self.qnets[0], self.targets[0]  # agent 0's (the only one's)
         self.optimizer = torch.optim.Adam(
-            self.qnet.parameters(), lr=cfg.learning_rate, eps=ADAM_EPS, capturable=cuda, fused=True if cuda else None
+            self.qnets.parameters(), lr=cfg.learning_rate, eps=ADAM_EPS, capturable=cuda, fused=True if cuda else None
         )
         self.counters = torch.zeros(2, dtype=torch.float64, device=device)  # env steps, training steps
-        self.sums = torch.zeros(N_SUMS, dtype=torch.float64, device=device)
+        self.sums = torch.zeros(*((agents,) if agents > 1 else ()), N_SUMS, dtype=torch.float64, device=device)
         self.beta_t = torch.full((), cfg.beta, dtype=torch.float32, device=device)
-        self.episodes = EpisodeTracker(env.num_envs, device)
+        self.episodes = EpisodeTracker(env.num_envs, device, agents=agents)
         self.total_train_steps = max(1, total_train_steps)
         self.autocast = cuda and cfg.precision == "bf16"
         self.env_steps = 0  # as the host counts them (the exploration schedule)
@@ -101,10 +118,16 @@ class PixelAgent:
         frac = min(env_steps / (cfg.exploration_fraction * cfg.total_steps), 1.0)
         return cfg.eps_start + (cfg.eps_end - cfg.eps_start) * frac
 
+    def _per_agent(self, nets: nn.ModuleList, obs: torch.Tensor) -> torch.Tensor:
+        """Q-values of ``obs`` [N * k, S, 84, 84], block ``i`` of ``k`` by agent ``i``'s network."""
+        if self.agents == 1:
+            return nets[0](obs)
+        return torch.cat([net(part) for net, part in zip(nets, obs.chunk(self.agents), strict=True)])
+
     def _act(self, obs: torch.Tensor) -> torch.Tensor:
         n = self.env.num_envs
         with torch.no_grad(), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-            greedy = self.qnet(obs).argmax(dim=1)
+            greedy = self._per_agent(self.qnets, obs).argmax(dim=1)
         explore = torch.rand(n, device=self.device) < self.epsilon(self.env_steps)
         return torch.where(explore, torch.randint(0, self.n_actions, (n,), device=self.device), greedy)
 
@@ -115,16 +138,17 @@ class PixelAgent:
             timer.mark("collect")
         step = self.env.step_wait()
         n = self.env.num_envs
-        self.rb.add(
-            {
-                "obs": self.obs[:, -1],
-                "action": self._action,
-                "reward": torch.sign(step.reward),  # clipped for learning; the episodes keep the score
-                "next_obs": step.next_obs[:, -1],
-                "terminated": step.terminated,
-                "truncated": step.truncated,
-            }
-        )
+        data = {
+            "obs": self.obs[:, -1],
+            "action": self._action,
+            "reward": torch.sign(step.reward),  # clipped for learning; the episodes keep the score
+            "next_obs": step.next_obs[:, -1],
+            "terminated": step.terminated,
+            "truncated": step.truncated,
+        }
+        if self.agents > 1:  # [N, E, ...]: each agent's games into its own instance
+            data = {k: v.unflatten(0, (self.agents, -1)) for k, v in data.items()}
+        self.rb.add(data)
         self.env_steps += n
         self.counters[0] += n
         self.episodes.record(step.reward, self.env.game_over, self.counters[0])
@@ -144,21 +168,26 @@ class PixelAgent:
         s, cfg = self.learn_state, self.cfg
         b = s.batch
         self.optimizer.zero_grad(set_to_none=True)
+        # a population's batch is [N, B, ...]: the agents' rows side by side, each through its own networks
+        flat = (lambda x: x.flatten(0, 1)) if self.agents > 1 else (lambda x: x)  # noqa: E731
+        obs, next_obs, action = flat(b["obs"]), flat(b["next_obs"]), flat(b["action"])
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-            q = self.qnet(b["obs"]).float().gather(1, b["action"].unsqueeze(1)).squeeze(1)
+            q = self._per_agent(self.qnets, obs).float().gather(1, action.unsqueeze(1)).squeeze(1)
             with torch.no_grad():
-                next_target = self.target(b["next_obs"]).float()
+                next_target = self._per_agent(self.targets, next_obs).float()
                 if cfg.double_q:
-                    best = self.qnet(b["next_obs"]).argmax(dim=1, keepdim=True)
+                    best = self._per_agent(self.qnets, next_obs).argmax(dim=1, keepdim=True)
                     next_q = next_target.gather(1, best).squeeze(1)
                 else:
                     next_q = next_target.max(dim=1).values
-                y = b["reward"] + b["discount"] * next_q
-        loss = (elementwise_loss(q, y, cfg.loss) * b.weights).mean()
-        loss.backward()
+                y = flat(b["reward"]) + flat(b["discount"]) * next_q
+        shape = b.weights.shape  # [B], or [N, B]
+        q, y = q.view(shape), y.view(shape)
+        each = (elementwise_loss(q, y, cfg.loss) * b.weights).mean(dim=-1)  # each agent's loss
+        each.sum().backward()  # the agents share no parameter: each gets its own loss's gradient
         s.td = (q - y).detach()
-        self.sums += torch.stack((loss.detach(), q.detach().mean(), s.td.abs().mean()))
-        s.grads = [p.grad for p in self.qnet.parameters()]
+        self.sums += torch.stack((each.detach(), q.detach().mean(dim=-1), s.td.abs().mean(dim=-1)), dim=-1)
+        s.grads = [p.grad for p in self.qnets.parameters()]
 
     def _per_update(self) -> None:
         s = self.learn_state
@@ -167,25 +196,26 @@ class PixelAgent:
         self.beta_t.add_((1.0 - self.cfg.beta) / self.total_train_steps).clamp_(max=1.0)
 
     def _adam(self) -> None:
-        if self.cfg.max_grad_norm > 0:
-            nn.utils.clip_grad_norm_(self.qnet.parameters(), self.cfg.max_grad_norm, foreach=True)
+        if self.cfg.max_grad_norm > 0:  # each agent's gradient on its own
+            for net in self.qnets:
+                nn.utils.clip_grad_norm_(net.parameters(), self.cfg.max_grad_norm, foreach=True)
         self.optimizer.step()
         self.counters[1] += 1
         if self.cfg.tau < 1.0:
             with torch.no_grad():
-                torch._foreach_lerp_(list(self.target.parameters()), list(self.qnet.parameters()), self.cfg.tau)
+                torch._foreach_lerp_(list(self.targets.parameters()), list(self.qnets.parameters()), self.cfg.tau)
 
     def learn_step(self, train_step: int, timer: PhaseTimer | None) -> None:
         """Training step ``train_step`` (counted from 1), then the hard target update when one is due."""
         self.learn.run(timer)
         if self.cfg.tau >= 1.0 and train_step % self.cfg.target_every == 0:
             with torch.no_grad():
-                torch._foreach_copy_(list(self.target.parameters()), list(self.qnet.parameters()))
+                torch._foreach_copy_(list(self.targets.parameters()), list(self.qnets.parameters()))
 
     def greedy(self, obs: torch.Tensor) -> torch.Tensor:
-        """Greedy actions for frame stacks ``obs`` (evaluation)."""
+        """Greedy actions for frame stacks ``obs`` (evaluation; a population's: block ``i`` agent ``i``'s)."""
         with torch.no_grad(), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-            return self.qnet(obs).argmax(dim=1)
+            return self._per_agent(self.qnets, obs).argmax(dim=1)
 
     # ---- what the trainer core reads
 
@@ -208,8 +238,8 @@ class PixelAgent:
         """Networks, optimizer, counters, sums, beta, episodes and, with ``replay``, the replay.
         The games' emulator state is not kept: a resumed run starts new games."""
         state = {
-            "qnet": self.qnet.state_dict(),
-            "target": self.target.state_dict(),
+            "qnet": self.qnets.state_dict(),
+            "target": self.targets.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "counters": self.counters,
             "sums": self.sums,
@@ -222,8 +252,8 @@ class PixelAgent:
 
     def load_state_dict(self, state: dict[str, Any], *, replay: bool = True) -> None:
         """Restore :meth:`state_dict` in place; the games in flight start afresh (their returns so far are dropped)."""
-        self.qnet.load_state_dict(state["qnet"])
-        self.target.load_state_dict(state["target"])
+        self.qnets.load_state_dict(state["qnet"])
+        self.targets.load_state_dict(state["target"])
         load_adam_state(self.optimizer, state["optimizer"])
         if replay:
             self.rb.load_state_dict(state["replay"])
