@@ -14,7 +14,8 @@ def test_built_in_names_and_presets_in_order():
     assert list(PRESETS) == ["cartpole", "market", "market-walk", "bitflip", "gym", "atari"]
     assert [s.family for s in specs()] == ["cartpole", "market", "bitflip", "gym", "atari"]
     assert preset("cartpole", "cpu")["total_steps"] == 200_000 and preset("cartpole", "cuda")["total_steps"] == 300_000
-    assert preset("atari", "cuda")["n_step"] == 3 and preset("atari", "cpu")["total_steps"] == 20_000
+    assert preset("atari", "cuda")["n_step"] == 3 and preset("atari", "cuda")["weight_norm"] == "batch"
+    assert preset("atari", "cpu")["total_steps"] == 20_000
     assert preset("pong", "cpu") is None
 
 

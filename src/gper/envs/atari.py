@@ -217,7 +217,11 @@ def _settings(run: Any, split: str) -> dict[str, Any]:
 
 # The trainer's presets (gper.envs.registry.PRESETS): prioritized double DQN with 3-step returns
 # (Rainbow's replay settings without its distributional head or noisy nets), CleanRL's network and
-# schedule otherwise. The CPU's are for a smoke run only.
+# schedule otherwise. IS weights are normalised by the batch's largest, as Dopamine's Rainbow does:
+# over a million transitions the global largest made every weight about 1e-3 and, under Adam's
+# epsilon of 1.5e-4, the updates nearly vanished (Pong at -19.5 after 2M steps,
+# benchmarks/results/train-atari-pong-nvidia-h100-80gb-hbm3-20261206-013000.md). The CPU's are for a
+# smoke run only.
 # fmt: off
 SPEC = EnvSpec(
     "atari:<Game>",
@@ -231,7 +235,7 @@ SPEC = EnvSpec(
             total_steps=2_000_000, num_envs=8, hidden=(512,), n_step=3, buffer_size=1_000_000, batch_size=64,
             learning_rate=1e-4, max_grad_norm=10.0, tau=1.0, target_every=1_000, eps_end=0.01,
             exploration_fraction=0.1, learning_starts=20_000, epoch_steps=20_000, solve_return=None,
-            weight_norm="global",
+            weight_norm="batch",
         ),
         "cpu": dict(total_steps=20_000, num_envs=4, buffer_size=20_000, learning_starts=2_000, epoch_steps=2_000),
     },
