@@ -150,6 +150,8 @@ def test_a_population_of_pixel_agents_trains_and_resumes(tmp_path):
         assert agent.sums.shape == (2, 3) and agent.episodes.agents == 2
         for _ in range(40):
             agent.collect_step(None)
+        # env steps as the trainer counts them: one agent's (2 games an iteration), not all 4 games'
+        assert agent.counters[0].item() == agent.env_steps == 40 * 2
         agent._sample()
         agent._fwd_bwd()
         b = agent.learn_state.batch
@@ -168,3 +170,100 @@ def test_a_population_of_pixel_agents_trains_and_resumes(tmp_path):
     last = sorted((tmp_path / "pop" / "checkpoints").iterdir())[-1]
     again = train(Config(**settings | {"total_steps": 320}, run_dir=str(tmp_path), run_name="pop", resume=str(last)))
     assert again.env_steps == 320
+
+
+class RememberTheBar:
+    """A pixel task that needs the frame stack: each frame shows a bar on the left or the right at
+    random, and an action earns 1 when it names the side of the bar one frame *before* the current
+    one (0 on an episode's first step, whose earlier frame is the stack's zeros). Episodes are cut
+    after 16 steps. The interface of :class:`~gper.envs.atari.AtariVecEnv` that the learner uses."""
+
+    graph_safe, autoreset, n_actions, frame_stack = False, "same-step", 2, 4
+    obs_shape, obs_dim = (4, 84, 84), 4 * 84 * 84
+
+    def __init__(self, num_envs: int, seed: int = 0) -> None:
+        self.name, self.num_envs, self.device = "bars", num_envs, torch.device("cpu")
+        self.g = torch.Generator().manual_seed(seed)
+        self.game_over = torch.zeros(num_envs, dtype=torch.bool)
+        self.reset()
+
+    def _frame(self, side: torch.Tensor) -> torch.Tensor:
+        f = torch.zeros(self.num_envs, 84, 84, dtype=torch.uint8)
+        f[side == 0, 30:54, 4:20] = 255
+        f[side == 1, 30:54, 64:80] = 255
+        return f
+
+    def reset(self, seed=None) -> torch.Tensor:
+        self.side = torch.randint(0, 2, (self.num_envs,), generator=self.g)
+        self.prev = torch.full((self.num_envs,), -1)  # no earlier frame in the episode
+        self.t = torch.zeros(self.num_envs, dtype=torch.int64)
+        self.stack = torch.zeros(self.num_envs, *self.obs_shape, dtype=torch.uint8)
+        self.stack[:, -1] = self._frame(self.side)
+        return self.stack.clone()
+
+    def step_async(self, actions: torch.Tensor) -> None:
+        self.actions = actions.clone()
+
+    def step_wait(self):
+        from gper.envs.base import Step
+
+        reward = (self.actions == self.prev).float()
+        self.prev, self.side = self.side, torch.randint(0, 2, (self.num_envs,), generator=self.g)
+        self.t += 1
+        truncated = self.t >= 16
+        frame = self._frame(self.side)
+        next_stack = torch.cat((self.stack[:, 1:], frame[:, None]), dim=1)
+        fresh = torch.zeros_like(self.stack)
+        fresh[:, -1] = frame
+        self.stack = torch.where(truncated[:, None, None, None], fresh, next_stack)
+        self.prev = torch.where(truncated, -1, self.prev)
+        self.t = torch.where(truncated, 0, self.t)
+        self.game_over = truncated.clone()
+        return Step(next_stack, reward, torch.zeros_like(truncated), truncated, self.stack.clone())
+
+    def step(self, actions):
+        self.step_async(actions)
+        return self.step_wait()
+
+    def close(self) -> None:
+        pass
+
+
+#: collection iterations of 4 games, a training step in each from the 100th on
+ITERATIONS = 600
+
+
+def test_the_learner_uses_the_frame_before_the_last_one():
+    """Learning a task whose reward depends on the frame before the newest: the replay's stacks,
+    the action stored with them and the n-step targets line up, or the greedy policy stays at chance."""
+    from gper.dqn.config import resolve
+    from gper.dqn.pixel_agent import PixelAgent, pixel_replay
+
+    torch.manual_seed(0)
+    task = {"total_steps": 8000, "learning_starts": 400, "batch_size": 32, "hidden": (64,), "learning_rate": 5e-4}
+    cfg = resolve(Config(**TINY | task | {"buffer_size": 4000, "target_every": 100}), torch.device("cpu"))
+    cfg = dataclasses.replace(cfg, num_envs=4, exploration_fraction=0.05, weight_norm="batch")
+    env = RememberTheBar(4, seed=1)
+    agent = PixelAgent(cfg, env, pixel_replay(cfg, env, torch.device("cpu")), total_train_steps=ITERATIONS - 100)
+    for it in range(ITERATIONS):
+        agent.collect_step(None)
+        if it >= 100:
+            agent.learn_step(it - 99, None)
+    play = RememberTheBar(64, seed=2)
+    obs, earned = play.reset(), 0.0
+    for _ in range(15):  # the first step of each of the 64 episodes has no earlier frame
+        step = play.step(agent.greedy(obs))
+        earned += step.reward.sum().item()
+        obs = step.obs
+    assert earned / (14 * 64) > 0.9, f"greedy policy right {earned / (14 * 64):.2f} of the time (chance: 0.5)"
+
+
+def test_dueling_is_for_pixels_only(tmp_path):
+    with pytest.raises(ValueError, match="dueling is a head of the pixel network"):
+        setup(Config(env="cartpole", device="cpu", dueling=True, run_dir=str(tmp_path)), print, None)
+
+
+@pytest.mark.gpu
+def test_a_replay_too_large_for_the_gpu_is_refused_with_its_size(tmp_path):
+    with pytest.raises(ValueError, match="does not fit in cuda:0's memory: lower --buffer-size"):
+        setup(Config(**TINY | {"device": "cuda", "buffer_size": 10**9}, run_dir=str(tmp_path)), print, None)

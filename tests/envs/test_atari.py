@@ -26,7 +26,7 @@ def test_steps_are_stacks_of_the_last_four_frames():
         assert obs.dtype == torch.uint8 and obs.shape == (3, 4, 84, 84)
         assert (obs[:, :3] == 0).all() and (obs[:, 3] != 0).any()  # a fresh game: one frame, zeros before it
         g = torch.Generator().manual_seed(0)
-        ends, score = 0, torch.zeros(3)
+        ends, won, lost = 0, torch.zeros(3), torch.zeros(3)
         for _ in range(1000):
             step = env.step(random_actions(env, g))
             ended = step.terminated | step.truncated
@@ -34,10 +34,12 @@ def test_steps_are_stacks_of_the_last_four_frames():
             assert torch.equal(step.obs[~ended], step.next_obs[~ended])
             assert (step.obs[ended, :3] == 0).all()  # a new game's stack starts afresh
             assert torch.equal(env.game_over, ended)  # Pong has no lives: every end is a game's
-            score += step.reward
-            assert set(step.reward.tolist()) <= {-1.0, 0.0, 1.0}
+            assert set(step.reward.tolist()) <= {-1.0, 0.0, 1.0}  # the game's own points, unclipped
+            won, lost = won + (step.reward > 0), lost + (step.reward < 0)
+            over = step.terminated
+            assert (torch.maximum(won, lost)[over] == 21).all()  # a game of Pong ends at 21 points
             ends += int(ended.sum())
-            score[ended] = 0
+            won[ended], lost[ended] = 0, 0
             obs = step.obs
         assert ends >= 1  # random play loses a game of Pong in about 900 steps
     finally:
@@ -89,12 +91,10 @@ def test_bad_names_and_calls_are_refused():
 def test_the_replay_stacks_the_frames_the_policy_acted_on(backend):
     """A trajectory replay of frame_stack=4 fed each stream's newest frame (as the pixel learner
     feeds it) draws every transition with the stacks the environment gave the policy."""
-    e, steps = 2, 400
+    e, steps, t = 2, 400, 128  # the ring of 128 rows wraps three times
     env = make_env("atari:Breakout", e, "cpu", seed=5)  # lives: episodes end often, inside games too
     spec = {"obs": ((84, 84), torch.uint8), "action": ((), torch.int64), "reward": ((), torch.float32)}
-    rb = gper.TrajectoryReplayBuffer(
-        e * 512, e, spec, window=1, frame_stack=4, autoreset="same-step", backend=backend, seed=0
-    )
+    rb = gper.TrajectoryReplayBuffer(e * t, e, spec, window=1, frame_stack=4, autoreset="same-step", backend=backend)
     rows: list[list] = [[] for _ in range(e)]  # per stream, per row: (obs stack, next_obs stack) or None
     ended = torch.zeros(e, dtype=torch.bool)
     g = torch.Generator().manual_seed(2)
@@ -117,7 +117,13 @@ def test_the_replay_stacks_the_frames_the_policy_acted_on(backend):
         env.close()
     batch = rb.sample(256, n_step=1)
     for j, idx in enumerate(batch.indices.tolist()):
-        want = rows[idx // 512][idx % 512]
-        assert want is not None
-        assert torch.equal(batch["obs"][j], want[0]), f"draw {j}: the obs stack"
-        assert torch.equal(batch["next_obs"][j], want[1]), f"draw {j}: the next_obs stack"
+        mine = rows[idx // t]
+        r = len(mine) - 1 - (len(mine) - 1 - idx % t) % t  # the newest row written at that slot
+        assert mine[r] is not None
+        obs_stack, next_stack = mine[r][0].clone(), mine[r][1].clone()
+        # frames of rows the ring has overwritten since are gone: the replay gives zeros for them
+        gone = [k for k in range(4) if r - (3 - k) < len(mine) - t]
+        obs_stack[gone] = 0
+        next_stack[[k - 1 for k in gone if k >= 1]] = 0
+        assert torch.equal(batch["obs"][j], obs_stack), f"draw {j}: the obs stack"
+        assert torch.equal(batch["next_obs"][j], next_stack), f"draw {j}: the next_obs stack"

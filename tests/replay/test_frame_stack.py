@@ -190,6 +190,9 @@ def test_bad_frame_stacks_are_refused():
     with pytest.raises(ValueError, match="multiple of 4 bytes"):
         gper.TrajectoryReplayBuffer(40, 2, odd, window=2, frame_stack=4)
     gper.TrajectoryReplayBuffer(40, 2, odd, window=2)  # without stacks any field is fine
+    wide = {"obs": ((3,), torch.float64), "action": ((), torch.int64), "reward": ((), torch.float32)}
+    with pytest.raises(ValueError, match="elements of up to 4 bytes"):
+        gper.TrajectoryReplayBuffer(40, 2, wide, window=2, frame_stack=2)
 
 
 def test_a_stacked_buffer_round_trips_its_settings():

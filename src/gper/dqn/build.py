@@ -104,10 +104,10 @@ def setup(config: Config, log: Any = print, launch: Launch | None = None) -> tup
         notes.append("no CUDA GPU: training on the CPU with the CPU presets (smaller sizes, no CUDA graphs)")
     cfg = resolve(config, device)
     rank = 0 if launch is None else launch.rank
-    if launch is not None:
-        parallel.check_settings(cfg, launch.world_size)
     if env_family(cfg.env) == "atari":
         return setup_pixels(cfg, device, launch, notes, log)
+    if launch is not None:
+        parallel.check_settings(cfg, launch.world_size)
     if cfg.population > 1 or cfg.sweep:
         return setup_population(cfg, device, launch, notes, log)
     torch.manual_seed(cfg.seed + rank)
@@ -211,7 +211,7 @@ def setup_pixels(
 
     Raises:
         ValueError: what pixel training does not do (one line each): several processes, a sweep,
-            hindsight relabelling, the flat replay.
+            hindsight relabelling, the flat replay; a replay too large for the device's memory.
     """
     if launch is not None:
         raise ValueError("pixel training runs in one process: run it without torchrun")
@@ -226,7 +226,13 @@ def setup_pixels(
     n = cfg.population
     env = build_env(dataclasses.replace(cfg, num_envs=cfg.num_envs * n), device)  # agent i: games [i E, (i + 1) E)
     try:
-        rb = pixel_replay(cfg, env, device, agents=n)
+        try:
+            rb = pixel_replay(cfg, env, device, agents=n)
+        except torch.OutOfMemoryError:
+            raise ValueError(
+                f"the replay of {cfg.buffer_size:,} transitions{f' for each of {n} agents' if n > 1 else ''} (about "
+                f"7 KB each) does not fit in {device}'s memory: lower --buffer-size"
+            ) from None
     except BaseException:
         env.close()
         raise
@@ -238,4 +244,8 @@ def setup_pixels(
     for note in notes:
         log(f"gper train: {note}")
     total_train = train_steps_before(cfg, collect_iterations(cfg))
-    return cfg, PixelAgent(cfg, env, rb, total_train, agents=n), notes
+    try:
+        return cfg, PixelAgent(cfg, env, rb, total_train, agents=n), notes
+    except BaseException:
+        env.close()
+        raise

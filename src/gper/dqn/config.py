@@ -354,6 +354,8 @@ def _check(cfg: Config) -> None:
     from gper.dqn.fused_loss import check_loss
 
     check_loss(cfg.loss)
+    if cfg.dueling and env_family(cfg.env) != "atari":
+        raise ValueError("dueling is a head of the pixel network: for atari:<Game> only")
     if isinstance(cfg.population, bool) or not isinstance(cfg.population, int) or cfg.population < 1:
         raise ValueError(f"population must be an integer >= 1, got {cfg.population!r}")
     if cfg.sweep:

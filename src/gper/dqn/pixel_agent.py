@@ -61,6 +61,7 @@ def pixel_replay(cfg: Config, env: AtariVecEnv, device: torch.device, agents: in
         capacity, streams, spec, window=cfg.n_step, frame_stack=env.frame_stack, autoreset="same-step",
         sampling=cfg.sampling, alpha=cfg.alpha, beta=cfg.beta, weight_norm=cfg.weight_norm, device=device,
         backend=cfg.backend, seed=cfg.seed, cuda_graphs=cfg.cuda_graphs, instances=agents if agents > 1 else None,
+        cpu_fallback=False,  # the networks learn on the device: a replay in host memory is no use to them
     )  # fmt: skip
 
 
@@ -93,7 +94,8 @@ class PixelAgent:
         self.optimizer = torch.optim.Adam(
             self.qnets.parameters(), lr=cfg.learning_rate, eps=ADAM_EPS, capturable=cuda, fused=True if cuda else None
         )
-        self.counters = torch.zeros(2, dtype=torch.float64, device=device)  # env steps, training steps
+        # env steps (one agent's: each agent plays cfg.num_envs games), training steps
+        self.counters = torch.zeros(2, dtype=torch.float64, device=device)
         self.sums = torch.zeros(*((agents,) if agents > 1 else ()), N_SUMS, dtype=torch.float64, device=device)
         self.beta_t = torch.full((), cfg.beta, dtype=torch.float32, device=device)
         self.episodes = EpisodeTracker(env.num_envs, device, agents=agents)
@@ -149,8 +151,9 @@ class PixelAgent:
         if self.agents > 1:  # [N, E, ...]: each agent's games into its own instance
             data = {k: v.unflatten(0, (self.agents, -1)) for k, v in data.items()}
         self.rb.add(data)
-        self.env_steps += n
-        self.counters[0] += n
+        e = n // self.agents  # steps counted as one agent's, as the trainer counts them (each agent's games)
+        self.env_steps += e
+        self.counters[0] += e
         self.episodes.record(step.reward, self.env.game_over, self.counters[0])
         self.obs = step.obs
         self._action = self._act(self.obs)
@@ -251,7 +254,8 @@ class PixelAgent:
         return state
 
     def load_state_dict(self, state: dict[str, Any], *, replay: bool = True) -> None:
-        """Restore :meth:`state_dict` in place; the games in flight start afresh (their returns so far are dropped)."""
+        """Restore :meth:`state_dict` in place; new games start (seeded by the step reached), and the
+        returns of the games that were in flight are dropped."""
         self.qnets.load_state_dict(state["qnet"])
         self.targets.load_state_dict(state["target"])
         load_adam_state(self.optimizer, state["optimizer"])
@@ -263,3 +267,8 @@ class PixelAgent:
         self.episodes.load_state_dict(state["episodes"])
         self.episodes.restart()
         self.env_steps = int(self.counters[0].item())
+        # new games from a seed of the step reached, not the run's opening games again; the replay reads
+        # the jump as the end of each stream's episode (truncated)
+        self.obs = self.env.reset(seed=(self.cfg.seed * 1_000_003 + self.env_steps) % 2**31)
+        self._action = self._act(self.obs)
+        self.env.step_async(self._action)

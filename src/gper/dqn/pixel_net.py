@@ -45,7 +45,9 @@ class NatureQNetwork(nn.Module):
         self.to(memory_format=torch.channels_last)
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
-        x = frames.to(dtype=torch.float32, memory_format=torch.channels_last).mul_(1.0 / 255.0)
+        x = frames.to(dtype=torch.float32, memory_format=torch.channels_last)
+        # scaled in place only in the copy .to made (a float channels-last input is returned as it is)
+        x = x.mul_(1.0 / 255.0) if x is not frames else x * (1.0 / 255.0)
         h = self.features(x)
         advantage = self.head(h)
         if not self.dueling:

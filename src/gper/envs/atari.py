@@ -15,6 +15,11 @@ policy acts on the stacks it learns from); ``reward`` is the game's own (unclipp
 clips it for learning, and reports these). Resets happen in the step that ended the episode
 (``same-step``: ``next_obs`` holds the final frame).
 
+One difference from CleanRL's wrappers: FIRE is pressed at a game's reset only, not after each
+lost life (CleanRL's ``FireResetEnv`` runs at every reset its ``EpisodicLifeEnv`` makes), so in
+Breakout the agent learns to fire itself, and a greedy evaluation that never fires plays on until
+the game's frame limit.
+
 With ``life_loss_terminal`` (training, CleanRL's ``EpisodicLifeEnv``) a lost life ends the
 episode as the learner sees it: ``terminated`` is true and the next stack starts afresh from the
 same frame, while the game goes on. :attr:`AtariVecEnv.game_over` says which copies' games ended
@@ -144,9 +149,11 @@ class AtariVecEnv(VecEnv):
             self._pending = False
         obs, info = self._env.reset(seed=seed)
         self._lives = np.asarray(info["lives"], dtype=np.int64).copy()
+        if self._copied is not None:  # the last step's copy out of the host buffer is done
+            self._copied.synchronize()
         self._view(self._host, "obs").numpy()[:] = obs[:, 0]
         frames = self._view(self._host, "obs").to(self.device)
-        self._stack.zero_()
+        self._stack = torch.zeros_like(self._stack)  # a new tensor: stacks handed out stay as they were
         self._stack[:, -1] = frames
         self.game_over.zero_()
         return self._stack.clone()
@@ -168,7 +175,8 @@ class AtariVecEnv(VecEnv):
         self._pending = False
         over = np.logical_or(terminated, truncated)
         lives = np.asarray(info["lives"], dtype=np.int64)
-        lost = (lives < self._lives) & ~over if self.life_loss_terminal else np.zeros_like(over)
+        # CleanRL's EpisodicLifeEnv: a life lost with lives left (the last one ends the game itself)
+        lost = (0 < lives) & (lives < self._lives) & ~over if self.life_loss_terminal else np.zeros_like(over)
         self._lives = lives.copy()
         host = self._host
         if self._copied is not None:
@@ -184,7 +192,7 @@ class AtariVecEnv(VecEnv):
         dev = self._dev
         dev.copy_(host, non_blocking=True)
         if self._copied is not None:
-            self._copied.record()
+            self._copied.record(torch.cuda.current_stream(self.device))
         frames, last = self._view(dev, "obs"), self._view(dev, "final")
         term, trunc, game_over = self._view(dev, "flags")
         next_stack = torch.cat((self._stack[:, 1:], last[:, None]), dim=1)

@@ -132,7 +132,8 @@ class StreamLayout:
         observation field's first word to the last one's last.
 
         Raises:
-            ValueError: an observation field that is not whole int32 words (a stack copies words).
+            ValueError: an observation field that is not whole int32 words (a stack copies words), or
+                of 8-byte elements (float64, int64).
         """
         fields = [self._field(k) for k in self.obs_keys]
         bad = [f.name for f in fields if f.offset % 4 or f.nbytes % 4]
@@ -140,6 +141,9 @@ class StreamLayout:
             raise ValueError(
                 f"frame_stack stacks whole 4-byte words: the observation fields {bad} are not a multiple of 4 bytes"
             )
+        wide = [f.name for f in fields if f.dtype.itemsize > 4]
+        if wide:  # a stack's frames sit at any word: an 8-byte element's view needs 8-byte alignment
+            raise ValueError(f"frame_stack stacks elements of up to 4 bytes: the observation fields {wide} have 8")
         lo, hi = min(f.offset for f in fields), max(f.offset + f.nbytes for f in fields)
         return lo // 4, (hi - lo) // 4
 
