@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -135,6 +136,10 @@ class StreamLayout:
             ValueError: an observation field that is not whole int32 words (a stack copies words), or
                 of 8-byte elements (float64, int64).
         """
+        return self._stack_span  # computed once: every stacked draw reads it
+
+    @cached_property
+    def _stack_span(self) -> tuple[int, int]:
         fields = [self._field(k) for k in self.obs_keys]
         bad = [f.name for f in fields if f.offset % 4 or f.nbytes % 4]
         if bad:
@@ -147,11 +152,11 @@ class StreamLayout:
         lo, hi = min(f.offset for f in fields), max(f.offset + f.nbytes for f in fields)
         return lo // 4, (hi - lo) // 4
 
-    def stacked_view(self, stack: torch.Tensor, key: str, col0: int) -> torch.Tensor:
+    def stacked_view(self, stack: torch.Tensor, key: str) -> torch.Tensor:
         """View ``[..., S, *shape]`` of observation field ``key`` in stacked words ``[..., S, words]``
-        (:meth:`stack_span`'s words from ``col0`` on)."""
+        (:meth:`stack_span`'s words)."""
         f = self._field(key)
-        at = f.offset - 4 * col0
+        at = f.offset - 4 * self.stack_span()[0]
         col = stack.view(torch.uint8)[..., at : at + f.nbytes].view(f.dtype)
         return col.unflatten(-1, f.shape) if f.shape else col[..., 0]
 

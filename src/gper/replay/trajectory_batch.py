@@ -101,7 +101,6 @@ class TransitionBatch(SampledBatch):
         self.n_step = n_step
         #: [B, S, F] int32 stacked observation words of the starts and of their next observations, or None
         self.obs_stack, self.next_stack = parts.get("obs_stack"), parts.get("next_stack")
-        self._col0 = layout.stack_span()[0] if self.obs_stack is not None else 0
         self._names = (
             tuple(f.name for f in layout.visible.fields)
             + tuple(next_name(k) for k in layout.obs_keys)
@@ -118,11 +117,11 @@ class TransitionBatch(SampledBatch):
         if name == "relabelled" and self.relabelled is not None:
             return self.relabelled
         if self.obs_stack is not None and name in self._stream.obs_keys:
-            view = self._fields[name] = self._stream.stacked_view(self.obs_stack, name, self._col0)
+            view = self._fields[name] = self._stream.stacked_view(self.obs_stack, name)
             return view
         key = next((k for k in self._stream.obs_keys if next_name(k) == name), None)
         if key is not None and self.obs_stack is not None:
-            view = self._fields[name] = self._stream.stacked_view(self.next_stack, key, self._col0)
+            view = self._fields[name] = self._stream.stacked_view(self.next_stack, key)
             return view
         if key is not None:
             view = self._fields[name] = self._stream.row.view(self.next_rows, key)
