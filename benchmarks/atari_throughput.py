@@ -10,11 +10,14 @@ filled with ``--fill`` env steps of random play first, then timed for ``--second
 | ``learn`` | ``learn_step``: one training step (draw, stacks, forwards, loss, backward, Adam, priorities) |
 | ``both`` | ``collect_step`` then ``learn_step``: the trainer's iteration (the games play during the learn step) |
 
-``env_steps_per_s`` counts every game's steps (``num_envs`` an iteration; 0 for ``learn``);
-``gpu_share`` is the learn steps' GPU time (CUDA events around each) over the wall time.
+``env_steps_per_s`` counts every game's steps (``agents * num_envs`` an iteration; 0 for ``learn``),
+``per_agent`` one agent's (what a population's run counts); ``gpu_share`` is the learn steps' GPU
+time (CUDA events around each) over the wall time. ``--populations 1,3`` measures one agent and a
+population of 3 (``--population 3``: 3 agents' games in one environment, one learn step for all).
 
     python benchmarks/atari_throughput.py                  # Pong, 8 games, batch 64, 20 s a mode
     python benchmarks/atari_throughput.py --num-envs 16 --batch-size 128
+    python benchmarks/atari_throughput.py --populations 1,2,3 --precision tf32,bf16
 
 Writes ``benchmarks/results/atari-throughput-<device>-<stamp>.{csv,md}`` and prints the same table.
 """
@@ -33,7 +36,10 @@ from gper.bench.report import ResultFiles, environment, format_markdown, header_
 from gper.dqn import Config
 from gper.dqn.build import setup
 
-COLUMNS = ["mode", "game", "num_envs", "batch", "iterations", "seconds", "env_steps_per_s", "learn_per_s", "gpu_share"]
+COLUMNS = [
+    "mode", "game", "agents", "num_envs", "batch", "precision", "iterations", "seconds", "env_steps_per_s",
+    "per_agent", "learn_per_s", "gpu_share",
+]  # fmt: skip
 
 
 def run_mode(agent, mode: str, seconds: float, cuda: bool) -> dict:
@@ -62,6 +68,7 @@ def run_mode(agent, mode: str, seconds: float, cuda: bool) -> dict:
         "iterations": it,
         "seconds": round(wall, 2),
         "env_steps_per_s": round(it * n / wall) if mode != "learn" else 0,
+        "per_agent": round(it * n / agent.agents / wall) if mode != "learn" else 0,
         "learn_per_s": round(it / wall) if mode != "collect" else 0,
         "gpu_share": round(gpu / wall, 3) if mode != "collect" else None,
     }
@@ -76,32 +83,48 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--buffer-size", type=int, default=200_000)
     p.add_argument("--fill", type=int, default=20_000, help="env steps of play before the timed modes")
     p.add_argument("--seconds", type=float, default=20.0)
+    p.add_argument("--populations", default="1", help="agents trained together, comma-separated: a row set each")
+    p.add_argument("--precision", default="tf32", help="tf32, bf16 or fp32, comma-separated: a row set each")
     p.add_argument("--out", default="benchmarks/results")
     args = p.parse_args(argv)
-    cfg = Config(
-        env=f"atari:{args.game}", device=args.device, num_envs=args.num_envs, batch_size=args.batch_size,
-        buffer_size=args.buffer_size, total_steps=10**7, progress=False, tensorboard=False,
-    )  # fmt: skip
-    cfg, agent, _ = setup(cfg, lambda _: None, None)
-    device = agent.device
-    env_info = environment(device)
-    print(header_line(env_info, "atari throughput"))
-    files = ResultFiles(Path(args.out), env_info, COLUMNS, prefix="atari-throughput")
-    rows = []
-    try:
-        for _ in range(max(args.fill // args.num_envs, cfg.n_step + 2)):
-            agent.collect_step(None)
-        for mode in ("collect", "learn", "both"):
-            row = {"mode": mode, "game": args.game, "num_envs": args.num_envs, "batch": args.batch_size}
-            row |= run_mode(agent, mode, args.seconds, device.type == "cuda")
-            rows.append(row)
-            files.append([row])
-            print(f"  {mode}: {row['env_steps_per_s']} env steps/s, {row['learn_per_s']} learn steps/s", flush=True)
-    finally:
-        agent.env.close()
-    headers = ["mode", "game", "envs", "batch", "iterations", "seconds", "env steps/s", "learn steps/s", "GPU share"]
+    env_info, files, rows = None, None, []
+    for agents in (int(x) for x in args.populations.split(",")):
+        for precision in args.precision.split(","):
+            cfg = Config(
+                env=f"atari:{args.game}", device=args.device, num_envs=args.num_envs, batch_size=args.batch_size,
+                buffer_size=args.buffer_size, total_steps=10**7, progress=False, tensorboard=False,
+                population=agents, precision=precision,
+            )  # fmt: skip
+            cfg, agent, _ = setup(cfg, lambda _: None, None)
+            device = agent.device
+            if env_info is None:
+                env_info = environment(device)
+                print(header_line(env_info, "atari throughput"))
+                files = ResultFiles(Path(args.out), env_info, COLUMNS, prefix="atari-throughput")
+            try:
+                for _ in range(max(args.fill // args.num_envs, cfg.n_step + 2)):
+                    agent.collect_step(None)
+                for mode in ("collect", "learn", "both"):
+                    row = {"mode": mode, "game": args.game, "agents": agents, "num_envs": args.num_envs}
+                    row |= {"batch": args.batch_size, "precision": precision}
+                    row |= run_mode(agent, mode, args.seconds, device.type == "cuda")
+                    rows.append(row)
+                    files.append([row])
+                    print(
+                        f"  {agents} agent(s), {precision}, {mode}: {row['env_steps_per_s']} env steps/s "
+                        f"({row['per_agent']} an agent), {row['learn_per_s']} learn steps/s", flush=True,
+                    )  # fmt: skip
+            finally:
+                agent.env.close()
+                del agent
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+    headers = [
+        "mode", "game", "agents", "envs an agent", "batch", "precision", "iterations", "seconds", "env steps/s",
+        "an agent's", "learn steps/s", "GPU share",
+    ]  # fmt: skip
     table = [["" if r[k] is None else str(r[k]) for k in COLUMNS] for r in rows]
-    right = [False, False] + [True] * 7
+    right = [False, False, True, True, True, False] + [True] * 6
     print()
     print_table(headers, table, right)
     command = shlex.join(sys.argv[1:] if argv is None else argv)

@@ -157,12 +157,13 @@ def test_a_population_of_pixel_agents_trains_and_resumes(tmp_path):
         b = agent.learn_state.batch
         assert b["obs"].shape == (2, 8, 4, 84, 84)
         for i in range(2):  # each agent's TD errors from its own networks and its own draws
+            qnet, target = agent.network(i), agent.targets.network(i)
             with torch.no_grad():
-                q = agent.qnets[i](b["obs"][i]).gather(1, b["action"][i][:, None])[:, 0]
-                best = agent.qnets[i](b["next_obs"][i]).argmax(dim=1, keepdim=True)
-                y = b["reward"][i] + b["discount"][i] * agent.targets[i](b["next_obs"][i]).gather(1, best)[:, 0]
+                q = qnet(b["obs"][i]).gather(1, b["action"][i][:, None])[:, 0]
+                best = qnet(b["next_obs"][i]).argmax(dim=1, keepdim=True)
+                y = b["reward"][i] + b["discount"][i] * target(b["next_obs"][i]).gather(1, best)[:, 0]
             torch.testing.assert_close(agent.learn_state.td[i], q - y)
-        assert not torch.equal(agent.qnets[0].head[2].weight, agent.qnets[1].head[2].weight)  # seeds 1 and 2
+        assert not torch.equal(agent.network(0).head[2].weight, agent.network(1).head[2].weight)  # seeds 1 and 2
     finally:
         agent.env.close()
     first = train(Config(**settings, run_dir=str(tmp_path), run_name="pop"))

@@ -22,8 +22,10 @@ lost life.
 A population (``agents`` = N > 1, ``--population N``) trains N agents of seeds ``seed .. seed + N - 1``
 at once: one environment of ``N * num_envs`` games (agent ``i`` plays games ``[i E, (i + 1) E)``),
 one replay of N instances (``instances=N``: each agent draws from its own exact prioritized
-buffer), N networks with one Adam over them all (Adam is per parameter: N independent ones),
-each agent's gradient clipped on its own, and one learn step graph for all.
+buffer), N networks evaluated as one (:class:`~gper.dqn.pixel_net.NatureQNetworks`: grouped
+convolutions and batched matmuls, the kernels of one network for all N) with one Adam over them
+(Adam is per element: N independent ones), each agent's gradient clipped on its own, and one learn
+step graph for all.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from gper.dqn.agent import N_SUMS
 from gper.dqn.config import Config
 from gper.dqn.fused_adam import load_adam_state
 from gper.dqn.fused_loss import elementwise_loss
-from gper.dqn.pixel_net import NatureQNetwork
+from gper.dqn.pixel_net import NatureQNetwork, NatureQNetworks
 from gper.envs.atari import FRAME, AtariVecEnv
 from gper.training.episodes import EpisodeTracker
 from gper.training.phases import PhasedStep
@@ -88,9 +90,9 @@ class PixelAgent:
         for i in range(agents):
             torch.manual_seed(cfg.seed + i)
             nets.append(NatureQNetwork(env.frame_stack, env.n_actions, cfg.hidden[0], cfg.dueling).to(device))
-        self.qnets = nn.ModuleList(nets)
+        # one agent: its network, [B, ...] -> [B, A]; N: all N as one, [N, B, ...] -> [N, B, A]
+        self.qnets = nets[0] if agents == 1 else NatureQNetworks(nets).to(device)
         self.targets = copy.deepcopy(self.qnets).requires_grad_(False)
-        self.qnet, self.target = self.qnets[0], self.targets[0]  # agent 0's (the only one's)
         self.optimizer = torch.optim.Adam(
             self.qnets.parameters(), lr=cfg.learning_rate, eps=ADAM_EPS, capturable=cuda, fused=True if cuda else None
         )
@@ -120,11 +122,25 @@ class PixelAgent:
         frac = min(env_steps / (cfg.exploration_fraction * cfg.total_steps), 1.0)
         return cfg.eps_start + (cfg.eps_end - cfg.eps_start) * frac
 
-    def _per_agent(self, nets: nn.ModuleList, obs: torch.Tensor) -> torch.Tensor:
+    @property
+    def qnet(self) -> NatureQNetwork:
+        """Agent 0's network (the only one's; a population's: a copy of its weights)."""
+        return self.network(0)
+
+    @property
+    def target(self) -> NatureQNetwork:
+        """Agent 0's target network (as :attr:`qnet`)."""
+        return self.targets if self.agents == 1 else self.targets.network(0)
+
+    def network(self, i: int) -> NatureQNetwork:
+        """Agent ``i``'s network (one agent's: the one it trains; a population's: a copy of its weights)."""
+        return self.qnets if self.agents == 1 else self.qnets.network(i)
+
+    def _per_agent(self, nets: nn.Module, obs: torch.Tensor) -> torch.Tensor:
         """Q-values of ``obs`` [N * k, S, 84, 84], block ``i`` of ``k`` by agent ``i``'s network."""
         if self.agents == 1:
-            return nets[0](obs)
-        return torch.cat([net(part) for net, part in zip(nets, obs.chunk(self.agents), strict=True)])
+            return nets(obs)
+        return nets(obs.unflatten(0, (self.agents, -1))).flatten(0, 1)
 
     def _act(self, obs: torch.Tensor) -> torch.Tensor:
         n = self.env.num_envs
@@ -199,9 +215,10 @@ class PixelAgent:
         self.beta_t.add_((1.0 - self.cfg.beta) / self.total_train_steps).clamp_(max=1.0)
 
     def _adam(self) -> None:
-        if self.cfg.max_grad_norm > 0:  # each agent's gradient on its own
-            for net in self.qnets:
-                nn.utils.clip_grad_norm_(net.parameters(), self.cfg.max_grad_norm, foreach=True)
+        if self.cfg.max_grad_norm > 0 and self.agents == 1:
+            nn.utils.clip_grad_norm_(self.qnets.parameters(), self.cfg.max_grad_norm, foreach=True)
+        elif self.cfg.max_grad_norm > 0:  # each agent's gradient on its own
+            self.qnets.clip_grad_norm_(self.cfg.max_grad_norm)
         self.optimizer.step()
         self.counters[1] += 1
         if self.cfg.tau < 1.0:
