@@ -12,8 +12,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gper.dqn.population_layers import linear_relu
-
 #: the convolutions' output for 84 x 84 frames: 64 channels of 7 x 7
 _FLAT = 64 * 7 * 7
 
@@ -74,7 +72,8 @@ class _Head(nn.Module):
         self.w2, self.b2 = _stacked([h[2].weight for h in heads]), _stacked([h[2].bias for h in heads])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        z = linear_relu(x, self.w1, self.b1)
+        # plain torch ops (autocast's bf16 and autograd as they come): at B = 64 these are not the cost
+        z = torch.baddbmm(self.b1.unsqueeze(1), x, self.w1.transpose(1, 2)).relu_()
         return torch.baddbmm(self.b2.unsqueeze(1), z, self.w2.transpose(1, 2))
 
     def unstack(self, i: int, head: nn.Sequential) -> None:
