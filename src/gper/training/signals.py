@@ -5,7 +5,8 @@ the loop checks it between steps, writes a checkpoint and raises :meth:`StopSign
 ``KeyboardInterrupt`` for SIGINT, ``SystemExit(128 + SIGTERM)`` (exit status 143) for SIGTERM, the
 status a shell reports for a process ended by SIGTERM. A second signal while the first is being
 handled raises at once (a checkpoint being written is then left incomplete, so the previous one
-stays the newest). The previous handlers come back when the block ends. A signal that was ignored
+stays the newest), unless it comes within :data:`DUPLICATE_S` of the first: that is the same
+request delivered twice (GNU ``timeout`` signals its command, then the command's process group). The previous handlers come back when the block ends. A signal that was ignored
 when the block started stays ignored, and outside the main thread (where Python cannot install
 handlers) nothing is installed.
 """
@@ -14,11 +15,16 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from types import FrameType
 from typing import Any
 
 #: the signals that ask to stop
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: seconds after the first stop signal within which another is the same request delivered twice,
+#: not a second one: GNU ``timeout -s INT`` signals its command and then the command's process
+#: group, so the command gets two SIGINTs microseconds apart (which once cut a run's record short)
+DUPLICATE_S = 0.25
 
 
 class StopSignals:
@@ -27,6 +33,7 @@ class StopSignals:
     def __init__(self) -> None:
         self.received: int | None = None
         """the first stop signal received, or None"""
+        self._at = 0.0  # when it came (time.monotonic)
         self._previous: dict[int, Any] = {}
 
     @property
@@ -59,9 +66,11 @@ class StopSignals:
         self._previous.clear()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.received is not None:  # asked twice: stop now
+        now = time.monotonic()
+        if self.received is not None and now - self._at >= DUPLICATE_S:  # asked twice: stop now
             raise _exception(signum)
-        self.received = signum
+        if self.received is None:
+            self.received, self._at = signum, now
 
 
 def _exception(signum: int | None) -> BaseException:
