@@ -122,7 +122,7 @@ class Config:
     train_every: int = 1
     """collection steps (of num_envs env steps each) per training step"""
     precision: Literal["tf32", "fp32", "bf16"] = "tf32"
-    """matmul precision on CUDA: TF32 tensor cores, full FP32, or bf16 autocast (fp32 on the CPU)"""
+    """matmul and convolution precision on CUDA: TF32 tensor cores, full FP32, or bf16 autocast (fp32 on the CPU)"""
     cuda_graphs: bool = True
     """replay the collection and training steps from CUDA graphs (on CUDA; off on the CPU)"""
     fused_step: bool = True

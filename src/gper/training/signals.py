@@ -6,9 +6,10 @@ the loop checks it between steps, writes a checkpoint and raises :meth:`StopSign
 status a shell reports for a process ended by SIGTERM. A second signal while the first is being
 handled raises at once (a checkpoint being written is then left incomplete, so the previous one
 stays the newest), unless it comes within :data:`DUPLICATE_S` of the first: that is the same
-request delivered twice (GNU ``timeout`` signals its command, then the command's process group). The previous handlers come back when the block ends. A signal that was ignored
-when the block started stays ignored, and outside the main thread (where Python cannot install
-handlers) nothing is installed.
+request delivered twice (GNU ``timeout`` signals its command, then the command's process group).
+The previous handlers come back when the block ends. A signal that was ignored when the block
+started stays ignored, and outside the main thread (where Python cannot install handlers) nothing
+is installed.
 """
 
 from __future__ import annotations
