@@ -35,6 +35,7 @@ import torch
 from gper.bench.report import ResultFiles, environment, format_markdown, header_line, print_table
 from gper.dqn import Config
 from gper.dqn.build import setup
+from gper.training.precision import matmul_precision
 
 COLUMNS = [
     "mode", "game", "agents", "num_envs", "batch", "precision", "iterations", "seconds", "env_steps_per_s",
@@ -95,30 +96,32 @@ def main(argv: list[str] | None = None) -> int:
                 buffer_size=args.buffer_size, total_steps=10**7, progress=False, tensorboard=False,
                 population=agents, precision=precision,
             )  # fmt: skip
-            cfg, agent, _ = setup(cfg, lambda _: None, None)
-            device = agent.device
-            if env_info is None:
-                env_info = environment(device)
-                print(header_line(env_info, "atari throughput"))
-                files = ResultFiles(Path(args.out), env_info, COLUMNS, prefix="atari-throughput")
-            try:
-                for _ in range(max(args.fill // args.num_envs, cfg.n_step + 2)):
-                    agent.collect_step(None)
-                for mode in ("collect", "learn", "both"):
-                    row = {"mode": mode, "game": args.game, "agents": agents, "num_envs": args.num_envs}
-                    row |= {"batch": args.batch_size, "precision": precision}
-                    row |= run_mode(agent, mode, args.seconds, device.type == "cuda")
-                    rows.append(row)
-                    files.append([row])
-                    print(
-                        f"  {agents} agent(s), {precision}, {mode}: {row['env_steps_per_s']} env steps/s "
-                        f"({row['per_agent']} an agent), {row['learn_per_s']} learn steps/s", flush=True,
-                    )  # fmt: skip
-            finally:
-                agent.env.close()
-                del agent
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
+            # as the trainer runs: the precision set while the step is built and its graphs captured
+            with matmul_precision(precision):
+                cfg, agent, _ = setup(cfg, lambda _: None, None)
+                device = agent.device
+                if env_info is None:
+                    env_info = environment(device)
+                    print(header_line(env_info, "atari throughput"))
+                    files = ResultFiles(Path(args.out), env_info, COLUMNS, prefix="atari-throughput")
+                try:
+                    for _ in range(max(args.fill // args.num_envs, cfg.n_step + 2)):
+                        agent.collect_step(None)
+                    for mode in ("collect", "learn", "both"):
+                        row = {"mode": mode, "game": args.game, "agents": agents, "num_envs": args.num_envs}
+                        row |= {"batch": args.batch_size, "precision": precision}
+                        row |= run_mode(agent, mode, args.seconds, device.type == "cuda")
+                        rows.append(row)
+                        files.append([row])
+                        print(
+                            f"  {agents} agent(s), {precision}, {mode}: {row['env_steps_per_s']} env steps/s "
+                            f"({row['per_agent']} an agent), {row['learn_per_s']} learn steps/s", flush=True,
+                        )  # fmt: skip
+                finally:
+                    agent.env.close()
+                    del agent
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
     headers = [
         "mode", "game", "agents", "envs an agent", "batch", "precision", "iterations", "seconds", "env steps/s",
         "an agent's", "learn steps/s", "GPU share",

@@ -22,6 +22,7 @@ from torch.profiler import ProfilerActivity, profile
 from gper.bench.report import environment, header_line
 from gper.dqn import Config
 from gper.dqn.build import setup
+from gper.training.precision import matmul_precision
 
 
 def profiled(step, steps: int, cuda: bool) -> tuple[str, int, float]:
@@ -59,31 +60,33 @@ def main(argv: list[str] | None = None) -> int:
                 buffer_size=50_000, total_steps=10**7, progress=False, tensorboard=False, population=agents,
                 precision=precision, cuda_graphs=False,
             )  # fmt: skip
-            cfg, agent, _ = setup(cfg, lambda _: None, None)
-            if not lines:
-                lines.append(header_line(environment(agent.device), "pixel learn profile"))
-            try:
-                for _ in range(2_000 // args.num_envs):
-                    agent.collect_step(None)
-                count = [0]
+            # as the trainer runs: the precision set while the step is built and its graphs captured
+            with matmul_precision(precision):
+                cfg, agent, _ = setup(cfg, lambda _: None, None)
+                if not lines:
+                    lines.append(header_line(environment(agent.device), "pixel learn profile"))
+                try:
+                    for _ in range(2_000 // args.num_envs):
+                        agent.collect_step(None)
+                    count = [0]
 
-                def learn(agent=agent, count=count):
-                    count[0] += 1
-                    agent.learn_step(count[0], None)
+                    def learn(agent=agent, count=count):
+                        count[0] += 1
+                        agent.learn_step(count[0], None)
 
-                for what, step in (("learn", learn), ("collect", lambda agent=agent: agent.collect_step(None))):
-                    table, kernels, gpu_ms = profiled(step, args.steps, agent.device.type == "cuda")
-                    lines.append(
-                        f"== {what} step, {agents} agent(s), {precision}, batch {args.batch_size}: "
-                        f"{kernels} kernels a step, {gpu_ms:.3f} ms of kernel time a step"
-                    )
-                    lines.append(table)
-                    print(lines[-2], flush=True)
-            finally:
-                agent.env.close()
-                del agent
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
+                    for what, step in (("learn", learn), ("collect", lambda agent=agent: agent.collect_step(None))):
+                        table, kernels, gpu_ms = profiled(step, args.steps, agent.device.type == "cuda")
+                        lines.append(
+                            f"== {what} step, {agents} agent(s), {precision}, batch {args.batch_size}: "
+                            f"{kernels} kernels a step, {gpu_ms:.3f} ms of kernel time a step"
+                        )
+                        lines.append(table)
+                        print(lines[-2], flush=True)
+                finally:
+                    agent.env.close()
+                    del agent
+                    if torch.cuda.is_available():
+                        torch.cuda.empty_cache()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"pixel-learn-profile-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.txt"

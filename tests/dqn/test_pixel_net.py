@@ -29,9 +29,8 @@ def _frames(n: int, b: int, device: str) -> torch.Tensor:
     )
 
 
-def _tol(device: str) -> dict[str, float]:
-    # grouped and single convolutions may take different algorithms (summation orders); fp32 throughout
-    return {"rtol": 1e-4, "atol": 1e-5}
+#: grouped and single convolutions may take different algorithms (summation orders); fp32 throughout
+TOL = {"rtol": 1e-4, "atol": 1e-5}
 
 
 @pytest.fixture(autouse=True)
@@ -61,7 +60,7 @@ def test_each_agents_q_values_and_gradients_are_its_own_networks(device, dueling
     (q * weights).sum().backward()
     for i, net in enumerate(nets):
         want = net(frames[i])
-        torch.testing.assert_close(q[i], want, **_tol(device))
+        torch.testing.assert_close(q[i], want, **TOL)
         (want * weights[i]).sum().backward()
         mine = together.network(i)  # its weights, unchanged by the backward
         for a, b in zip(mine.parameters(), net.parameters(), strict=True):
@@ -72,12 +71,13 @@ def test_each_agents_q_values_and_gradients_are_its_own_networks(device, dueling
         own = [m for m in net.features if isinstance(m, nn.Conv2d)]
         for group, conv in zip(convs, own, strict=True):
             rows = slice(i * conv.out_channels, (i + 1) * conv.out_channels)
-            torch.testing.assert_close(group.weight.grad[rows], conv.weight.grad, **_tol(device))
-            torch.testing.assert_close(group.bias.grad[rows], conv.bias.grad, **_tol(device))
-        torch.testing.assert_close(together.head.w1.grad[i], net.head[0].weight.grad, **_tol(device))
-        torch.testing.assert_close(together.head.b2.grad[i], net.head[2].bias.grad, **_tol(device))
-        if dueling:
-            torch.testing.assert_close(together.value.w2.grad[i], net.value[2].weight.grad, **_tol(device))
+            torch.testing.assert_close(group.weight.grad[rows], conv.weight.grad, **TOL)
+            torch.testing.assert_close(group.bias.grad[rows], conv.bias.grad, **TOL)
+        heads = [(together.head, net.head)] + ([(together.value, net.value)] if dueling else [])
+        for mine, own in heads:
+            for stacked, layer in ((mine.w1, own[0].weight), (mine.b1, own[0].bias), (mine.w2, own[2].weight)):
+                torch.testing.assert_close(stacked.grad[i], layer.grad, **TOL)
+            torch.testing.assert_close(mine.b2.grad[i], own[2].bias.grad, **TOL)
 
 
 def test_each_agents_gradient_is_clipped_on_its_own():
@@ -118,3 +118,12 @@ def test_a_population_learns_under_bf16_autocast():
     q.float().square().sum().backward()
     assert q.shape == (2, 4, 6) and all(p.grad.dtype == torch.float32 for p in together.parameters())
     assert all(torch.isfinite(p.grad).all() for p in together.parameters())
+
+
+def test_reading_an_agents_network_leaves_the_generator_alone():
+    together = NatureQNetworks(_nets(2, False, "cpu"))
+    state = torch.random.get_rng_state()
+    together.network(1)
+    assert torch.equal(torch.random.get_rng_state(), state)  # on the CPU it also draws exploration
+    with pytest.raises(IndexError, match="agent 2 of a population of 2"):
+        together.network(2)

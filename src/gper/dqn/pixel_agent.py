@@ -133,7 +133,10 @@ class PixelAgent:
         return self.targets if self.agents == 1 else self.targets.network(0)
 
     def network(self, i: int) -> NatureQNetwork:
-        """Agent ``i``'s network (one agent's: the one it trains; a population's: a copy of its weights)."""
+        """Agent ``i``'s network: one agent's is the network it trains; a population's is a copy of
+        agent ``i``'s weights (its networks train as one :class:`NatureQNetworks`), for reading."""
+        if self.agents == 1 and i != 0:
+            raise IndexError(f"agent {i} of a single agent")
         return self.qnets if self.agents == 1 else self.qnets.network(i)
 
     def _per_agent(self, nets: nn.Module, obs: torch.Tensor) -> torch.Tensor:

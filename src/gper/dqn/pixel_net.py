@@ -60,7 +60,7 @@ def _convs(net: NatureQNetwork) -> list[nn.Conv2d]:
 
 
 def _stacked(tensors: list[torch.Tensor]) -> nn.Parameter:
-    return nn.Parameter(torch.stack([t.detach() for t in tensors]).clone())
+    return nn.Parameter(torch.stack([t.detach() for t in tensors]))  # stack copies
 
 
 class _Head(nn.Module):
@@ -121,8 +121,9 @@ class NatureQNetworks(nn.Module):
         if n != self.agents or s != self.frames:
             raise ValueError(f"frames must be [{self.agents}, B, {self.frames}, H, W], got {list(frames.shape)}")
         # [B, N * S, H, W] channels-last float: agent i's frames are group i's input channels
-        x = torch.empty((b, n * s, *frames.shape[3:]), dtype=torch.float32, device=frames.device)
-        x = x.to(memory_format=torch.channels_last)
+        x = torch.empty(
+            (b, n * s, *frames.shape[3:]), dtype=torch.float32, device=frames.device, memory_format=torch.channels_last
+        )
         x.view(b, n, s, *frames.shape[3:]).copy_(frames.transpose(0, 1))
         h = self.features(x.mul_(1.0 / 255.0))
         # [N, B, 64 * 7 * 7], each agent's features flattened as NatureQNetwork's Flatten does
@@ -134,9 +135,14 @@ class NatureQNetworks(nn.Module):
 
     @torch.no_grad()
     def network(self, i: int) -> NatureQNetwork:
-        """Agent ``i``'s network on its own (a copy of its weights)."""
+        """Agent ``i``'s network on its own (a copy of its weights: changing it changes nothing here)."""
+        if not 0 <= i < self.agents:
+            raise IndexError(f"agent {i} of a population of {self.agents}")
         conv0 = self.features[0]
-        net = NatureQNetwork(self.frames, self.n_actions, self.hidden, self.dueling).to(conv0.weight.device)
+        # the new network's initial weights are overwritten: drawing them must not move the global
+        # generator, which on the CPU also draws a run's exploration
+        with torch.random.fork_rng(devices=[]):
+            net = NatureQNetwork(self.frames, self.n_actions, self.hidden, self.dueling).to(conv0.weight.device)
         for conv, group in zip(_convs(net), [m for m in self.features if isinstance(m, nn.Conv2d)], strict=True):
             rows = conv.out_channels
             conv.weight.copy_(group.weight[i * rows : (i + 1) * rows])
