@@ -18,6 +18,11 @@ population of 3 (``--population 3``: 3 agents' games in one environment, one lea
     python benchmarks/atari_throughput.py                  # Pong, 8 games, batch 64, 20 s a mode
     python benchmarks/atari_throughput.py --num-envs 16 --batch-size 128
     python benchmarks/atari_throughput.py --populations 1,2,3 --precision tf32,bf16
+    python benchmarks/atari_throughput.py --populations 3 --cudnn-benchmark 0,1
+
+``--cudnn-benchmark 1`` sets ``torch.backends.cudnn.benchmark`` for a row set: cuDNN then times
+its convolution algorithms for each shape on first use instead of picking one by heuristics (the
+shapes never change here, and the CUDA graphs keep what was chosen). The trainer does not set it.
 
 Writes ``benchmarks/results/atari-throughput-<device>-<stamp>.{csv,md}`` and prints the same table.
 """
@@ -38,8 +43,8 @@ from gper.dqn.build import setup
 from gper.training.precision import matmul_precision
 
 COLUMNS = [
-    "mode", "game", "agents", "num_envs", "batch", "precision", "iterations", "seconds", "env_steps_per_s",
-    "per_agent", "learn_per_s", "gpu_share",
+    "mode", "game", "agents", "num_envs", "batch", "precision", "cudnn_benchmark", "iterations", "seconds",
+    "env_steps_per_s", "per_agent", "learn_per_s", "gpu_share",
 ]  # fmt: skip
 
 
@@ -86,48 +91,56 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--populations", default="1", help="agents trained together, comma-separated: a row set each")
     p.add_argument("--precision", default="tf32", help="tf32, bf16 or fp32, comma-separated: a row set each")
+    p.add_argument("--cudnn-benchmark", default="0", help="0 or 1, comma-separated: a row set each")
     p.add_argument("--out", default="benchmarks/results")
     args = p.parse_args(argv)
     env_info, files, rows = None, None, []
-    for agents in (int(x) for x in args.populations.split(",")):
-        for precision in args.precision.split(","):
-            cfg = Config(
-                env=f"atari:{args.game}", device=args.device, num_envs=args.num_envs, batch_size=args.batch_size,
-                buffer_size=args.buffer_size, total_steps=10**7, progress=False, tensorboard=False,
-                population=agents, precision=precision,
-            )  # fmt: skip
-            # as the trainer runs: the precision set while the step is built and its graphs captured
-            with matmul_precision(precision):
-                cfg, agent, _ = setup(cfg, lambda _: None, None)
-                device = agent.device
-                if env_info is None:
-                    env_info = environment(device)
-                    print(header_line(env_info, "atari throughput"))
-                    files = ResultFiles(Path(args.out), env_info, COLUMNS, prefix="atari-throughput")
-                try:
-                    for _ in range(max(args.fill // args.num_envs, cfg.n_step + 2)):
-                        agent.collect_step(None)
-                    for mode in ("collect", "learn", "both"):
-                        row = {"mode": mode, "game": args.game, "agents": agents, "num_envs": args.num_envs}
-                        row |= {"batch": args.batch_size, "precision": precision}
-                        row |= run_mode(agent, mode, args.seconds, device.type == "cuda")
-                        rows.append(row)
-                        files.append([row])
-                        print(
-                            f"  {agents} agent(s), {precision}, {mode}: {row['env_steps_per_s']} env steps/s "
-                            f"({row['per_agent']} an agent), {row['learn_per_s']} learn steps/s", flush=True,
-                        )  # fmt: skip
-                finally:
-                    agent.env.close()
-                    del agent
-                    if device.type == "cuda":
-                        torch.cuda.empty_cache()
+    settings = [
+        (int(agents), precision, bool(int(tune)))
+        for agents in args.populations.split(",")
+        for precision in args.precision.split(",")
+        for tune in args.cudnn_benchmark.split(",")
+    ]
+    for agents, precision, tune in settings:
+        cfg = Config(
+            env=f"atari:{args.game}", device=args.device, num_envs=args.num_envs, batch_size=args.batch_size,
+            buffer_size=args.buffer_size, total_steps=10**7, progress=False, tensorboard=False,
+            population=agents, precision=precision,
+        )  # fmt: skip
+        # as the trainer runs: the precision set while the step is built and its graphs captured
+        torch.backends.cudnn.benchmark = tune
+        with matmul_precision(precision):
+            cfg, agent, _ = setup(cfg, lambda _: None, None)
+            device = agent.device
+            if env_info is None:
+                env_info = environment(device)
+                print(header_line(env_info, "atari throughput"))
+                files = ResultFiles(Path(args.out), env_info, COLUMNS, prefix="atari-throughput")
+            try:
+                for _ in range(max(args.fill // args.num_envs, cfg.n_step + 2)):
+                    agent.collect_step(None)
+                for mode in ("collect", "learn", "both"):
+                    row = {"mode": mode, "game": args.game, "agents": agents, "num_envs": args.num_envs}
+                    row |= {"batch": args.batch_size, "precision": precision, "cudnn_benchmark": int(tune)}
+                    row |= run_mode(agent, mode, args.seconds, device.type == "cuda")
+                    rows.append(row)
+                    files.append([row])
+                    print(
+                        f"  {agents} agent(s), {precision}, cudnn benchmark {int(tune)}, {mode}: "
+                        f"{row['env_steps_per_s']} env steps/s ({row['per_agent']} an agent), "
+                        f"{row['learn_per_s']} learn steps/s", flush=True,
+                    )  # fmt: skip
+            finally:
+                agent.env.close()
+                del agent
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
     headers = [
-        "mode", "game", "agents", "envs an agent", "batch", "precision", "iterations", "seconds", "env steps/s",
-        "an agent's", "learn steps/s", "GPU share",
+        "mode", "game", "agents", "envs an agent", "batch", "precision", "cudnn benchmark", "iterations", "seconds",
+        "env steps/s", "an agent's", "learn steps/s", "GPU share",
     ]  # fmt: skip
     table = [["" if r[k] is None else str(r[k]) for k in COLUMNS] for r in rows]
-    right = [False, False, True, True, True, False] + [True] * 6
+    right = [False, False, True, True, True, False] + [True] * 7
     print()
     print_table(headers, table, right)
     command = shlex.join(sys.argv[1:] if argv is None else argv)
