@@ -228,8 +228,11 @@ def _settings(run: Any, split: str) -> dict[str, Any]:
 # schedule otherwise. IS weights are normalised by the batch's largest, as Dopamine's Rainbow does:
 # over a million transitions the global largest made every weight about 1e-3 and, under Adam's
 # epsilon of 1.5e-4, the updates nearly vanished (Pong at -19.5 after 2M steps,
-# benchmarks/results/train-atari-pong-nvidia-h100-80gb-hbm3-20261206-013000.md). The CPU's are for a
-# smoke run only.
+# benchmarks/results/train-atari-pong-nvidia-h100-80gb-hbm3-20261206-013000.md). The target network
+# is copied every 250 training steps, CleanRL's count of updates between copies (2,000 env steps here
+# at 8 env steps an update): with 1,000 (8,000 env steps, Rainbow's) two of three Pong seeds took
+# 800,000 steps to pass -15 (…-pong-pop3-…-032500.md), and a 3-step return carries a reward back by
+# about 3 steps a copy. The CPU's are for a smoke run only.
 # fmt: off
 SPEC = EnvSpec(
     "atari:<Game>",
@@ -241,7 +244,7 @@ SPEC = EnvSpec(
     presets={
         "cuda": dict(
             total_steps=2_000_000, num_envs=8, hidden=(512,), n_step=3, buffer_size=1_000_000, batch_size=64,
-            learning_rate=1e-4, max_grad_norm=10.0, tau=1.0, target_every=1_000, eps_end=0.01,
+            learning_rate=1e-4, max_grad_norm=10.0, tau=1.0, target_every=250, eps_end=0.01,
             exploration_fraction=0.1, learning_starts=20_000, epoch_steps=20_000, solve_return=None,
             weight_norm="batch",
         ),
