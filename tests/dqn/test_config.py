@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gper.dqn import PRESETS, Config, pick_device, plan_steps, resolve, trains_at
+from gper.dqn import PRESETS, Config, pick_device, plan_steps, resolve, setup, trains_at
 
 CPU = torch.device("cpu")
 
@@ -61,6 +61,11 @@ INF, NAN = float("inf"), float("nan")
         ("learning_rate", NAN, "learning_rate must be a finite number > 0, got nan"),
         ("learning_rate", 0.0, "learning_rate must be a finite number > 0, got 0.0"),
         ("learning_rate", -1e-4, "learning_rate must be a finite number > 0"),
+        ("adam_eps", 0.0, "adam_eps must be a finite number > 0, got 0.0"),
+        ("adam_eps", -1e-8, "adam_eps must be a finite number > 0"),
+        ("adam_eps", NAN, "adam_eps must be a finite number > 0, got nan"),
+        ("adam_eps", INF, "adam_eps must be a finite number > 0, got inf"),
+        ("adam_eps", True, "adam_eps must be a finite number > 0, got True"),
         ("max_grad_norm", NAN, r"max_grad_norm must be a finite number >= 0 \(0: no clipping\), got nan"),
         ("max_grad_norm", INF, "max_grad_norm must be a finite number >= 0 .*, got inf"),
         ("max_grad_norm", -1.0, "max_grad_norm must be a finite number >= 0"),
@@ -123,3 +128,18 @@ def test_device_pick():
     else:
         with pytest.raises(ValueError, match="torch sees no CUDA GPU"):
             pick_device("cuda")
+
+
+@pytest.mark.parametrize("population", [1, 2])
+def test_adam_eps_is_the_epsilon_of_each_learners_adam(smoke, population):
+    """``adam_eps`` reaches the single agent's ``torch.optim.Adam`` (whose param group the fused
+    step reads) and a population's :class:`~gper.dqn.population_adam.PopulationAdam`; without it,
+    torch's 1e-8."""
+
+    def eps(**change):
+        cfg, agent, _ = setup(Config(**smoke | {"population": population} | change), log=lambda *a: None)
+        used = agent.adam.eps if population > 1 else agent.optimizer.param_groups[0]["eps"]
+        return cfg.adam_eps, used
+
+    assert eps() == (1e-8, 1e-8)
+    assert eps(adam_eps=1e-5) == (1e-5, 1e-5)

@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("ale_py")
 
 from gper.dqn import Config  # noqa: E402
-from gper.dqn.algorithm import train  # noqa: E402
+from gper.dqn.algorithm import stored_config, train  # noqa: E402
 from gper.dqn.build import setup  # noqa: E402
 from gper.dqn.pixel_net import NatureQNetwork  # noqa: E402
 
@@ -64,6 +64,27 @@ def test_a_short_run_checkpoints_and_resumes(tmp_path):
     assert again.env_steps == 400 and again.train_steps > first.train_steps
     config = json.loads((run / "config.json").read_text())
     assert config["env"] == "atari:Pong" and config["n_step"] == 3
+
+
+def test_adam_eps_reaches_the_pixel_learners_adam_and_older_checkpoints_keep_rainbows(tmp_path):
+    """The atari preset's epsilon is torch's (``--adam-eps`` sets another); a pixel checkpoint written
+    before ``Config.adam_eps`` ran with 1.5e-4: it reads back with that, resumes from its stored
+    settings with it, and a resume asking for the preset's is refused with a line naming it."""
+    for change, want in (({}, 1e-8), ({"adam_eps": 2e-5}, 2e-5)):
+        cfg, agent, _ = setup(Config(**TINY | change, run_dir=str(tmp_path)), print, None)
+        agent.env.close()
+        assert cfg.adam_eps == agent.optimizer.param_groups[0]["eps"] == want
+    train(Config(**TINY | {"adam_eps": 1.5e-4}, run_dir=str(tmp_path), run_name="old"))
+    last = sorted((tmp_path / "old" / "checkpoints").iterdir())[-1]
+    state = torch.load(last / "trainer.pt", weights_only=True)
+    del state["config"]["adam_eps"]  # as gper wrote it before the setting
+    torch.save(state, last / "trainer.pt")
+    stored = stored_config(last)
+    assert stored.adam_eps == 1.5e-4
+    with pytest.raises(ValueError, match=r"adam_eps 1e-08 \(checkpoint: 0.00015\)"):
+        train(Config(**TINY | {"total_steps": 320}, run_dir=str(tmp_path), run_name="old", resume=str(last)))
+    again = train(dataclasses.replace(stored, total_steps=320))
+    assert again.env_steps == 320
 
 
 def test_pixel_runs_refuse_what_they_do_not_do(tmp_path):

@@ -110,6 +110,18 @@ def test_a_checkpoint_from_before_the_loss_setting_resumes_as_huber(run, tmp_pat
     assert_same_training(tmp_path / "whole", tmp_path / "resumed")
 
 
+def test_a_checkpoint_from_before_adam_eps_resumes_with_torchs_epsilon(run, tmp_path):
+    """A checkpoint of the MLP learner written before ``Config.adam_eps`` ran Adam with torch's 1e-8:
+    it reads back with that and resumes bit for bit; asked for another epsilon it is refused."""
+    train(Config(**run, run_name="whole"), **QUIET)
+    old = _older_checkpoint(tmp_path, lambda config: config.pop("adam_eps"))
+    assert stored_config(old).adam_eps == 1e-8
+    with pytest.raises(ValueError, match=r"adam_eps 0.0001 \(checkpoint: 1e-08\)"):
+        train(Config(**run, adam_eps=1e-4, run_name="refused", resume=str(old)), **QUIET)
+    train(Config(**run, run_name="resumed", resume=str(old)), **QUIET)
+    assert_same_training(tmp_path / "whole", tmp_path / "resumed")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("graphs", [True, False])
 def test_a_gpu_run_resumed_mid_way_ends_where_the_whole_run_does(run, tmp_path, graphs):

@@ -67,6 +67,10 @@ class Config:
     """transitions per training step"""
     learning_rate: float | None = None
     """Adam's learning rate"""
+    adam_eps: float | None = None
+    """Adam's epsilon, added to the root of its second moment: the environment's preset, else
+    torch's 1e-8. Where most gradients' roots are below it (small losses) Adam's step shrinks to
+    about learning_rate * gradient / adam_eps"""
     max_grad_norm: float | None = None
     """clip the gradient's global norm to this before each Adam step (0: no clipping)"""
     gamma: float = 0.99
@@ -241,6 +245,9 @@ def is_goal_env_name(env: str) -> bool:
     return any(spec.goal and spec.family == family for spec in registry.specs())
 
 
+#: Adam's epsilon where the preset names none: torch.optim.Adam's default
+TORCH_ADAM_EPS = 1e-8
+
 #: the largest n_step: each n is a CUDA graph of its own, and the replay keeps n steps after a drawable one
 MAX_N_STEP = 64
 
@@ -344,6 +351,8 @@ def resolve(config: Config, device: torch.device, family: str | None = None) -> 
     cfg.hidden = tuple(int(h) for h in cfg.hidden)
     if cfg.n_step is None:  # presets that do not name it learn from 1-step targets
         cfg.n_step = 1
+    if cfg.adam_eps is None:  # presets that do not name it: torch's
+        cfg.adam_eps = TORCH_ADAM_EPS
     if cfg.cost_bps is None:
         cfg.cost_bps = default_cost_bps(cfg.data)
     _check(cfg)
@@ -380,8 +389,10 @@ def _check(cfg: Config) -> None:
         raise ValueError(f"exploration_fraction must be in (0, 1], got {cfg.exploration_fraction}")
     if not (math.isfinite(cfg.max_grad_norm) and cfg.max_grad_norm >= 0):
         raise ValueError(f"max_grad_norm must be a finite number >= 0 (0: no clipping), got {cfg.max_grad_norm}")
-    if not (math.isfinite(cfg.learning_rate) and cfg.learning_rate > 0):
-        raise ValueError(f"learning_rate must be a finite number > 0, got {cfg.learning_rate}")
+    for name in ("learning_rate", "adam_eps"):
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
     cost = cfg.cost_bps
     if isinstance(cost, bool) or not isinstance(cost, (int, float)) or not (math.isfinite(cost) and cost >= 0):
         raise ValueError(f"cost_bps must be a finite number >= 0, got {cfg.cost_bps}")

@@ -48,10 +48,6 @@ from gper.training.episodes import EpisodeTracker
 from gper.training.phases import PhasedStep
 from gper.training.timing import PhaseTimer
 
-#: Adam's epsilon for pixels: Dopamine's and Rainbow's 1.5e-4 (0.01 / 32), where torch's 1e-8
-#: lets the early steps' tiny second moments blow the updates up
-ADAM_EPS = 1.5e-4
-
 
 def pixel_replay(cfg: Config, env: AtariVecEnv, device: torch.device, agents: int = 1) -> gper.TrajectoryReplayBuffer:
     """The replay of ``cfg`` for ``env``: its streams' frames stored once, stacks of ``env.frame_stack``;
@@ -94,7 +90,11 @@ class PixelAgent:
         self.qnets = nets[0] if agents == 1 else NatureQNetworks(nets).to(device)
         self.targets = copy.deepcopy(self.qnets).requires_grad_(False)
         self.optimizer = torch.optim.Adam(
-            self.qnets.parameters(), lr=cfg.learning_rate, eps=ADAM_EPS, capturable=cuda, fused=True if cuda else None
+            self.qnets.parameters(),
+            lr=cfg.learning_rate,
+            eps=cfg.adam_eps,
+            capturable=cuda,
+            fused=True if cuda else None,
         )
         # env steps (one agent's: each agent plays cfg.num_envs games), training steps
         self.counters = torch.zeros(2, dtype=torch.float64, device=device)

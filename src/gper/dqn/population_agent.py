@@ -167,6 +167,7 @@ class PopulationAgent:
         self.adam = PopulationAdam(
             list(self.qnet.parameters()),
             lr=[c.learning_rate for c in cfgs],
+            eps=cfg.adam_eps,
             capturable=cuda or forced,
             reference="fused" if cfg.fused_step else "torch",
             backend=("triton" if forced else "auto") if self.kernels == "triton" else "torch",
