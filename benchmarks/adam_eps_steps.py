@@ -1,0 +1,97 @@
+"""How much does Adam's epsilon shrink a run's steps? Read from a checkpoint's Adam moments.
+
+Adam's step for a weight is ``lr * m_hat / (sqrt(v_hat) + eps)``. Where ``sqrt(v_hat)`` is well
+below ``eps`` the step is about ``lr * m_hat / eps``: SGD with a step smaller than ``lr``. For each
+parameter of a checkpoint (its ``trainer.pt``: a DQN run of any learner, a population's too) this
+prints the share of weights whose ``sqrt(v_hat)`` is below ``--eps``, its median, and the norm of
+Adam's step under ``--eps`` against its norm under ``--against`` (same moments, so 1.0 means the
+epsilon does not matter and 0.1 means a tenth of the step).
+
+    python benchmarks/adam_eps_steps.py --checkpoint runs/<run>/checkpoints/step-...
+    python benchmarks/adam_eps_steps.py --run-steps 12000      # a short CPU atari:Pong run first
+
+Developer tool (moments, not timings): single thread on the CPU, deterministic for a checkpoint.
+Writes the table to ``<out>/adam-eps-steps-<stamp>.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from gper.bench.report import environment, header_line
+
+
+def short_run(steps: int, folder: Path) -> Path:
+    """A CPU ``atari:Pong`` run of ``steps`` env steps (the CPU preset, Adam at ``1.5e-4``, the epsilon
+    the question is about) with a checkpoint at its end; returns the checkpoint's directory."""
+    from gper.dqn import Config, train
+
+    cfg = Config(
+        env="atari:Pong", device="cpu", total_steps=steps, adam_eps=1.5e-4, run_dir=str(folder), run_name="run",
+        progress=False, tensorboard=False, eval_every=0, save=True, checkpoint_every=0,
+    )  # fmt: skip
+    train(cfg, log=lambda *_: None)
+    return sorted((folder / "run" / "checkpoints").iterdir())[-1]
+
+
+def rows(checkpoint: Path, eps: float, against: float) -> list[tuple]:
+    """One row a parameter: index, shape, Adam steps taken, share below ``eps``, median root, step ratio."""
+    state = torch.load(checkpoint / "trainer.pt", weights_only=False, map_location="cpu")
+    optimizer = state["agent"]["optimizer"]
+    beta1, beta2 = optimizer["param_groups"][0]["betas"]
+    out = []
+    for index, moments in sorted(optimizer["state"].items()):
+        step = float(moments["step"].max()) if torch.is_tensor(moments["step"]) else float(moments["step"])
+        m = moments["exp_avg"].double() / (1 - beta1**step)
+        root = (moments["exp_avg_sq"].double() / (1 - beta2**step)).sqrt()
+        ratio = (m / (root + eps)).norm() / (m / (root + against)).norm()
+        below = float((root < eps).double().mean())
+        out.append((index, tuple(moments["exp_avg"].shape), int(step), below, float(root.median()), float(ratio)))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", default=None, help="a checkpoint directory (holding trainer.pt)")
+    p.add_argument("--run-steps", type=int, default=12_000, help="without --checkpoint: a CPU Pong run this long")
+    p.add_argument("--eps", type=float, default=1.5e-4, help="the epsilon asked about")
+    p.add_argument("--against", type=float, default=1e-8, help="the epsilon compared with")
+    p.add_argument("--out", default="benchmarks/results")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as scratch:
+        if args.checkpoint is not None:
+            checkpoint, source = Path(args.checkpoint), f"checkpoint `{args.checkpoint}`"
+        else:
+            checkpoint = short_run(args.run_steps, Path(scratch))
+            source = f"a CPU `atari:Pong` run of {args.run_steps:,} env steps (CPU preset, Adam eps 1.5e-4)"
+        table = rows(checkpoint, args.eps, args.against)
+    lines = [
+        header_line(environment(torch.device("cpu"))),
+        "",
+        f"Adam's moments of {source}: the share of weights whose sqrt(v_hat) is below eps = {args.eps:g},",
+        f"the median sqrt(v_hat), and the norm of Adam's step under eps = {args.eps:g} over its norm "
+        f"under {args.against:g}.",
+        "",
+        "| parameter | shape | Adam steps | below eps | median sqrt(v_hat) | step norm ratio |",
+        "| ---: | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for index, shape, step, below, median, ratio in table:
+        lines.append(f"| {index} | {'x'.join(map(str, shape))} | {step:,} | {below:.3f} | {median:.2e} | {ratio:.3f} |")
+    text = "\n".join(lines)
+    print(text)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"adam-eps-steps-{time.strftime('%Y%m%d-%H%M%S')}.md"
+    path.write_text(text + "\n")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
