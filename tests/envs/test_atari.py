@@ -3,6 +3,8 @@ stacks the trajectory replay builds at sample time are the ones the policy acted
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -66,6 +68,36 @@ def test_a_lost_life_ends_the_training_episode_only():
     finally:
         train.close()
         play.close()
+
+
+def test_evaluation_fires_after_each_lost_life():
+    """A policy that never fires (NOOP only): the game's reset serves Breakout's first ball, and
+    then it waits for FIRE. Evaluation's environment (the trainer builds it with the test split)
+    plays FIRE the step after each lost life, so its games end with all five balls lost; training's
+    keeps the one life lost; Pong (no lives) plays as sent either way."""
+    from gper.dqn import Config, resolve
+    from gper.training.environment import build_env
+
+    cfg = resolve(Config(env="atari:Breakout", device="cpu", seed=3), torch.device("cpu"))
+    evaluation = build_env(dataclasses.replace(cfg, num_envs=2), torch.device("cpu"), split="test", own_rng=True)
+    training = AtariVecEnv("Breakout", 2, "cpu", seed=3, life_loss_terminal=False)
+    pong = AtariVecEnv("Pong", 2, "cpu", seed=3, fire_after_life_loss=True)
+    try:
+        assert evaluation.fire_action == 1 and training.fire_action is None and pong.fire_action == 1
+        noop = torch.zeros(2, dtype=torch.int64)
+        evaluation.reset(seed=3), training.reset(seed=3), pong.reset(seed=3)
+        ended, waited = torch.zeros(2, dtype=torch.bool), torch.zeros(2, dtype=torch.bool)
+        for _ in range(3000):
+            evaluation.step(noop), training.step(noop), pong.step(noop)
+            ended |= evaluation.game_over
+            waited |= training.game_over
+            assert not pong._fire_next.any()
+            if ended.all():
+                break
+        assert ended.all() and not waited.any()
+        assert training._lives.tolist() == [4, 4]  # one ball served and lost, no FIRE since
+    finally:
+        evaluation.close(), training.close(), pong.close()
 
 
 def test_bad_names_and_calls_are_refused():

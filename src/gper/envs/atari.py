@@ -15,9 +15,11 @@ policy acts on the stacks it learns from); ``reward`` is the game's own (unclipp
 clips it for learning, and reports these). Resets happen in the step that ended the episode
 (``same-step``: ``next_obs`` holds the final frame).
 
-One difference from CleanRL's wrappers: FIRE is pressed at a game's reset only, not after each
-lost life (CleanRL's ``FireResetEnv`` runs at every reset its ``EpisodicLifeEnv`` makes), so in
-Breakout the agent learns to fire itself, and a greedy evaluation that never fires plays on until
+One difference from CleanRL's wrappers in training: FIRE is pressed at a game's reset only, not
+after each lost life (CleanRL's ``FireResetEnv`` runs at every reset its ``EpisodicLifeEnv``
+makes), so in Breakout the agent learns to fire itself. Evaluation presses FIRE after each lost
+life, as CleanRL's wrappers do (``fire_after_life_loss``: the step after a life is lost plays FIRE
+in place of the policy's action): a greedy policy that never fires would otherwise play on until
 the game's frame limit.
 
 With ``life_loss_terminal`` (training, CleanRL's ``EpisodicLifeEnv``) a lost life ends the
@@ -73,6 +75,8 @@ class AtariVecEnv(VecEnv):
         seed: copy ``i`` is seeded ``seed + i`` at construction (and at ``reset(seed)``).
         frame_stack: frames a stack holds.
         life_loss_terminal: a lost life ends the learner's episode (training; see the module docstring).
+        fire_after_life_loss: the step after a lost life plays FIRE, whatever the action sent
+            (evaluation; games without FIRE are unchanged).
         threads: ale-py's C++ threads; 0: one per copy up to the machine's cores.
         repeat_action_probability: sticky actions (0: CleanRL's protocol; 0.25: Machado et al.'s).
         max_frames: frames after which an episode is truncated (108,000: 30 minutes of play).
@@ -90,6 +94,7 @@ class AtariVecEnv(VecEnv):
         *,
         frame_stack: int = STACK,
         life_loss_terminal: bool = True,
+        fire_after_life_loss: bool = False,
         threads: int = 0,
         repeat_action_probability: float = 0.0,
         max_frames: int = 108_000,
@@ -105,6 +110,8 @@ class AtariVecEnv(VecEnv):
             raise ValueError(f"frame_stack must be an int >= 1, got {frame_stack!r}")
         self.name, self.num_envs, self.device = f"atari:{game}", num_envs, canonical_device(device)
         self.frame_stack, self.life_loss_terminal = frame_stack, bool(life_loss_terminal)
+        #: FIRE's index in the game's actions, where it has one and fire_after_life_loss asks for it
+        self.fire_action = _fire_action(ale_py, rom) if fire_after_life_loss else None
         self._env = vector_env(
             rom,
             num_envs,
@@ -132,6 +139,7 @@ class AtariVecEnv(VecEnv):
         self.game_over = torch.zeros(n, dtype=torch.bool, device=self.device)
         self._stack = torch.zeros(n, *self.obs_shape, dtype=torch.uint8, device=self.device)
         self._lives = np.zeros(n, dtype=np.int64)
+        self._fire_next = np.zeros(n, dtype=bool)  # copies whose next step plays FIRE
         self._pending = False
         self.reset(seed)
 
@@ -149,6 +157,7 @@ class AtariVecEnv(VecEnv):
             self._pending = False
         obs, info = self._env.reset(seed=seed)
         self._lives = np.asarray(info["lives"], dtype=np.int64).copy()
+        self._fire_next[:] = False
         if self._copied is not None:  # the last step's copy out of the host buffer is done
             self._copied.synchronize()
         self._view(self._host, "obs").numpy()[:] = obs[:, 0]
@@ -164,7 +173,10 @@ class AtariVecEnv(VecEnv):
             raise ValueError(f"actions must be [{self.num_envs}], got {list(actions.shape)}")
         if self._pending:
             raise RuntimeError("step_async(): the previous step's results were not collected (step_wait)")
-        self._env.send(actions.detach().to("cpu", torch.int64).numpy())
+        host = actions.detach().to("cpu", torch.int64).numpy()
+        if self._fire_next.any():
+            host = np.where(self._fire_next, self.fire_action, host)
+        self._env.send(host)
         self._pending = True
 
     def step_wait(self) -> Step:
@@ -176,7 +188,10 @@ class AtariVecEnv(VecEnv):
         over = np.logical_or(terminated, truncated)
         lives = np.asarray(info["lives"], dtype=np.int64)
         # CleanRL's EpisodicLifeEnv: a life lost with lives left (the last one ends the game itself)
-        lost = (0 < lives) & (lives < self._lives) & ~over if self.life_loss_terminal else np.zeros_like(over)
+        died = (0 < lives) & (lives < self._lives) & ~over
+        lost = died if self.life_loss_terminal else np.zeros_like(over)
+        if self.fire_action is not None:
+            self._fire_next = died
         self._lives = lives.copy()
         host = self._host
         if self._copied is not None:
@@ -211,6 +226,15 @@ class AtariVecEnv(VecEnv):
         self._env.close()
 
 
+def _fire_action(ale_py: Any, rom: str) -> int | None:
+    """FIRE's index in ``rom``'s minimal action set (the vector environment's actions), or None."""
+    ale = ale_py.ALEInterface()
+    ale.setLoggerMode(ale_py.LoggerMode.Error)
+    ale.loadROM(ale_py.roms.get_rom_path(rom))
+    actions = list(ale.getMinimalActionSet())
+    return actions.index(ale_py.Action.FIRE) if ale_py.Action.FIRE in actions else None
+
+
 def make_atari(game: str, num_envs: int, device: torch.device | str, seed: int = 0, **kwargs: Any) -> AtariVecEnv:
     """``atari:<Game>``: an :class:`AtariVecEnv` of ``game`` (``kwargs`` go to it)."""
     if not game:
@@ -219,8 +243,9 @@ def make_atari(game: str, num_envs: int, device: torch.device | str, seed: int =
 
 
 def _settings(run: Any, split: str) -> dict[str, Any]:
-    # training loses an episode with each life (CleanRL's EpisodicLifeEnv); evaluation plays whole games
-    return {"life_loss_terminal": split == "train"}
+    # training loses an episode with each life (CleanRL's EpisodicLifeEnv); evaluation plays whole
+    # games and fires after each lost life (CleanRL's FireResetEnv)
+    return {"life_loss_terminal": split == "train", "fire_after_life_loss": split != "train"}
 
 
 # The trainer's presets (gper.envs.registry.PRESETS): prioritized double DQN with 3-step returns
