@@ -2,10 +2,12 @@
 
 Adam's step for a weight is ``lr * m_hat / (sqrt(v_hat) + eps)``. Where ``sqrt(v_hat)`` is well
 below ``eps`` the step is about ``lr * m_hat / eps``: SGD with a step smaller than ``lr``. For each
-parameter of a checkpoint (its ``trainer.pt``: a DQN run of any learner, a population's too) this
-prints the share of weights whose ``sqrt(v_hat)`` is below ``--eps``, its median, and the norm of
-Adam's step under ``--eps`` against its norm under ``--against`` (same moments, so 1.0 means the
-epsilon does not matter and 0.1 means a tenth of the step).
+parameter of a checkpoint (its ``trainer.pt``) of a learner that keeps a ``torch.optim.Adam`` (one
+MLP agent, or the pixel learner, one agent or a population, whose rows then hold all its agents;
+not an MLP population, whose Adam is gper's own) this prints the share of weights whose
+``sqrt(v_hat)`` is below ``--eps`` and below ``--against``, its median, and the norm of Adam's step
+under ``--eps`` against its norm under ``--against`` (same moments, so 1.0 means the epsilon does
+not matter and 0.1 means a tenth of the step).
 
     python benchmarks/adam_eps_steps.py --checkpoint runs/<run>/checkpoints/step-...
     python benchmarks/adam_eps_steps.py --run-steps 12000      # a short CPU atari:Pong run first
@@ -40,8 +42,11 @@ def short_run(steps: int, folder: Path) -> Path:
 
 
 def rows(checkpoint: Path, eps: float, against: float) -> list[tuple]:
-    """One row a parameter: index, shape, Adam steps taken, share below ``eps``, median root, step ratio."""
-    state = torch.load(checkpoint / "trainer.pt", weights_only=False, map_location="cpu")
+    """One row a parameter: index, shape, Adam steps taken, shares below ``eps`` and ``against``,
+    median root, step ratio."""
+    state = torch.load(checkpoint / "trainer.pt", weights_only=True, map_location="cpu")
+    if "optimizer" not in state["agent"]:
+        raise SystemExit(f"{checkpoint}: its learner keeps no torch.optim.Adam (an MLP population's is gper's own)")
     optimizer = state["agent"]["optimizer"]
     beta1, beta2 = optimizer["param_groups"][0]["betas"]
     out = []
@@ -50,8 +55,8 @@ def rows(checkpoint: Path, eps: float, against: float) -> list[tuple]:
         m = moments["exp_avg"].double() / (1 - beta1**step)
         root = (moments["exp_avg_sq"].double() / (1 - beta2**step)).sqrt()
         ratio = (m / (root + eps)).norm() / (m / (root + against)).norm()
-        below = float((root < eps).double().mean())
-        out.append((index, tuple(moments["exp_avg"].shape), int(step), below, float(root.median()), float(ratio)))
+        below = [float((root < e).double().mean()) for e in (eps, against)]
+        out.append((index, tuple(moments["exp_avg"].shape), int(step), *below, float(root.median()), float(ratio)))
     return out
 
 
@@ -74,15 +79,20 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         header_line(environment(torch.device("cpu"))),
         "",
-        f"Adam's moments of {source}: the share of weights whose sqrt(v_hat) is below eps = {args.eps:g},",
-        f"the median sqrt(v_hat), and the norm of Adam's step under eps = {args.eps:g} over its norm "
-        f"under {args.against:g}.",
+        f"Adam's moments of {source}: the share of weights whose sqrt(v_hat) is below {args.eps:g} and",
+        f"below {args.against:g}, the median sqrt(v_hat), and the norm of Adam's step under eps = {args.eps:g}",
+        f"over its norm under {args.against:g} (weights whose moments are 0, inputs that are always 0, count",
+        "in both shares and move under neither).",
         "",
-        "| parameter | shape | Adam steps | below eps | median sqrt(v_hat) | step norm ratio |",
-        "| ---: | --- | ---: | ---: | ---: | ---: |",
+        f"| parameter | shape | Adam steps | below {args.eps:g} | below {args.against:g} | median sqrt(v_hat) | "
+        "step norm ratio |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for index, shape, step, below, median, ratio in table:
-        lines.append(f"| {index} | {'x'.join(map(str, shape))} | {step:,} | {below:.3f} | {median:.2e} | {ratio:.3f} |")
+    for index, shape, step, below, below_against, median, ratio in table:
+        lines.append(
+            f"| {index} | {'x'.join(map(str, shape))} | {step:,} | {below:.3f} | {below_against:.3f} | {median:.2e} "
+            f"| {ratio:.3f} |"
+        )
     text = "\n".join(lines)
     print(text)
     out = Path(args.out)

@@ -14,7 +14,7 @@ from typing import Any
 
 from gper.dqn.agent import SUM_ABS_TD, SUM_LOSS, SUM_Q, Agent
 from gper.dqn.build import setup
-from gper.dqn.config import TORCH_ADAM_EPS, Config, as_run, check_plain_run, cpu_threads, from_settings
+from gper.dqn.config import TORCH_ADAM_EPS, Config, as_run, check_plain_run, cpu_threads, env_family, from_settings
 from gper.dqn.population_agent import PopulationAgent
 from gper.dqn.walk_settings import nest_walk
 from gper.training import run_checkpoint
@@ -63,7 +63,7 @@ def _upgrade(settings: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint's settings in today's form: a setting it predates holds the value it ran with
     (:data:`ADDED`; ``adam_eps`` by learner), the walk-forward ones sit in ``walk`` (a checkpoint
     written before :attr:`Config.walk` holds them flat)."""
-    pixels = str(settings.get("env", "")).startswith("atari:")
+    pixels = env_family(str(settings.get("env", ""))) == "atari"  # the learner build.py picks
     before = {"adam_eps": PIXEL_ADAM_EPS_BEFORE if pixels else TORCH_ADAM_EPS}
     return nest_walk(ADDED | before | settings)
 

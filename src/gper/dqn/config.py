@@ -68,9 +68,9 @@ class Config:
     learning_rate: float | None = None
     """Adam's learning rate"""
     adam_eps: float | None = None
-    """Adam's epsilon, added to the root of its second moment: the environment's preset, else
-    torch's 1e-8. Where most gradients' roots are below it (small losses) Adam's step shrinks to
-    about learning_rate * gradient / adam_eps"""
+    """Adam's epsilon, added to the root of its second moment (None: the environment's preset, else
+    torch's 1e-8). Where a weight's root is well below it (small losses) its step shrinks from
+    about learning_rate to about learning_rate * m_hat / adam_eps"""
     max_grad_norm: float | None = None
     """clip the gradient's global norm to this before each Adam step (0: no clipping)"""
     gamma: float = 0.99

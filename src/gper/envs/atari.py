@@ -228,8 +228,8 @@ class AtariVecEnv(VecEnv):
 
 def _fire_action(ale_py: Any, rom: str) -> int | None:
     """FIRE's index in ``rom``'s minimal action set (the vector environment's actions), or None."""
+    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # before the first interface: no banner
     ale = ale_py.ALEInterface()
-    ale.setLoggerMode(ale_py.LoggerMode.Error)
     ale.loadROM(ale_py.roms.get_rom_path(rom))
     actions = list(ale.getMinimalActionSet())
     return actions.index(ale_py.Action.FIRE) if ale_py.Action.FIRE in actions else None
@@ -254,13 +254,13 @@ def _settings(run: Any, split: str) -> dict[str, Any]:
 # over a million transitions the global largest made every weight about 1e-3 and, under Adam's
 # epsilon of 1.5e-4, the updates nearly vanished (Pong at -19.5 after 2M steps,
 # benchmarks/results/train-atari-pong-nvidia-h100-80gb-hbm3-20261206-013000.md). Adam's epsilon is
-# torch's 1e-8, CleanRL's: Rainbow's 1.5e-4, which this preset had before, sat above the root of
-# most of Adam's second moments (the losses here are small), so its steps shrank towards SGD's as
-# the loss fell; with it three Pong seeds were at +2.6 / +10.7 / +5.5 after 2M env steps
-# (…-pong-pop3-…-050300.md; that the new epsilon does better is not yet measured). The target is
-# copied every 250 training steps (2,000 env steps), CleanRL's count of updates between copies:
-# with 1,000 a run of the same seeds was ahead at every common step (…-032500.md), within what
-# seeds vary, so not the missing speed either. The CPU's are for a smoke run only.
+# torch's 1e-8, CleanRL's: Rainbow's 1.5e-4, which this preset had before, shrank Adam's steps on
+# the small losses here (the 3136x512 layer's to a tenth, adam-eps-steps-20261206-052503.md), and
+# with it three Pong seeds were at +2.6 / +10.7 / +5.5 after 2M env steps (…-pong-pop3-…-050300.md,
+# whose target copies were every 250 training steps; that 1e-8 does better is not yet measured).
+# The target is copied every 1,000 training steps (8,000 env steps): the three seeds' mean with
+# 1,000 (…-032500.md) was ahead of that run's with 250 at every common step from 180,000 on. The
+# CPU's are for a smoke run only.
 # fmt: off
 SPEC = EnvSpec(
     "atari:<Game>",
@@ -272,7 +272,7 @@ SPEC = EnvSpec(
     presets={
         "cuda": dict(
             total_steps=2_000_000, num_envs=8, hidden=(512,), n_step=3, buffer_size=1_000_000, batch_size=64,
-            learning_rate=1e-4, adam_eps=1e-8, max_grad_norm=10.0, tau=1.0, target_every=250, eps_end=0.01,
+            learning_rate=1e-4, adam_eps=1e-8, max_grad_norm=10.0, tau=1.0, target_every=1_000, eps_end=0.01,
             exploration_fraction=0.1, learning_starts=20_000, epoch_steps=20_000, solve_return=None,
             weight_norm="batch",
         ),
