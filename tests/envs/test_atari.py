@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
@@ -70,11 +71,19 @@ def test_a_lost_life_ends_the_training_episode_only():
         play.close()
 
 
+def _recording(env: AtariVecEnv) -> list[np.ndarray]:
+    """The actions ``env`` sends to ale-py from now on, one array a step."""
+    sent, send = [], env._env.send
+    env._env.send = lambda actions: (sent.append(np.array(actions)), send(actions))[1]
+    return sent
+
+
 def test_evaluation_fires_after_each_lost_life():
     """A policy that never fires (NOOP only): the game's reset serves Breakout's first ball, and
     then it waits for FIRE. Evaluation's environment (the trainer builds it with the test split)
-    plays FIRE the step after each lost life, so its games end with all five balls lost; training's
-    keeps the one life lost; Pong (no lives) plays as sent either way."""
+    sends FIRE exactly on the step after each lost life (not after a game over, not after a
+    reset), so its games end with all five balls lost; training's waits after its first lost
+    life; Pong (no lives) gets what the policy sends."""
     from gper.dqn import Config, resolve
     from gper.training.environment import build_env
 
@@ -86,15 +95,30 @@ def test_evaluation_fires_after_each_lost_life():
         assert evaluation.fire_action == 1 and training.fire_action is None and pong.fire_action == 1
         noop = torch.zeros(2, dtype=torch.int64)
         evaluation.reset(seed=3), training.reset(seed=3), pong.reset(seed=3)
-        ended, waited = torch.zeros(2, dtype=torch.bool), torch.zeros(2, dtype=torch.bool)
-        for _ in range(3000):
+        sent, pong_sent = _recording(evaluation), _recording(pong)
+        want, fired, games, waited = [], 0, np.zeros(2, dtype=np.int64), torch.zeros(2, dtype=torch.bool)
+        fire_next = np.zeros(2, dtype=bool)
+        for t in range(3000):
+            if t == 40:  # a reset between a lost life and the next step: the next step is the policy's
+                while not fire_next.any():
+                    before = evaluation._lives.copy()
+                    want.append(np.where(fire_next, 1, 0))
+                    evaluation.step(noop)
+                    fire_next = (0 < evaluation._lives) & (evaluation._lives < before) & ~evaluation.game_over.numpy()
+                evaluation.reset(seed=4)
+                fire_next[:] = False
+            before = evaluation._lives.copy()
+            want.append(np.where(fire_next, 1, 0))
             evaluation.step(noop), training.step(noop), pong.step(noop)
-            ended |= evaluation.game_over
+            over = evaluation.game_over.numpy()
+            fire_next = (0 < evaluation._lives) & (evaluation._lives < before) & ~over
+            fired, games = fired + int(fire_next.sum()), games + over
             waited |= training.game_over
-            assert not pong._fire_next.any()
-            if ended.all():
+            if (games >= 2).all():
                 break
-        assert ended.all() and not waited.any()
+        assert (games >= 2).all() and fired >= 16 and not waited.any()  # 4 FIREs a game of 5 balls
+        assert len(sent) == len(want) and all(np.array_equal(s, w) for s, w in zip(sent, want, strict=True))
+        assert all((a == 0).all() for a in pong_sent)
         assert training._lives.tolist() == [4, 4]  # one ball served and lost, no FIRE since
     finally:
         evaluation.close(), training.close(), pong.close()
