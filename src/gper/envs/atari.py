@@ -255,7 +255,7 @@ def _settings(run: Any, split: str) -> dict[str, Any]:
 # epsilon of 1.5e-4, the updates nearly vanished (Pong at -19.5 after 2M steps,
 # benchmarks/results/train-atari-pong-nvidia-h100-80gb-hbm3-20261206-013000.md). Adam's epsilon is
 # torch's 1e-8, CleanRL's: Rainbow's 1.5e-4, which this preset had before, shrank Adam's steps on
-# the small losses here (the 3136x512 layer's to a tenth, adam-eps-steps-20261206-052503.md), and
+# the small losses here (the 3136x512 layer's to 0.11, adam-eps-steps-20261206-055326.md), and
 # with it three Pong seeds were at +2.6 / +10.7 / +5.5 after 2M env steps (…-pong-pop3-…-050300.md,
 # whose target copies were every 250 training steps; that 1e-8 does better is not yet measured).
 # The target is copied every 1,000 training steps (8,000 env steps): the three seeds' mean with
