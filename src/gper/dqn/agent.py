@@ -118,11 +118,7 @@ class Agent:
         self.qnet = QNetwork(self.obs_width, env.n_actions, cfg.hidden).to(device)
         self.target = copy.deepcopy(self.qnet).requires_grad_(False)
         self.optimizer = torch.optim.Adam(
-            self.qnet.parameters(),
-            lr=cfg.learning_rate,
-            eps=cfg.adam_eps,
-            capturable=cuda,
-            fused=True if cuda else None,
+            self.qnet.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps, capturable=cuda, fused=cuda or None
         )
         self.counters = torch.zeros(2, dtype=torch.float64, device=device)
         self.sums = torch.zeros(N_SUMS, dtype=torch.float64, device=device)

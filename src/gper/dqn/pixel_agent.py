@@ -90,11 +90,7 @@ class PixelAgent:
         self.qnets = nets[0] if agents == 1 else NatureQNetworks(nets).to(device)
         self.targets = copy.deepcopy(self.qnets).requires_grad_(False)
         self.optimizer = torch.optim.Adam(
-            self.qnets.parameters(),
-            lr=cfg.learning_rate,
-            eps=cfg.adam_eps,
-            capturable=cuda,
-            fused=True if cuda else None,
+            self.qnets.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps, capturable=cuda, fused=cuda or None
         )
         # env steps (one agent's: each agent plays cfg.num_envs games), training steps
         self.counters = torch.zeros(2, dtype=torch.float64, device=device)
