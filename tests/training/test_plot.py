@@ -49,6 +49,26 @@ def test_without_a_threshold_or_evaluations_the_panels_leave_them_out(tmp_path):
     assert [line.get_label() for line in figure(rows, solve_return=1000.0).axes[0].lines][-1] == "solved: 1000"
 
 
+def test_published_scores_are_a_line_or_a_band(tmp_path):
+    rows = _run(tmp_path)
+    refs = [("published, one number", 80.0, 80.0), ("published, a range", 19.0, 20.0)]
+    ret = figure(rows, solve_return=50.0, references=refs).axes[0]
+    lines = {line.get_label(): line for line in ret.lines}
+    assert list(lines["published, one number"].get_ydata()) == [80.0, 80.0]
+    (band,) = [p for p in ret.patches if p.get_label() == "published, a range"]
+    ys = band.get_patch_transform().transform(band.get_path().vertices)[:, 1]  # Rectangle or Polygon
+    assert (min(ys), max(ys)) == (19.0, 20.0)
+    assert {"published, one number", "published, a range"} <= set(ret.get_legend_handles_labels()[1])
+
+
+@pytest.mark.parametrize("low, high", [(20.0, 19.0), (float("nan"), 1.0)])
+def test_a_reference_whose_low_is_not_below_its_high_is_refused_before_anything_is_written(tmp_path, low, high):
+    _run(tmp_path)
+    with pytest.raises(ValueError, match="reference 'r'"):
+        plot_run(tmp_path / "metrics.jsonl", tmp_path / "plot.png", references=[("r", low, high)])
+    assert not (tmp_path / "plot.png").exists()
+
+
 def test_plot_run_writes_the_png(tmp_path):
     _run(tmp_path)
     png = plot_run(tmp_path / "metrics.jsonl", tmp_path / "plot.png", title="t", solve_return=50.0)

@@ -2,7 +2,8 @@
 
 Three panels against env steps: on top the training episodes' returns, their 100-episode mean,
 the greedy evaluations (``eval/mean_return`` with ``eval/std_return`` as error bars) and the
-environment's "solved" threshold with the step where the 100-episode mean first reached it;
+environment's "solved" threshold with the step where the 100-episode mean first reached it, and
+any published scores to compare with (``references``: a line, or a band where a range is given);
 below, the losses (``losses/td_loss`` on a log scale, ``losses/q_values`` on its own axis) and
 the per-phase times.
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +34,16 @@ WINDOW = 100
 AGENT_RETURN = re.compile(r"agent_(\d+)/charts/episodic_return")
 
 
+#: a score to compare with: (label, low, high); a line where low == high, else a band
+Reference = tuple[str, float, float]
+
+
 def plot_run(
-    metrics_path: str | Path, out: str | Path, title: str = "", solve_return: float | None = None
+    metrics_path: str | Path,
+    out: str | Path,
+    title: str = "",
+    solve_return: float | None = None,
+    references: Sequence[Reference] = (),
 ) -> Path | None:
     """Draw the run whose ``metrics.jsonl`` is ``metrics_path`` into the PNG ``out``.
 
@@ -43,23 +53,33 @@ def plot_run(
         title: heads the figure (the environment, say).
         solve_return: the return at which the environment counts as solved: a horizontal line,
             and a vertical one where the mean of the last 100 episodes first reached it.
+        references: published scores to draw beside the curve, each ``(label, low, high)``: a
+            dash-dotted line where ``low == high``, else a grey band from ``low`` to ``high``
+            (``("CleanRL dqn_atari after 10M env steps", 19.0, 20.0)``, say).
 
     Returns:
         The PNG's path, or None when matplotlib cannot be imported.
     """
+    _check_references(references)
     try:
         import matplotlib  # noqa: F401 (the check: figure imports from it)
     except ImportError:
         return None
     out = Path(out)
-    figure(read_metrics(metrics_path), title, solve_return).savefig(out, dpi=110)
+    figure(read_metrics(metrics_path), title, solve_return, references).savefig(out, dpi=110)
     return out
 
 
-def figure(rows: list[dict[str, Any]], title: str = "", solve_return: float | None = None) -> Any:
+def figure(
+    rows: list[dict[str, Any]],
+    title: str = "",
+    solve_return: float | None = None,
+    references: Sequence[Reference] = (),
+) -> Any:
     """The matplotlib figure of :func:`plot_run` from the records ``rows`` of a ``metrics.jsonl``
     (its axes: return, losses, phase times; the losses' Q-value axis is a twin of the loss axis).
     A plain :class:`matplotlib.figure.Figure`: no pyplot, no backend, nothing global to close."""
+    _check_references(references)
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(12, 8.5))
@@ -68,12 +88,18 @@ def figure(rows: list[dict[str, Any]], title: str = "", solve_return: float | No
     # one env-step axis for all three, so a step lines up across the panels
     ax_loss = fig.add_subplot(grid[1, 0], sharex=ax_ret)
     ax_time = fig.add_subplot(grid[1, 1], sharex=ax_ret)
-    _returns(ax_ret, rows, solve_return)
+    _returns(ax_ret, rows, solve_return, references)
     ax_ret.set_title(f"{title}: return" if title else "return")
     _losses(ax_loss, rows)
     _timing(ax_time, rows)
     fig.tight_layout()
     return fig
+
+
+def _check_references(references: Sequence[Reference]) -> None:
+    for label, low, high in references:
+        if not low <= high:  # NaN fails too
+            raise ValueError(f"reference {label!r}: low {low} is not at or below high {high}")
 
 
 def _series(rows: list[dict[str, Any]], name: str) -> tuple[list[int], list[float]]:
@@ -122,7 +148,7 @@ def _running_means(returns: list[float]) -> list[float]:
     return ((sums[end] - sums[start]) / (end - start)).tolist()
 
 
-def _returns(ax: Any, rows: list[dict[str, Any]], solve_return: float | None) -> None:
+def _returns(ax: Any, rows: list[dict[str, Any]], solve_return: float | None, references: Sequence[Reference]) -> None:
     agents = population_agents(rows)
     if agents:
         solved, what = _population(ax, rows, agents, solve_return)
@@ -138,6 +164,11 @@ def _returns(ax: Any, rows: list[dict[str, Any]], solve_return: float | None) ->
         ax.axhline(solve_return, ls="--", lw=1, color="tab:red", label=f"solved: {solve_return:g}")
         if solved is not None:
             ax.axvline(solved, ls=":", lw=1, color="tab:red", label=f"{what} reached it: {solved:,}")
+    for label, low, high in references:
+        if low == high:
+            ax.axhline(low, ls="-.", lw=1.2, color="dimgray", label=label)
+        else:
+            ax.axhspan(low, high, alpha=0.2, color="gray", label=label)
     ax.set_xlabel("env steps")
     ax.set_ylabel("episodic return")
     ax.grid(alpha=0.3)
