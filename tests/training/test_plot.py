@@ -61,12 +61,20 @@ def test_published_scores_are_a_line_or_a_band(tmp_path):
     assert {"published, one number", "published, a range"} <= set(ret.get_legend_handles_labels()[1])
 
 
-@pytest.mark.parametrize("low, high", [(20.0, 19.0), (float("nan"), 1.0)])
-def test_a_reference_whose_low_is_not_below_its_high_is_refused_before_anything_is_written(tmp_path, low, high):
-    _run(tmp_path)
+@pytest.mark.parametrize("low, high", [(20.0, 19.0), (float("nan"), 1.0), (0.0, float("inf"))])
+def test_a_reference_above_its_high_or_not_finite_is_refused_before_anything_is_drawn(tmp_path, low, high):
+    rows = _run(tmp_path)
     with pytest.raises(ValueError, match="reference 'r'"):
         plot_run(tmp_path / "metrics.jsonl", tmp_path / "plot.png", references=[("r", low, high)])
     assert not (tmp_path / "plot.png").exists()
+    with pytest.raises(ValueError, match="reference 'r'"):
+        figure(rows, references=[("r", low, high)])
+
+
+def test_references_given_as_an_iterator_are_all_drawn(tmp_path):
+    refs = iter([("a", 1.0, 1.0), ("b", 2.0, 3.0)])
+    labels = figure(_run(tmp_path), references=refs).axes[0].get_legend_handles_labels()[1]
+    assert {"a", "b"} <= set(labels)
 
 
 def test_plot_run_writes_the_png(tmp_path):

@@ -19,6 +19,7 @@ of its last 100 episodes then: the values of the epoch records' ``charts/iqm_ret
 from __future__ import annotations
 
 import bisect
+import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -60,7 +61,7 @@ def plot_run(
     Returns:
         The PNG's path, or None when matplotlib cannot be imported.
     """
-    _check_references(references)
+    references = _check_references(references)
     try:
         import matplotlib  # noqa: F401 (the check: figure imports from it)
     except ImportError:
@@ -79,7 +80,7 @@ def figure(
     """The matplotlib figure of :func:`plot_run` from the records ``rows`` of a ``metrics.jsonl``
     (its axes: return, losses, phase times; the losses' Q-value axis is a twin of the loss axis).
     A plain :class:`matplotlib.figure.Figure`: no pyplot, no backend, nothing global to close."""
-    _check_references(references)
+    references = _check_references(references)
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(12, 8.5))
@@ -96,10 +97,13 @@ def figure(
     return fig
 
 
-def _check_references(references: Sequence[Reference]) -> None:
+def _check_references(references: Sequence[Reference]) -> tuple[Reference, ...]:
+    """``references`` as a tuple (an iterator is read once), each finite with ``low <= high``."""
+    references = tuple(references)
     for label, low, high in references:
-        if not low <= high:  # NaN fails too
-            raise ValueError(f"reference {label!r}: low {low} is not at or below high {high}")
+        if not (math.isfinite(low) and math.isfinite(high) and low <= high):
+            raise ValueError(f"reference {label!r}: low {low} and high {high} must be finite with low <= high")
+    return references
 
 
 def _series(rows: list[dict[str, Any]], name: str) -> tuple[list[int], list[float]]:
