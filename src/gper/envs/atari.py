@@ -257,8 +257,9 @@ def _settings(run: Any, split: str) -> dict[str, Any]:
 # torch's 1e-8, CleanRL's: Rainbow's 1.5e-4, which this preset had before, shrank Adam's steps on
 # the small losses here (the 3136x512 layer's to 0.11, adam-eps-steps-20261206-055326.md), and
 # with it three Pong seeds were at +2.6 / +10.7 / +5.5 after 2M env steps (…-pong-pop3-…-050300.md,
-# whose target copies were every 250 training steps); with 1e-8 the same seeds were at +19.8 /
-# +20.0 / +19.8 (…-pong-pop3-nvidia-h200-20261206-065400.md).
+# whose target copies were every 250 training steps); with 1e-8 and copies every 1,000 the same
+# seeds were at +19.8 / +20.0 / +19.8 (…-pong-pop3-nvidia-h200-20261206-065400.md; the run with
+# copies every 1,000 and 1.5e-4, …-032500.md, was behind it at every common step).
 # The target is copied every 1,000 training steps (8,000 env steps): the three seeds' mean with
 # 1,000 (…-032500.md) was ahead of that run's with 250 at every common step from 180,000 on. The
 # CPU's are for a smoke run only.
