@@ -4,6 +4,7 @@ is known to ``make_env``, trains through :func:`gper.dqn.train` on its presets, 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -113,6 +114,26 @@ def test_a_registered_environment_trains_on_its_presets(coin, tmp_path):
     assert len(MADE) == 2 and all(env.shown == 2.0 for env in MADE) and MADE[0].num_envs == 4
     assert results.env_steps == 400 and results.train_steps > 0 and results.episodes == 400 // 4
     assert results.mean_return_last100 > 0
+
+
+def test_published_scores_reach_the_runs_plot(tmp_path, monkeypatch):
+    from gper.training import trainer
+
+    drawn = []
+
+    def plot_run(*args, **kwargs):  # the real plot, its arguments kept
+        drawn.append(args)
+        return real(*args, **kwargs)
+
+    real = trainer.plot_run
+    monkeypatch.setattr(trainer, "plot_run", plot_run)
+    spec = register(dataclasses.replace(COIN, published=lambda name: [(f"a paper's {name}", 2.0, 3.0)]))
+    try:
+        train(Config(env="coin:4", device="cpu", cost_bps=2.0, run_dir=str(tmp_path), progress=False))
+    finally:
+        unregister(spec.name)
+    assert drawn and drawn[-1][4] == (("a paper's coin:4", 2.0, 3.0),)
+    assert any(tmp_path.rglob("plot.png"))
 
 
 def test_gone_after_unregister(coin):

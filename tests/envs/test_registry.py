@@ -6,7 +6,7 @@ import pytest
 
 from gper.envs import ENV_NAMES, EnvSpec, lookup, register
 from gper.envs.cartpole import CartPole
-from gper.envs.registry import PRESETS, preset, specs
+from gper.envs.registry import PRESETS, preset, published, specs
 
 
 def test_built_in_names_and_presets_in_order():
@@ -30,6 +30,21 @@ def test_lookup_by_name_or_pattern(name, family):
 @pytest.mark.parametrize("name", ["cartpole:3", "bitflip", "gym", "Cartpole", "pong", ""])
 def test_lookup_of_no_registration(name):
     assert lookup(name) is None
+
+
+@pytest.mark.parametrize(
+    ("name", "mean", "spread"),
+    [("atari:Pong", 20.25, 0.41), ("atari:pong", 20.25, 0.41), ("atari:BeamRider", 6673.24, 1434.37)],
+)
+def test_atari_games_carry_cleanrls_published_score_as_a_band(name, mean, spread):
+    ((label, low, high),) = published(name)
+    assert "CleanRL dqn_atari.py after 10M env steps" in label and f"{mean:g} ± {spread:g}" in label
+    assert (low, high) == pytest.approx((mean - spread, mean + spread))
+
+
+@pytest.mark.parametrize("name", ["atari:MsPacman", "cartpole", "market", "gym:CartPole-v1", "pong", ""])
+def test_environments_without_a_published_score_have_none(name):
+    assert published(name) == ()
 
 
 def test_a_family_registers_once():

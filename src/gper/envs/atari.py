@@ -242,6 +242,20 @@ def make_atari(game: str, num_envs: int, device: torch.device | str, seed: int =
     return AtariVecEnv(game, num_envs, device, seed=seed, **kwargs)
 
 
+#: CleanRL's ``dqn_atari.py`` after 10M env steps: the mean of its training episodes' returns over
+#: 3 seeds, and their spread (CleanRL's docs, ``docs/rl-algorithms/dqn.md``), by ROM name
+CLEANRL_DQN_10M = {"beam_rider": (6673.24, 1434.37), "breakout": (366.928, 39.89), "pong": (20.25, 0.41)}
+
+
+def _published(name: str) -> list[tuple[str, float, float]]:
+    """CleanRL's published score of ``atari:<Game>`` as a band, where it has one."""
+    score = CLEANRL_DQN_10M.get(rom_name(name.partition(":")[2]))
+    if score is None:
+        return []
+    mean, spread = score
+    return [(f"CleanRL dqn_atari.py after 10M env steps: {mean:g} ± {spread:g}", mean - spread, mean + spread)]
+
+
 def _settings(run: Any, split: str) -> dict[str, Any]:
     # training loses an episode with each life (CleanRL's EpisodicLifeEnv); evaluation plays whole
     # games and fires after each lost life (CleanRL's FireResetEnv)
@@ -271,6 +285,7 @@ SPEC = EnvSpec(
     graph_safe_rng=False,
     settings=_settings,
     eval_split="test",
+    published=_published,
     presets={
         "cuda": dict(
             total_steps=2_000_000, num_envs=8, hidden=(512,), n_step=3, buffer_size=1_000_000, batch_size=64,

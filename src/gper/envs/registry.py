@@ -13,7 +13,7 @@ environment*).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +64,9 @@ class EnvSpec:
     split -> its scores (market: one walk over the held-out prices); None: none."""
     describe_final_test: Callable[[dict[str, float], Any], str] | None = None
     """The log line of :attr:`final_test`'s scores, from them and the run's settings."""
+    published: Callable[[str], Sequence[tuple[str, float, float]]] | None = None
+    """Published scores to draw beside a run's curve, from the environment's name (``atari:Pong``):
+    ``(label, low, high)`` each, a line where ``low == high``, else a band; None: none."""
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*(:<[A-Za-z]+>)?", self.name):
@@ -143,6 +146,13 @@ def lookup(name: str) -> EnvSpec | None:
     family, colon, _ = name.partition(":")
     spec = _SPECS.get(family)
     return spec if spec is not None and spec.pattern == bool(colon) else None
+
+
+def published(name: str) -> tuple[tuple[str, float, float], ...]:
+    """The published scores of the environment ``name`` (:attr:`EnvSpec.published`); () for none or
+    an unknown name."""
+    spec = lookup(name)
+    return tuple(spec.published(name)) if spec is not None and spec.published is not None else ()
 
 
 def preset(family: str, device_type: str) -> dict[str, Any] | None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from gper.envs import registry
 from gper.training import iteration_graphs, parallel, run_checkpoint
 from gper.training.algorithm import AlgorithmSpec, Learner, missing_members
 from gper.training.epochs import EpochLoop, collect_iterations
@@ -199,6 +200,8 @@ class _Run:
         runlog.write_json("summary.json", summary)
         runlog.flush()
         title = cfg.env + (f" (stopped at env step {results.env_steps:,})" if stopped else "")
-        plot = plot_run(runlog.metrics_path, runlog.folder / "plot.png", title=title, solve_return=cfg.solve_return)
+        plot = plot_run(
+            runlog.metrics_path, runlog.folder / "plot.png", title, cfg.solve_return, registry.published(cfg.env)
+        )
         if plot is None:
             self.log(f"gper train: no plot.png: the plot needs matplotlib: {INSTALL}")
