@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from gper.bench.report import environment, header_line
+from gper.bench.report import environment, format_markdown, header_line
 
 
 def short_run(steps: int, folder: Path) -> Path:
@@ -84,15 +84,15 @@ def main(argv: list[str] | None = None) -> int:
         f"over its norm under {args.against:g} (weights whose moments are 0, inputs that are always 0, count",
         "in both shares and move under neither).",
         "",
-        f"| parameter | shape | Adam steps | below {args.eps:g} | below {args.against:g} | median sqrt(v_hat) | "
-        "step norm ratio |",
-        "| ---: | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for index, shape, step, below, below_against, median, ratio in table:
-        lines.append(
-            f"| {index} | {'x'.join(map(str, shape))} | {step:,} | {below:.3f} | {below_against:.3f} | {median:.2e} "
-            f"| {ratio:.3f} |"
-        )
+    headers = ["parameter", "shape", "Adam steps", f"below {args.eps:g}", f"below {args.against:g}"]
+    headers += ["median sqrt(v_hat)", "step norm ratio"]
+    cells = [
+        [str(index), "x".join(map(str, shape)), f"{step:,}", f"{below:.3f}", f"{below_against:.3f}", f"{median:.2e}"]
+        + [f"{ratio:.3f}"]
+        for index, shape, step, below, below_against, median, ratio in table
+    ]
+    lines.append(format_markdown(headers, cells, right=[True, False, True, True, True, True, True]))
     text = "\n".join(lines)
     print(text)
     out = Path(args.out)
