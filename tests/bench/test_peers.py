@@ -70,8 +70,18 @@ def test_in_process_peers_rows_and_files(tmp_path, capsys):
         assert "step = sample + update_priorities" in text
     for p, why in info["absent"].items():
         assert p in md and why in md
+    png = md_path.with_suffix(".png")
     if importlib.util.find_spec("matplotlib"):
-        assert md_path.with_suffix(".png").stat().st_size > 1000
+        assert png.stat().st_size > 1000
+    assert (f"![time per PER step]({png.name})" in md) == png.exists()
+
+
+def test_the_markdown_shows_no_plot_where_none_was_drawn(tmp_path):
+    """Without step rows there is nothing to plot: no PNG is written, and the Markdown links none."""
+    run(_config(tmp_path, ["gper"], ops=["sample"]))
+    (md_path,) = tmp_path.glob("peers-cpu-*.md")
+    assert not list(tmp_path.glob("*.png"))
+    assert "![" not in md_path.read_text() and "## All rows" in md_path.read_text()
 
 
 def test_jax_peer_in_a_subprocess(tmp_path):

@@ -158,8 +158,11 @@ def _met(ratio: float | None, target: int) -> str:
     return "?" if ratio is None else "met" if ratio >= target else "NOT met"
 
 
-def make_report(cfg: PeersConfig, env: dict, versions: dict, absent: dict, rows: list[Row]) -> dict:
-    """The text printed, the tables printed, and the Markdown written."""
+def make_report(
+    cfg: PeersConfig, env: dict, versions: dict, absent: dict, rows: list[Row], png: str | None = None
+) -> dict:
+    """The text printed, the tables printed, and the Markdown written (showing ``png``, the plot's file
+    name beside it, where one was drawn)."""
     head = header_line(env, "peers")
     peers_line = "Peers: " + "; ".join(f"{p}: {v}" for p, v in versions.items())
     if absent:
@@ -207,7 +210,9 @@ def make_report(cfg: PeersConfig, env: dict, versions: dict, absent: dict, rows:
     notes = [f"- **{p}**: {text}" for p, text in _where_time_goes(versions)]
     if notes:
         md += ["## Where each peer's time goes (from its source)", "", *notes, ""]
-    md += [f"![time per PER step](peers-{env['slug']}-{env['stamp']}.png)", "", "## All rows", ""]
+    if png:
+        md += [f"![time per PER step]({png})", ""]
+    md += ["## All rows", ""]
     md += [format_markdown(*full), ""]
     return {
         "text": f"{head}\n{peers_line}\n{settings}",

@@ -178,7 +178,9 @@ def run(cfg: PeersConfig) -> tuple[list[Row], dict]:
     rows.sort(key=row_key)
     if hasattr(os, "getloadavg"):
         cfg.load = f"{load0:.1f} and {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
-    report = make_report(cfg, env, versions, absent, rows)
+    png = files.path(".png") if files else None
+    drawn = bool(png and cfg.plot and plot_steps(rows, png, header_line(env, "peers"), log))
+    report = make_report(cfg, env, versions, absent, rows, png.name if drawn else None)
     print(report["text"])
     for title, table in report["tables"]:
         print()
@@ -186,8 +188,7 @@ def run(cfg: PeersConfig) -> tuple[list[Row], dict]:
     if files:
         _write_csv(files, rows)
         files.write_markdown(report["markdown"])
-        png = files.path(".png")
-        if cfg.plot and plot_steps(rows, png, header_line(env, "peers"), log):
+        if drawn:
             log(f"wrote {png}")
         log(f"wrote {files.csv_path} and {files.md_path}")
     return rows, {"env": env, "versions": versions, "absent": absent, "files": files}
