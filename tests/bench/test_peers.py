@@ -76,9 +76,13 @@ def test_in_process_peers_rows_and_files(tmp_path, capsys):
     assert (f"![time per PER step]({png.name})" in md) == png.exists()
 
 
-def test_the_markdown_shows_no_plot_where_none_was_drawn(tmp_path):
-    """Without step rows there is nothing to plot: no PNG is written, and the Markdown links none."""
-    run(_config(tmp_path, ["gper"], ops=["sample"]))
+@pytest.mark.parametrize(
+    "settings", [{"ops": ["sample"]}, {"ops": ["step"], "plot": False}], ids=["no-step-rows", "no-plot"]
+)
+def test_the_markdown_shows_no_plot_where_none_was_drawn(tmp_path, settings):
+    """Without step rows there is nothing to plot, and --plot False draws none: no PNG is written,
+    and the Markdown links none."""
+    run(_config(tmp_path, ["gper"], **settings))
     (md_path,) = tmp_path.glob("peers-cpu-*.md")
     assert not list(tmp_path.glob("*.png"))
     assert "![" not in md_path.read_text() and "## All rows" in md_path.read_text()

@@ -161,8 +161,8 @@ def _met(ratio: float | None, target: int) -> str:
 def make_report(
     cfg: PeersConfig, env: dict, versions: dict, absent: dict, rows: list[Row], png: str | None = None
 ) -> dict:
-    """The text printed, the tables printed, and the Markdown written (showing ``png``, the plot's file
-    name beside it, where one was drawn)."""
+    """The text printed, the tables printed, and the Markdown written, which shows the plot ``png`` (a
+    file name beside it) where one is given."""
     head = header_line(env, "peers")
     peers_line = "Peers: " + "; ".join(f"{p}: {v}" for p, v in versions.items())
     if absent:
@@ -210,7 +210,7 @@ def make_report(
     notes = [f"- **{p}**: {text}" for p, text in _where_time_goes(versions)]
     if notes:
         md += ["## Where each peer's time goes (from its source)", "", *notes, ""]
-    if png:
+    if png is not None:
         md += [f"![time per PER step]({png})", ""]
     md += ["## All rows", ""]
     md += [format_markdown(*full), ""]

@@ -178,17 +178,17 @@ def run(cfg: PeersConfig) -> tuple[list[Row], dict]:
     rows.sort(key=row_key)
     if hasattr(os, "getloadavg"):
         cfg.load = f"{load0:.1f} and {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
-    png = files.path(".png") if files else None
-    drawn = bool(png and cfg.plot and plot_steps(rows, png, header_line(env, "peers"), log))
-    report = make_report(cfg, env, versions, absent, rows, png.name if drawn else None)
+    report = make_report(cfg, env, versions, absent, rows)
     print(report["text"])
     for title, table in report["tables"]:
         print()
         print_table(*table, title=title)
     if files:
         _write_csv(files, rows)
-        files.write_markdown(report["markdown"])
-        if drawn:
+        files.write_markdown(report["markdown"])  # written before the plot, which may fail
+        png = files.path(".png")
+        if cfg.plot and plot_steps(rows, png, header_line(env, "peers"), log):
+            files.write_markdown(make_report(cfg, env, versions, absent, rows, png=png.name)["markdown"])
             log(f"wrote {png}")
         log(f"wrote {files.csv_path} and {files.md_path}")
     return rows, {"env": env, "versions": versions, "absent": absent, "files": files}
