@@ -239,6 +239,9 @@ def test_inside_a_callers_graph_every_replay_draws_afresh():
     td = torch.rand(N, B, device="cuda")
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
+    # the side stream starts after the default stream's work above (the last priority updates, td)
+    # and the default stream goes on after it: PyTorch's rule for a second stream
+    stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         batch = pop.sample(B)  # warm-up outside the capture (compiles)
         pop.update_priorities(batch, td)
@@ -248,6 +251,7 @@ def test_inside_a_callers_graph_every_replay_draws_afresh():
         with gper.replay.graphs.capture(graph, stream=stream):
             batch = pop.sample(B)
             pop.update_priorities(batch, td)
+    torch.cuda.current_stream().wait_stream(stream)
     for _ in range(4):
         graph.replay()
         for i, s in enumerate(singles):
