@@ -66,6 +66,21 @@ def test_a_short_run_checkpoints_and_resumes(tmp_path):
     assert config["env"] == "atari:Pong" and config["n_step"] == 3
 
 
+def test_a_run_evaluates_whole_greedy_games(tmp_path):
+    """An Atari run's evaluation plays whole games with the greedy policy and records their raw
+    scores: here, at the run's end, two games of Pong (the evaluation environment's own rules, no
+    terminal at a lost life and FIRE after one, are tests/envs/test_atari.py's)."""
+    train(Config(**TINY | dict(eval_every=3, eval_episodes=2), run_dir=str(tmp_path), run_name="pong"))
+    rows = [json.loads(line) for line in (tmp_path / "pong" / "metrics.jsonl").read_text().splitlines()]
+    (evaluation,) = [row for row in rows if "eval/mean_return" in row]
+    assert evaluation["global_step"] == 240 and evaluation["eval/episodes"] == 2
+    # a game of Pong ends when a side reaches 21 points: whole games, so the score is a whole
+    # difference of points and the game long (a 21-0 loss takes some 760 agent steps)
+    for key in ("eval/min_return", "eval/max_return"):
+        assert -21 <= evaluation[key] <= 21 and evaluation[key] == int(evaluation[key])
+    assert evaluation["eval/mean_length"] > 500
+
+
 def test_adam_eps_reaches_the_pixel_learners_adam_and_older_checkpoints_keep_rainbows(tmp_path):
     """The atari preset's epsilon is torch's (``--adam-eps`` sets another); a pixel checkpoint written
     before ``Config.adam_eps`` ran with 1.5e-4: it reads back with that, resumes from its stored
