@@ -6,6 +6,13 @@ updates in every sampling mode; :func:`training_scenario` runs two short trainin
 outputs were recorded with the code as it stood before gper was split into layers
 (``tests/data/golden-*.pt``) and are compared bit for bit in ``tests/replay/test_golden.py``.
 
+The CPU trainings are recorded per CPU (:func:`cpu_platforms`): their float32 matmuls run in MKL,
+whose code paths differ between AMD and Intel processors and round differently, and cartpole's
+episodes turn a last-bit difference into another run. ``golden-train-cpu-AuthenticAMD.pt`` is the
+code before the split, on the AMD EPYC machines of that time; ``golden-train-cpu-GenuineIntel-AVX512.pt``
+was recorded on an Intel Xeon at 14fae3d, whose CPU trainings equalled that record on the AMD
+machines (the continuous integration runs of abd6eab).
+
 Re-record (only when a change is meant to alter samples, and say so in its commit):
 
     GPER_RECORD_GOLDEN=1 python -m pytest tests/replay/test_golden.py
@@ -13,6 +20,7 @@ Re-record (only when a change is meant to alter samples, and say so in its commi
 
 from __future__ import annotations
 
+import platform
 import tempfile
 from pathlib import Path
 
@@ -84,6 +92,18 @@ def replay_scenario(backend: str, device: str | torch.device) -> dict[str, torch
                 )
                 out[f"{tag}/max_priority"] = torch.tensor(stats["max_priority"])
     return out
+
+
+def cpu_platforms() -> list[str]:
+    """This CPU's names for the recorded trainings, most specific first: its vendor with torch's
+    vector capability, then the vendor alone (``["GenuineIntel-AVX512", "GenuineIntel"]``)."""
+    vendor = platform.machine() or "unknown"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            vendor = next((line.split(":", 1)[1].strip() for line in f if line.startswith("vendor_id")), vendor)
+    except OSError:
+        pass
+    return [f"{vendor}-{torch.backends.cpu.get_cpu_capability()}", vendor]
 
 
 def training_scenario(device: str) -> dict[str, torch.Tensor]:
