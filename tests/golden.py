@@ -6,9 +6,10 @@ updates in every sampling mode; :func:`training_scenario` runs two short trainin
 outputs were recorded with the code as it stood before gper was split into layers
 (``tests/data/golden-*.pt``) and are compared bit for bit in ``tests/replay/test_golden.py``.
 
-The CPU trainings are recorded per CPU (:func:`cpu_platforms`): their float32 matmuls run in MKL,
-whose code paths differ between AMD and Intel processors and round differently, and cartpole's
-episodes turn a last-bit difference into another run. ``golden-train-cpu-AuthenticAMD.pt`` is the
+The CPU trainings are recorded per CPU (:func:`cpu_platforms`): on an Intel Xeon the AMD record's
+market run differs in the last bits (most likely in MKL's float32 matmuls, whose code paths
+differ by vendor and instruction set), and cartpole's episodes turn such a difference into
+another run. ``golden-train-cpu-AuthenticAMD.pt`` is the
 code before the split, on the AMD EPYC machines of that time; ``golden-train-cpu-GenuineIntel-AVX512.pt``
 was recorded on an Intel Xeon at 14fae3d, whose CPU trainings equalled that record on the AMD
 machines (the continuous integration runs of abd6eab).

@@ -38,7 +38,7 @@ def test_replay_matches_recorded_samples_on_gpu():
 
 
 def test_training_matches_recorded_parameters():
-    """Against the record of this CPU (see ``tests/golden.py``: MKL rounds differently on each)."""
+    """Against the record of this kind of CPU (see ``tests/golden.py``: they round differently)."""
     names = [f"golden-train-cpu-{name}.pt" for name in cpu_platforms()]
     recorded = [name for name in names if (DATA / name).exists()]
     if RECORD or not recorded:
